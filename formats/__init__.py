@@ -1,0 +1,1 @@
+"""GGUF files: reader, quant block layouts, reference dequantizers."""

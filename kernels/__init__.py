@@ -1,0 +1,1 @@
+"""Compute kernels: `cpu` (Numba) and `cuda` (CuPy RawKernel)."""

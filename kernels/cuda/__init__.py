@@ -1,0 +1,1 @@
+"""CuPy CUDA kernels (optional backend; needs cupy and an NVIDIA GPU)."""

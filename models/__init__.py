@@ -1,0 +1,1 @@
+"""Model architectures, one module per family, and the registry."""
