@@ -1,0 +1,106 @@
+"""describe() / format_description(): the facts behind `localllm show`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _formats_helpers import default_model_path
+from gguf import GGMLQuantizationType as T
+
+from localllm.describe import describe, file_type_name, format_description
+from localllm.formats import read_gguf
+from localllm.formats.writer import write_gguf
+
+
+def test_file_type_names() -> None:
+    assert file_type_name(15) == "Q4_K_M"
+    assert file_type_name(0) == "F32"
+    assert file_type_name(1) == "F16"
+    assert file_type_name(7) == "Q8_0"
+    assert file_type_name(32) == "BF16"
+    assert file_type_name(18) == "Q6_K"
+    assert file_type_name(1024 | 15) == "Q4_K_M (guessed)"
+    assert file_type_name(4) == "unknown (4)"  # removed Q4_1_SOME_F16
+    assert file_type_name(None) is None
+
+
+def test_describe_tiny_model(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    tokens = ["<unk>", "<s>", "</s>", "a", "b"]
+    path = write_gguf(tmp_path / "t.gguf", "llama", {
+        "general.name": "tiny",
+        "general.file_type": 7,
+        "general.license": "mit",
+        "llama.context_length": 128,
+        "llama.embedding_length": 32,
+        "llama.block_count": 1,
+        "llama.attention.head_count": 4,
+        "llama.attention.head_count_kv": 2,
+        "llama.rope.freq_base": 10000.0,
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.padding_token_id": 99,  # out of range: id kept, no text
+        "tokenizer.chat_template": "{{ messages }}",
+    }, {
+        "token_embd.weight": (rng.standard_normal((5, 32)).astype(np.float32), T.Q8_0),
+        "output_norm.weight": (np.ones(32, np.float32), T.F32),
+        "blk.0.attn_q.weight": (rng.standard_normal((32, 32)).astype(np.float32), T.Q8_0),
+    })
+    with read_gguf(path) as gf:
+        d = describe(gf)
+        text = format_description(d, list(gf.tensors.values()))
+    json.dumps(d)  # plain data
+    assert d["architecture"] == "llama" and d["name"] == "tiny"
+    assert d["parameters"] == 5 * 32 + 32 + 32 * 32
+    assert d["file_type"] == "Q8_0"
+    assert d["quant_mix"] == {
+        "Q8_0": {"tensors": 2, "bytes": (5 + 32) * 34, "elements": (5 + 32) * 32},
+        "F32": {"tensors": 1, "bytes": 128, "elements": 32},
+    }
+    assert (d["context_length"], d["embedding_length"], d["layers"]) == (128, 32, 1)
+    assert (d["heads"], d["kv_heads"], d["rope_freq_base"]) == (4, 2, 10000.0)
+    assert d["sliding_window"] is None
+    assert d["vocab_size"] == 5 and d["tokenizer_model"] == "llama"
+    assert d["special_tokens"]["bos"] == {"id": 1, "text": "<s>"}
+    assert d["special_tokens"]["pad"] == {"id": 99, "text": None}
+    assert "eot" not in d["special_tokens"]
+    assert d["chat_template"] is True and d["license"] == "mit"
+    assert d["size_bytes"] == path.stat().st_size
+    assert "Q8_0" in text and "heads / kv heads" in text and "4 / 2" in text
+    assert "blk.0.attn_q.weight" in text and "32 x 32" in text
+    assert "sliding window" not in text  # missing facts are left out, not printed as None
+
+
+def test_describe_without_tokenizer_or_arch(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "x.gguf", "mystery", {}, {})
+    with read_gguf(path) as gf:
+        d = describe(gf)
+    assert d["architecture"] == "mystery" and d["parameters"] == 0 and d["vocab_size"] is None
+    assert d["quant_mix"] == {} and d["special_tokens"] == {}
+    assert "mystery" in format_description(d)
+
+
+@pytest.mark.slow
+def test_describe_default_model() -> None:
+    with read_gguf(default_model_path()) as gf:
+        d = describe(gf)
+        text = format_description(d)
+    assert d["architecture"] == "gemma3"
+    assert d["file_type"] == "Q4_K_M"
+    assert d["parameters"] == 268_098_176 and d["parameters_label"] == "268.10M"
+    assert d["layers"] == 18 and d["heads"] == 4 and d["kv_heads"] == 1
+    assert d["context_length"] == 32768 and d["embedding_length"] == 640
+    assert d["sliding_window"] == 512 and d["rope_freq_base"] == 1e6
+    assert d["vocab_size"] == 262144 and d["tokenizer_model"] == "llama"
+    assert d["special_tokens"]["bos"] == {"id": 2, "text": "<bos>"}
+    assert d["special_tokens"]["eos"] == {"id": 1, "text": "<eos>"}
+    assert set(d["quant_mix"]) == {"Q8_0", "Q5_0", "Q4_K", "Q6_K", "F32"}
+    assert sum(m["tensors"] for m in d["quant_mix"].values()) == 236
+    assert d["license"] == "gemma" and d["chat_template"] is False
+    assert "Q4_K_M" in text and "262144" in text
