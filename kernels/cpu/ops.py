@@ -1,0 +1,451 @@
+"""Numba kernels for the small ops of a transformer forward pass.
+
+All of them write into preallocated float32 arrays (`out` may alias the input where noted), so a
+forward pass allocates nothing per token.  Semantics follow llama.cpp / ggml:
+
+  rms_norm        ggml_rms_norm (sum of squares in float64) followed by the weight multiply
+  rope            ggml_rope_ext, modes NORMAL (adjacent pairs) and NEOX (split halves), linear
+                  frequency scaling and per-pair frequency factors; no YaRN / LongRoPE yet
+  gelu_tanh_mul   ggml_gelu (tanh approximation, computed exactly here: ggml's CPU path reads a
+                  float16 lookup table, so it differs from this by up to ~1e-3 relative)
+  silu_mul        ggml_silu * up
+  attention       softmax(q k^T * scale [softcapped], causal / sliding-window mask) v, with GQA
+
+"fastmath where safe": the kernels use the LLVM flags that allow re-association (vectorised
+sums), contraction (FMA) and approximate reciprocals, but never 'nnan'/'ninf', because masked
+logits (-inf) and overflowing exponentials must keep IEEE semantics.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+# Fast-math without the no-NaN / no-Inf assumptions (see module docstring).
+_FM = {"reassoc", "contract", "arcp", "nsz", "afn"}
+
+# Below this much work (query rows x heads x keys x head dim) attention runs single-threaded:
+# starting the parallel region costs more than it saves.
+_ATTN_PARALLEL_MIN_WORK = 1 << 18
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+# --------------------------------------------------------------------------------------------
+# argument checks (errors a caller can make must raise, never crash inside a kernel)
+# --------------------------------------------------------------------------------------------
+
+
+def _check_f32(name: str, a: np.ndarray, ndim: int) -> None:
+    if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != ndim:
+        got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+        raise TypeError(f"{name} must be a {ndim}-D float32 array, got {got}")
+
+
+def _check_out(out: np.ndarray, shape: tuple[int, ...]) -> None:
+    _check_f32("out", out, len(shape))
+    if out.shape != shape:
+        raise ValueError(f"out has shape {out.shape}, expected {shape}")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+
+
+def _flat(a: np.ndarray) -> np.ndarray | None:
+    """1-D view of a C-contiguous array, or None if it has no such view."""
+    return a.reshape(-1) if a.flags.c_contiguous else None
+
+
+# --------------------------------------------------------------------------------------------
+# RMS norm
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, fastmath=_FM)
+def _rms_norm3(x, w, eps, out, add_one):
+    """x, out: [N, H, D] f32 (may alias); w: [D] f32.  Normalises each x[n, h, :]."""
+    n_rows, n_heads, d = x.shape
+    for n in range(n_rows):
+        for h in range(n_heads):
+            ss = 0.0  # float64 accumulator, as ggml
+            for i in range(d):
+                v = np.float64(x[n, h, i])
+                ss += v * v
+            scale = np.float32(1.0 / math.sqrt(ss / d + eps))
+            if add_one:
+                for i in range(d):
+                    out[n, h, i] = x[n, h, i] * scale * (np.float32(1.0) + w[i])
+            else:
+                for i in range(d):
+                    out[n, h, i] = x[n, h, i] * scale * w[i]
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray,
+             add_one: bool = False) -> None:
+    """out = x / sqrt(mean(x^2) + eps) * w, per row.
+
+    x: [N, D] f32; w: [D] f32; out: [N, D] f32 (may be x itself).
+    add_one: multiply by (1 + w) instead of w (HF Gemma checkpoints; GGUF Gemma weights already
+    hold 1 + w, so leave it False for GGUF).
+    """
+    _check_f32("x", x, 2)
+    _check_out(out, x.shape)
+    _check_f32("w", w, 1)
+    if w.shape[0] != x.shape[1]:
+        raise ValueError(f"w has {w.shape[0]} elements, rows of x have {x.shape[1]}")
+    _rms_norm3(x[:, None, :], w, float(eps), out[:, None, :], bool(add_one))
+
+
+def rms_norm_heads(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray,
+                   add_one: bool = False) -> None:
+    """Per-head RMS norm (QK-norm of qwen3 / gemma3): each x[n, h, :] normalised, times w.
+
+    x: [N, H, Dh] f32; w: [Dh] f32; out: [N, H, Dh] f32 (may be x itself).
+    """
+    _check_f32("x", x, 3)
+    _check_out(out, x.shape)
+    _check_f32("w", w, 1)
+    if w.shape[0] != x.shape[2]:
+        raise ValueError(f"w has {w.shape[0]} elements, heads of x have {x.shape[2]}")
+    _rms_norm3(x, w, float(eps), out, bool(add_one))
+
+
+# --------------------------------------------------------------------------------------------
+# RoPE
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, fastmath=_FM)
+def _rope(x, pos, inv_freq, freq_scale, neox):
+    """Rotate x in place.  x: [N, H, Dh] f32; pos: [N] i64; inv_freq: [n_rot/2] f64.
+
+    Pair i (i < n_rot/2) is (2i, 2i+1) in NORMAL mode and (i, i + n_rot/2) in NEOX mode; its
+    angle is pos * freq_scale * inv_freq[i].  Dims >= n_rot are left untouched.
+    """
+    n_tok, n_heads, _ = x.shape
+    half = inv_freq.shape[0]
+    cos_t = np.empty(half, dtype=np.float32)  # [n_rot/2]
+    sin_t = np.empty(half, dtype=np.float32)  # [n_rot/2]
+    for n in range(n_tok):
+        p = np.float64(pos[n]) * freq_scale
+        for i in range(half):
+            theta = p * inv_freq[i]  # float64: exact enough even at positions ~1e6
+            cos_t[i] = math.cos(theta)
+            sin_t[i] = math.sin(theta)
+        for h in range(n_heads):
+            for i in range(half):
+                if neox:
+                    i0 = i
+                    i1 = i + half
+                else:
+                    i0 = 2 * i
+                    i1 = 2 * i + 1
+                x0 = x[n, h, i0]
+                x1 = x[n, h, i1]
+                x[n, h, i0] = x0 * cos_t[i] - x1 * sin_t[i]
+                x[n, h, i1] = x0 * sin_t[i] + x1 * cos_t[i]
+
+
+def rope_inv_freq(theta_base: float, n_rot: int,
+                  freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """[n_rot/2] float64 angular frequencies base^(-2i/n_rot) / freq_factors[i] (ggml)."""
+    if n_rot <= 0 or n_rot % 2:
+        raise ValueError(f"n_rot must be a positive even number, got {n_rot}")
+    if not theta_base > 0:
+        raise ValueError(f"rope theta base must be positive, got {theta_base}")
+    inv = float(theta_base) ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    if freq_factors is not None:
+        ff = np.asarray(freq_factors, dtype=np.float64).reshape(-1)
+        if ff.shape[0] < n_rot // 2:
+            raise ValueError(f"freq_factors has {ff.shape[0]} entries, need {n_rot // 2}")
+        inv = inv / ff[: n_rot // 2]
+    return inv
+
+
+def rope(x: np.ndarray, pos: np.ndarray, theta_base: float, neox: bool,
+         freq_scale: float = 1.0, n_rot: int | None = None,
+         freq_factors: np.ndarray | None = None) -> None:
+    """Rotary position embedding, in place (ggml_rope_ext without YaRN).
+
+    x: [N, H, Dh] f32 (queries or keys of N tokens); pos: [N] int positions.
+    neox=True rotates pairs (i, i + n_rot/2) (qwen2/qwen3/gemma3); neox=False rotates adjacent
+    pairs (2i, 2i+1) (llama GGUF: the converter permuted Q/K rows for it).
+    Angle of pair i: pos * freq_scale * theta_base^(-2i/n_rot) / freq_factors[i].
+    n_rot (default Dh): only the first n_rot dims rotate; the rest pass through.
+    Not implemented: YaRN (ext_factor / attn_factor / beta_fast/slow), LongRoPE, M-RoPE.
+    """
+    _check_f32("x", x, 3)
+    if not x.flags.writeable:
+        raise ValueError("x is read-only (rope works in place)")
+    d = x.shape[2]
+    n_rot = d if n_rot is None else int(n_rot)
+    if n_rot > d:
+        raise ValueError(f"n_rot={n_rot} exceeds the head size {d}")
+    pos64 = np.asarray(pos)
+    if pos64.ndim != 1 or pos64.shape[0] != x.shape[0] or not np.issubdtype(
+            pos64.dtype, np.integer):
+        raise ValueError(f"pos must be [{x.shape[0]}] integers, got {pos64.dtype} {pos64.shape}")
+    inv_freq = rope_inv_freq(theta_base, n_rot, freq_factors)
+    _rope(x, pos64.astype(np.int64), inv_freq, float(freq_scale), bool(neox))
+
+
+# --------------------------------------------------------------------------------------------
+# gated activations, softmax, residual helpers
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, fastmath=_FM)
+def _gelu_tanh_mul(g, u, o):
+    """o = gelu_tanh(g) * u over flat [n] f32 arrays (o may alias g or u).
+
+    gelu_tanh(x) = 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), evaluated as the
+    equal x / (1 + exp(-2z)): for negative x, 1 + tanh(z) cancels and loses up to ~1e-4 relative
+    accuracy in float32, the sigmoid form does not (and exp is cheaper than tanh).
+    """
+    c2 = np.float32(2.0 * _SQRT_2_OVER_PI)
+    a = np.float32(0.044715)
+    for i in range(g.shape[0]):
+        x = g[i]
+        o[i] = x / (np.float32(1.0) + math.exp(-c2 * (x + a * x * x * x))) * u[i]
+
+
+@njit(cache=True, fastmath=_FM)
+def _silu_mul(g, u, o):
+    """o = silu(g) * u = g / (1 + exp(-g)) * u over flat [n] f32 arrays (o may alias)."""
+    for i in range(g.shape[0]):
+        x = g[i]
+        o[i] = x / (np.float32(1.0) + math.exp(-x)) * u[i]
+
+
+def _gated(kernel, gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+    """Run an elementwise gate kernel over same-shape float32 arrays viewed as 1-D."""
+    for name, a in (("gate", gate), ("up", up)):
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32:
+            raise TypeError(f"{name} must be a float32 array")
+    if up.shape != gate.shape:
+        raise ValueError(f"gate {gate.shape} and up {up.shape} differ in shape")
+    _check_out(out, gate.shape)
+    o = _flat(out)
+    if o is None:
+        raise ValueError("out must be C-contiguous")
+    # ravel() is a view for contiguous inputs and a (correct, slower) copy otherwise
+    kernel(gate.ravel(), up.ravel(), o)
+
+
+def gelu_tanh_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+    """out = gelu_tanh(gate) * up (Gemma's GeGLU).  All [N, F] f32; out may alias gate/up."""
+    _gated(_gelu_tanh_mul, gate, up, out)
+
+
+def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+    """out = silu(gate) * up (LLaMA / Qwen SwiGLU).  All [N, F] f32; out may alias gate/up."""
+    _gated(_silu_mul, gate, up, out)
+
+
+@njit(cache=True, fastmath=_FM)
+def _softmax_rows(x, out):
+    """x, out: [N, V] f32 (may alias).  Row-wise max-subtracted softmax."""
+    n_rows, v = x.shape
+    for n in range(n_rows):
+        m = -np.inf
+        for i in range(v):
+            if x[n, i] > m:
+                m = x[n, i]
+        if m == -np.inf:  # nothing allowed (all -inf): no distribution; emit zeros, not NaN
+            for i in range(v):
+                out[n, i] = 0.0
+            continue
+        mf = np.float32(m)
+        total = 0.0  # float64 accumulator: V can be 256k
+        for i in range(v):
+            e = math.exp(x[n, i] - mf)
+            out[n, i] = e
+            total += e
+        inv = np.float32(1.0 / total)
+        for i in range(v):
+            out[n, i] *= inv
+
+
+def softmax_rows(x: np.ndarray, out: np.ndarray) -> None:
+    """out[n] = softmax(x[n]).  x, out: [N, V] f32; out may be x itself.
+
+    -inf entries get probability 0; a row that is all -inf becomes all zeros. +inf / NaN
+    inputs give NaN rows (no meaningful distribution).
+    """
+    _check_f32("x", x, 2)
+    _check_out(out, x.shape)
+    _softmax_rows(x, out)
+
+
+@njit(cache=True, fastmath=_FM)
+def _add_flat(a, b):
+    for i in range(a.shape[0]):
+        a[i] += b[i]
+
+
+@njit(cache=True, fastmath=_FM)
+def _scale_flat(a, s):
+    for i in range(a.shape[0]):
+        a[i] *= s
+
+
+def add_into(a: np.ndarray, b: np.ndarray) -> None:
+    """a += b (residual add), in place.  Same-shape float32 arrays; b may also broadcast."""
+    if not isinstance(a, np.ndarray) or a.dtype != np.float32:
+        raise TypeError("a must be a float32 array")
+    if not isinstance(b, np.ndarray) or b.dtype != np.float32:
+        raise TypeError("b must be a float32 array")
+    fa, fb = _flat(a), _flat(b)
+    if a.shape == b.shape and fa is not None and fb is not None and a.flags.writeable:
+        _add_flat(fa, fb)
+    else:  # broadcasting / strided: numpy's ufunc does it in place (and raises on mismatch)
+        np.add(a, b, out=a)
+
+
+def scale_into(a: np.ndarray, s: float) -> None:
+    """a *= s, in place (float32 array)."""
+    if not isinstance(a, np.ndarray) or a.dtype != np.float32:
+        raise TypeError("a must be a float32 array")
+    fa = _flat(a)
+    if fa is not None and a.flags.writeable:
+        _scale_flat(fa, np.float32(s))
+    else:
+        np.multiply(a, np.float32(s), out=a)
+
+
+# --------------------------------------------------------------------------------------------
+# attention
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, fastmath=_FM)
+def _attend(q, k_cache, v_cache, q_pos, kv_pos, window, scale, softcap, out, n, h0, nh,
+            scores):
+    """out[n, h0:h0+nh] = attention of query row n, heads h0..h0+nh-1 (all in one kv group).
+
+    q: [N, Hq, Dh]; k_cache, v_cache: [T, Hkv, Dh]; scores: [nh, T] f32 scratch.
+    Heads sharing a kv head are done together so each k/v row is read once for all of them.
+    Key t is usable iff kv_pos[t] <= q_pos[n] and (window <= 0 or q_pos[n] - kv_pos[t] <
+    window).  No usable key -> zeros.
+    """
+    n_kv = k_cache.shape[0]
+    dh = q.shape[2]
+    g = h0 // (q.shape[1] // k_cache.shape[1])
+    p = q_pos[n]
+    # Local copies: they cannot alias k/v/out, so LLVM vectorises the loops without checks.
+    qs = np.empty((nh, dh), dtype=np.float32)  # [nh, Dh] scaled queries
+    for j in range(nh):
+        for i in range(dh):
+            qs[j, i] = q[n, h0 + j, i] * scale
+    m = np.full(nh, -np.inf, dtype=np.float32)  # [nh] max logit
+    any_ok = False
+    for t in range(n_kv):
+        kp = kv_pos[t]
+        if kp > p or (window > 0 and p - kp >= window):
+            continue
+        any_ok = True
+        k_row = k_cache[t, g]  # [Dh]
+        for j in range(nh):
+            s = np.float32(0.0)
+            for i in range(dh):
+                s += qs[j, i] * k_row[i]
+            if softcap > 0.0:
+                s = softcap * math.tanh(s / softcap)
+            scores[j, t] = s
+            if s > m[j]:
+                m[j] = s
+    acc = np.zeros((nh, dh), dtype=np.float32)  # [nh, Dh] sum of w * v
+    total = np.zeros(nh, dtype=np.float32)  # [nh] sum of w
+    if any_ok:
+        for t in range(n_kv):
+            kp = kv_pos[t]
+            if kp > p or (window > 0 and p - kp >= window):
+                continue
+            v_row = v_cache[t, g]  # [Dh]
+            for j in range(nh):
+                w = math.exp(scores[j, t] - m[j])
+                total[j] += w
+                for i in range(dh):
+                    acc[j, i] += w * v_row[i]
+    for j in range(nh):
+        inv = np.float32(1.0) / total[j] if any_ok else np.float32(0.0)
+        for i in range(dh):
+            out[n, h0 + j, i] = acc[j, i] * inv
+
+
+@njit(cache=True, fastmath=_FM)
+def _attention_serial(q, k_cache, v_cache, q_pos, kv_pos, window, scale, softcap, out,
+                      heads_per_task):
+    nh = heads_per_task
+    scores = np.empty((nh, k_cache.shape[0]), dtype=np.float32)  # [nh, T]
+    for n in range(q.shape[0]):
+        for h0 in range(0, q.shape[1], nh):
+            _attend(q, k_cache, v_cache, q_pos, kv_pos, window, scale, softcap, out, n, h0, nh,
+                    scores)
+
+
+@njit(cache=True, fastmath=_FM, parallel=True)
+def _attention_parallel(q, k_cache, v_cache, q_pos, kv_pos, window, scale, softcap, out,
+                        heads_per_task):
+    """As _attention_serial, one prange task per (query row, block of heads_per_task heads)."""
+    nh = heads_per_task
+    blocks = q.shape[1] // nh
+    for job in prange(q.shape[0] * blocks):
+        scores = np.empty((nh, k_cache.shape[0]), dtype=np.float32)  # [nh, T] per task
+        _attend(q, k_cache, v_cache, q_pos, kv_pos, window, scale, softcap, out,
+                job // blocks, (job % blocks) * nh, nh, scores)
+
+
+def _heads_per_task(n_q: int, n_kv_heads: int, ratio: int, n_threads: int) -> int:
+    """Largest divisor of the GQA ratio that still leaves >= n_threads tasks (else 1).
+
+    Whole groups read each k/v row once for all their query heads; splitting a group only pays
+    when there would otherwise be fewer tasks than threads (e.g. decoding with one kv head).
+    """
+    for d in range(ratio, 0, -1):
+        if ratio % d == 0 and n_q * n_kv_heads * (ratio // d) >= n_threads:
+            return d
+    return 1
+
+
+def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, q_pos: np.ndarray,
+              kv_pos: np.ndarray, window: int, scale: float, softcap: float,
+              out: np.ndarray) -> None:
+    """Scaled dot-product attention of one sequence over its cache slice, with GQA.
+
+    q: [N, Hq, Dh] f32; k_cache, v_cache: [T, Hkv, Dh] f32; q_pos: [N] int; kv_pos: [T] int;
+    out: [N, Hq, Dh] f32.  Query head h reads kv head h // (Hq // Hkv).  Key t is usable by
+    query n iff kv_pos[t] <= q_pos[n] and (window <= 0 or q_pos[n] - kv_pos[t] < window).
+    Logits are q.k * scale, then softcap * tanh(logit / softcap) if softcap > 0.  A query with
+    no usable key gets zeros.
+    """
+    _check_f32("q", q, 3)
+    _check_f32("k_cache", k_cache, 3)
+    _check_f32("v_cache", v_cache, 3)
+    _check_out(out, q.shape)
+    n_q, n_heads, dh = q.shape
+    n_kv, n_kv_heads, _ = k_cache.shape
+    if k_cache.shape[2] != dh or v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache {k_cache.shape} / v_cache {v_cache.shape} do not match q "
+                         f"{q.shape} (expected [T, Hkv, {dh}] for both)")
+    if n_kv_heads == 0 or n_heads % n_kv_heads:
+        raise ValueError(f"{n_heads} query heads are not a multiple of {n_kv_heads} kv heads")
+    qp, kp = np.asarray(q_pos), np.asarray(kv_pos)
+    for name, arr, size in (("q_pos", qp, n_q), ("kv_pos", kp, n_kv)):
+        if arr.shape != (size,) or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"{name} must be [{size}] integers, got {arr.dtype} {arr.shape}")
+    for name, a in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        # bounds check first: the exact test is only needed for interleaved views of one buffer
+        if np.may_share_memory(out, a) and np.shares_memory(out, a):
+            raise ValueError(f"out must not overlap {name}")
+    ratio = n_heads // n_kv_heads
+    args = (q, k_cache, v_cache, qp.astype(np.int64), kp.astype(np.int64), int(window),
+            np.float32(scale), np.float32(softcap), out)
+    if n_q * n_heads * n_kv * dh >= _ATTN_PARALLEL_MIN_WORK and numba.get_num_threads() > 1:
+        hpt = _heads_per_task(n_q, n_kv_heads, ratio, numba.get_num_threads())
+        if n_q * n_heads // hpt > 1:
+            _attention_parallel(*args, hpt)
+            return
+    _attention_serial(*args, ratio)
