@@ -1,0 +1,537 @@
+"""Plain float64 numpy reference forward pass for GGUF models: the engine's correctness oracle.
+
+`reference_logits(path, tokens)` returns the logits [n_tokens, n_vocab] (float64) of one
+sequence at positions 0..n-1, computed the obvious way: every weight dequantized with
+`gguf.quants.dequantize` (the ground truth for the block formats) and every op written out in
+float64, one function per block. It follows llama.cpp's semantics (src/models/llama.cpp,
+qwen2.cpp, qwen3.cpp, gemma3.cpp; hparams from src/llama-model.cpp `load_hparams` and each
+model's `load_arch_hparams`); comments name the behaviour each step mirrors.
+
+It deliberately shares no code with the engine (localllm.*): it has its own ~100-line GGUF
+parser (memory-mapped, so the real 253 MB default model opens in well under a second, unlike
+gguf.GGUFReader's ~20 s), dequantizes only the embedding rows a prompt needs, and runs the
+262144-row tied output head in chunks so memory stays bounded.
+
+Not modelled (raise NotImplementedError): MoE, YaRN / LongRoPE rope scaling, per-layer SWA head
+sizes, fused attn_qkv tensors. llama.cpp's CPU GELU uses an fp16 lookup table; the reference
+uses the exact tanh formula it approximates.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import quants as gguf_quants
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+
+# ----------------------------------------------------------------------------------------------
+# GGUF file parsing (spec: ggml/docs/gguf.md; little-endian, versions 2 and 3)
+# ----------------------------------------------------------------------------------------------
+
+_SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
+                   10: "Q", 11: "q", 12: "d"}
+_NUMPY_DTYPES = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32,
+                 5: np.int32, 6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64,
+                 12: np.float64}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # GGUF order: shape[0] (ne0) is the contiguous row length
+    qtype: GGMLQuantizationType
+    offset: int  # absolute byte offset in the file
+
+    @property
+    def n_rows(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
+
+    @property
+    def row_bytes(self) -> int:
+        block, type_size = GGML_QUANT_SIZES[self.qtype]
+        return self.shape[0] // block * type_size
+
+
+class GGUFFile:
+    """Metadata dict + memory-mapped tensor data of one GGUF file."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        try:
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot open GGUF file {self.path}: {e}") from e
+        self._buf = memoryview(self._map)
+        self._pos = 0
+        self.metadata: dict[str, Any] = {}
+        self.tensors: dict[str, TensorInfo] = {}
+        try:
+            self._parse()
+        except (struct.error, UnicodeDecodeError, IndexError) as e:
+            raise ValueError(f"{self.path} is not a valid GGUF file: {e}") from e
+
+    def _read(self, fmt: str) -> Any:
+        value = struct.unpack_from("<" + fmt, self._buf, self._pos)[0]
+        self._pos += struct.calcsize("<" + fmt)
+        return value
+
+    def _read_str(self) -> str:
+        n = self._read("Q")
+        s = bytes(self._buf[self._pos:self._pos + n]).decode("utf-8")
+        self._pos += n
+        return s
+
+    def _read_value(self, vtype: int) -> Any:
+        if vtype in _SCALAR_FORMATS:
+            return self._read(_SCALAR_FORMATS[vtype])
+        if vtype == _STRING:
+            return self._read_str()
+        if vtype == _ARRAY:
+            etype, n = self._read("I"), self._read("Q")
+            if etype in _NUMPY_DTYPES:  # numeric arrays in one go (scores: 262144 floats)
+                dt = np.dtype(_NUMPY_DTYPES[etype]).newbyteorder("<")
+                arr = np.frombuffer(self._buf, dtype=dt, count=n, offset=self._pos)
+                self._pos += n * dt.itemsize
+                return arr.tolist()
+            return [self._read_value(etype) for _ in range(n)]
+        raise ValueError(f"unknown GGUF value type {vtype}")
+
+    def _parse(self) -> None:
+        if bytes(self._buf[:4]) != b"GGUF":
+            raise ValueError(f"{self.path} is not a GGUF file (bad magic)")
+        self._pos = 4
+        version = self._read("I")
+        if version not in (2, 3):
+            raise ValueError(f"{self.path}: unsupported GGUF version {version}")
+        n_tensors, n_kv = self._read("Q"), self._read("Q")
+        for _ in range(n_kv):
+            key = self._read_str()
+            self.metadata[key] = self._read_value(self._read("I"))
+        infos = []
+        for _ in range(n_tensors):
+            name = self._read_str()
+            n_dims = self._read("I")
+            shape = tuple(self._read("Q") for _ in range(n_dims))
+            qtype = GGMLQuantizationType(self._read("I"))
+            infos.append((name, shape, qtype, self._read("Q")))
+        align = int(self.metadata.get("general.alignment", 32))
+        data_start = (self._pos + align - 1) // align * align
+        for name, shape, qtype, rel in infos:
+            info = TensorInfo(name, shape, qtype, data_start + rel)
+            if info.offset + info.n_rows * info.row_bytes > len(self._map):
+                raise ValueError(f"{self.path}: tensor {name} runs past the end of the file")
+            self.tensors[name] = info
+
+    def raw_rows(self, name: str) -> np.ndarray:
+        """[n_rows, row_bytes] uint8 view of a tensor's blocks (no copy)."""
+        info = self.tensors[name]
+        start = info.offset
+        return self._map[start:start + info.n_rows * info.row_bytes].reshape(
+            info.n_rows, info.row_bytes)
+
+    def dequant(self, name: str, rows: np.ndarray | slice | None = None) -> np.ndarray:
+        """Tensor (or some of its rows) dequantized by gguf.quants to float64 [n_rows, ne0]."""
+        info = self.tensors[name]
+        raw = self.raw_rows(name)
+        if rows is not None:
+            raw = raw[rows]
+        values = gguf_quants.dequantize(np.ascontiguousarray(raw), info.qtype)
+        return values.reshape(raw.shape[0], info.shape[0]).astype(np.float64)
+
+
+# ----------------------------------------------------------------------------------------------
+# Hyperparameters (llama-model.cpp load_hparams + load_arch_hparams)
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class HParams:
+    arch: str
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: list[int]  # per layer (llama.cpp get_key_or_arr accepts a scalar or an array)
+    n_head_kv: list[int]
+    n_ff: list[int]
+    head_dim_k: int
+    head_dim_v: int
+    n_rot: int
+    rms_eps: float
+    rope_neox: bool  # llama_model_rope_type: NORM for llama, NEOX for qwen2/qwen3/gemma3
+    rope_base: float
+    rope_freq_scale: float
+    rope_attn_factor: float
+    kq_scale: float  # multiplies q.k inside softmax (ggml_soft_max_ext scale)
+    q_scale: float  # gemma3 scales Q before attention instead (and uses kq_scale = 1)
+    embd_scale: float
+    final_logit_softcap: float  # 0 = off
+    n_swa: int  # sliding window size, 0 = none
+    is_swa: list[bool] = field(default_factory=list)
+    rope_base_swa: float = 10000.0
+    rope_freq_scale_swa: float = 1.0
+
+
+def _meta(meta: dict[str, Any], key: str, default: Any = None, required: bool = False) -> Any:
+    if key in meta:
+        return meta[key]
+    if required:
+        raise ValueError(f"GGUF metadata key {key!r} is missing")
+    return default
+
+
+def _per_layer(value: Any, n_layer: int, key: str) -> list[int]:
+    if isinstance(value, list):
+        if len(value) != n_layer:
+            raise ValueError(f"{key} has {len(value)} entries for {n_layer} layers")
+        return [int(v) for v in value]
+    return [int(value)] * n_layer
+
+
+def read_hparams(gguf: GGUFFile) -> HParams:
+    meta = gguf.metadata
+    arch = _meta(meta, "general.architecture", required=True)
+    if arch not in SUPPORTED_ARCHS:
+        raise NotImplementedError(f"reference model supports {SUPPORTED_ARCHS}, not {arch!r}")
+    if int(_meta(meta, f"{arch}.expert_count", 0)) > 0:
+        raise NotImplementedError("MoE models are not modelled")
+
+    n_embd = int(_meta(meta, f"{arch}.embedding_length", required=True))
+    n_layer = int(_meta(meta, f"{arch}.block_count", required=True))
+    n_head = _per_layer(_meta(meta, f"{arch}.attention.head_count", required=True), n_layer,
+                        "head_count")
+    # n_head_kv is optional and defaults to n_head (load_hparams)
+    n_head_kv = _per_layer(_meta(meta, f"{arch}.attention.head_count_kv", n_head), n_layer,
+                           "head_count_kv")
+    n_ff = _per_layer(_meta(meta, f"{arch}.feed_forward_length", required=True), n_layer,
+                      "feed_forward_length")
+    if len(set(n_head)) != 1 or len(set(n_head_kv)) != 1:
+        raise NotImplementedError("per-layer head counts are not modelled")
+    # head sizes default to n_embd / n_head; n_rot defaults to the key head size
+    head_dim_k = int(_meta(meta, f"{arch}.attention.key_length", n_embd // n_head[0]))
+    head_dim_v = int(_meta(meta, f"{arch}.attention.value_length", n_embd // n_head[0]))
+    n_rot = int(_meta(meta, f"{arch}.rope.dimension_count", head_dim_k))
+    for swa_key, full in (("attention.key_length_swa", head_dim_k),
+                          ("attention.value_length_swa", head_dim_v),
+                          ("rope.dimension_count_swa", n_rot)):
+        if int(_meta(meta, f"{arch}.{swa_key}", full)) != full:
+            raise NotImplementedError(f"{arch}.{swa_key} != its full-attention value")
+    if arch in ("llama", "qwen2", "qwen3") and not (head_dim_k == head_dim_v == n_rot):
+        # these graphs GGML_ASSERT(n_embd_head == n_rot) and k == v head sizes
+        raise ValueError(f"{arch} needs key_length == value_length == rope.dimension_count")
+
+    # rope: freq_base defaults to 10000; rope.scaling.factor (or the old rope.scale_linear)
+    # gives freq_scale = 1/factor; scaling type "none" forces freq_scale 1 (llama-context.cpp)
+    rope_base = float(_meta(meta, f"{arch}.rope.freq_base", 10000.0))
+    scaling_type = _meta(meta, f"{arch}.rope.scaling.type", "linear")
+    factor = float(_meta(meta, f"{arch}.rope.scaling.factor",
+                         _meta(meta, f"{arch}.rope.scale_linear", 0.0)))
+    rope_freq_scale = 1.0 if factor == 0.0 else 1.0 / factor
+    if scaling_type == "none":
+        rope_freq_scale = 1.0
+    elif scaling_type != "linear":
+        raise NotImplementedError(f"rope scaling type {scaling_type!r} is not modelled")
+    # with ext_factor 0 (no YaRN) ggml's rope multiplies cos and sin by attn_factor
+    rope_attn_factor = float(_meta(meta, f"{arch}.rope.scaling.attn_factor", 1.0))
+
+    hp = HParams(
+        arch=arch,
+        n_vocab=int(gguf.tensors["token_embd.weight"].shape[1]),
+        n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
+        head_dim_k=head_dim_k, head_dim_v=head_dim_v, n_rot=n_rot,
+        rms_eps=float(_meta(meta, f"{arch}.attention.layer_norm_rms_epsilon", required=True)),
+        rope_neox=arch in ("qwen2", "qwen3", "gemma3"),
+        rope_base=rope_base, rope_freq_scale=rope_freq_scale, rope_attn_factor=rope_attn_factor,
+        kq_scale=1.0 / math.sqrt(head_dim_v if arch == "llama" else head_dim_k),
+        q_scale=1.0, embd_scale=1.0, final_logit_softcap=0.0, n_swa=0,
+        is_swa=[False] * n_layer,
+    )
+    if arch == "gemma3":
+        _gemma3_hparams(meta, hp)
+    return hp
+
+
+def _gemma3_hparams(meta: dict[str, Any], hp: HParams) -> None:
+    """llama_model_gemma3::load_arch_hparams + the gemma3 graph's constants."""
+    n_swa = int(_meta(meta, "gemma3.attention.sliding_window", 0))
+    if n_swa > 0:
+        # LLAMA_SWA_TYPE_STANDARD; pattern default 6 (every 6th layer global). llama.cpp reads
+        # the pattern with get_key_or_arr(uint32): an array there is ignored, default kept.
+        pattern = _meta(meta, "gemma3.attention.sliding_window_pattern", 6)
+        if isinstance(pattern, list):
+            pattern = 6
+        pattern = int(pattern)
+        hp.n_swa = n_swa
+        # set_swa_pattern(n_pattern): layer il is SWA iff n_pattern == 0 or
+        # il % n_pattern < n_pattern - 1
+        hp.is_swa = [pattern == 0 or il % pattern < pattern - 1 for il in range(hp.n_layer)]
+        # local layers: rope_freq_base_train_swa (default 10000, not in gemma3 GGUFs) and
+        # rope_freq_scale_train_swa = 1 (never read from metadata: local layers are unscaled)
+        hp.rope_base_swa = float(_meta(meta, "gemma3.rope.freq_base_swa", 10000.0))
+        hp.rope_freq_scale_swa = 1.0
+    hp.final_logit_softcap = float(_meta(meta, "gemma3.final_logit_softcapping", 0.0))
+    # f_attention_scale: 1/sqrt(n_embd/n_head) for the 27B (62 layers), else
+    # 1/sqrt(n_embd_head_k); applied with ggml_scale to Q, then build_attn(kq_scale = 1)
+    if hp.n_layer == 62:
+        hp.q_scale = 1.0 / math.sqrt(hp.n_embd // hp.n_head[0])
+    else:
+        hp.q_scale = 1.0 / math.sqrt(hp.head_dim_k)
+    hp.kq_scale = 1.0
+    hp.embd_scale = math.sqrt(hp.n_embd)  # ggml_scale(inpL, sqrtf(n_embd)) for token input
+
+
+# ----------------------------------------------------------------------------------------------
+# Building blocks
+# ----------------------------------------------------------------------------------------------
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """build_norm(LLM_NORM_RMS): ggml_rms_norm over the last axis, then ggml_mul by weight."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, freq_scale: float,
+         attn_factor: float, neox: bool, freq_factors: np.ndarray | None) -> np.ndarray:
+    """ggml_rope_ext with ext_factor = 0. x: [n_tokens, n_heads, head_dim].
+
+    theta_i(p) = freq_scale * p * base^(-2i/n_rot) / freq_factors[i]  (ggml_rope_cache_init,
+    rope_yarn); cos/sin are scaled by attn_factor (mscale). NORM rotates adjacent pairs
+    (x[2i], x[2i+1]); NEOX rotates (x[i], x[i + n_rot/2]). Dims >= n_rot pass through.
+    """
+    half = n_rot // 2
+    inv_freq = base ** (-2.0 * np.arange(half, dtype=np.float64) / n_rot)  # [half]
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors
+    theta = freq_scale * positions[:, None].astype(np.float64) * inv_freq[None, :]  # [n, half]
+    cos = (np.cos(theta) * attn_factor)[:, None, :]  # [n, 1, half]
+    sin = (np.sin(theta) * attn_factor)[:, None, :]
+    out = x.copy()
+    if neox:
+        x0, x1 = x[..., :half], x[..., half:n_rot]
+        out[..., :half] = x0 * cos - x1 * sin
+        out[..., half:n_rot] = x0 * sin + x1 * cos
+    else:
+        x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        out[..., 0:n_rot:2] = x0 * cos - x1 * sin
+        out[..., 1:n_rot:2] = x0 * sin + x1 * cos
+    return out
+
+
+def attention_mask(n_tokens: int, n_swa: int) -> np.ndarray:
+    """[n_tokens(query), n_tokens(key)] bool, True where the key is visible: causal, plus
+    llama_hparams::is_masked_swa STANDARD (masked when p_query - p_key >= n_swa) if n_swa > 0."""
+    q = np.arange(n_tokens)[:, None]
+    k = np.arange(n_tokens)[None, :]
+    visible = k <= q
+    if n_swa > 0:
+        visible &= (q - k) < n_swa
+    return visible
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """ggml_gelu: 0.5*x*(1 + tanh(sqrt(2/pi)*x*(1 + 0.044715*x^2)))."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * x * (1.0 + 0.044715 * x * x)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+# ----------------------------------------------------------------------------------------------
+# The model
+# ----------------------------------------------------------------------------------------------
+
+# Which optional tensors each llama.cpp arch loads (TENSOR_NOT_REQUIRED in load_arch_tensors;
+# create_tensor_qkv makes q/k/v biases optional for all four). A file holding a tensor the arch
+# would not load makes llama.cpp fail ("wrong number of tensors"), so the reference refuses too.
+_OPTIONAL = {
+    "llama": ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
+              "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"),
+    "qwen2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+    "qwen3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+    "gemma3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+}
+_REQUIRED = {
+    "llama": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+              "ffn_gate", "ffn_up", "ffn_down"),
+    "qwen2": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+              "ffn_gate", "ffn_up", "ffn_down"),
+    "qwen3": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
+              "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"),
+    "gemma3": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
+               "attn_output", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up",
+               "ffn_down", "post_ffw_norm"),
+}
+
+# Output head rows dequantized at a time (262144 x 640 would be 1.3 GB in float64).
+_HEAD_CHUNK_ROWS = 16384
+
+
+class ReferenceModel:
+    """One GGUF model; `logits(tokens)` runs the float64 reference forward pass.
+
+    Weights are dequantized on use and not cached: each is used once per forward (all tokens
+    go through a layer together), which keeps the real 270M model's memory small.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.gguf = GGUFFile(path)
+        if "token_embd.weight" not in self.gguf.tensors:
+            raise ValueError(f"{path}: no token_embd.weight tensor")
+        self.hp = read_hparams(self.gguf)
+        self._check_tensors()
+
+    # -- tensors ----------------------------------------------------------------------------
+
+    def _check_tensors(self) -> None:
+        hp, names = self.hp, set(self.gguf.tensors)
+        expected = {"token_embd.weight", "output_norm.weight"}
+        for il in range(hp.n_layer):
+            expected |= {f"blk.{il}.{t}.weight" for t in _REQUIRED[hp.arch]}
+        missing = sorted(expected - names)
+        if missing:
+            raise ValueError(f"{self.gguf.path}: missing tensors {missing[:5]}")
+        optional = {"output.weight"}
+        if hp.arch == "qwen2":
+            optional.add("output.bias")
+        if hp.arch == "llama":
+            optional.add("rope_freqs.weight")
+        for il in range(hp.n_layer):
+            optional |= {f"blk.{il}.{t}" for t in _OPTIONAL[hp.arch]}
+        extra = sorted(names - expected - optional)
+        if extra:
+            raise ValueError(f"{self.gguf.path}: tensors llama.cpp's {hp.arch} would not load: "
+                             f"{extra[:5]}")
+
+    def _w(self, name: str) -> np.ndarray:
+        """Dequantized tensor: [out, in] for matrices (GGUF ne = [in, out]), [n] for vectors."""
+        w = self.gguf.dequant(name)
+        return w[0] if len(self.gguf.tensors[name].shape) == 1 else w
+
+    def _w_opt(self, name: str) -> np.ndarray | None:
+        return self._w(name) if name in self.gguf.tensors else None
+
+    def _linear(self, x: np.ndarray, name: str, bias: str | None = None) -> np.ndarray:
+        """build_lora_mm (ggml_mul_mat(W, x) = x @ W^T), then ggml_add of the bias if present."""
+        y = x @ self._w(name).T
+        if bias is not None and bias in self.gguf.tensors:
+            y = y + self._w(bias)
+        return y
+
+    # -- blocks -----------------------------------------------------------------------------
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        """build_inp_embd: ggml_get_rows of token_embd (only these rows are dequantized);
+        gemma3 then scales by sqrt(n_embd). -> [n_tokens, n_embd]"""
+        return self.gguf.dequant("token_embd.weight", tokens) * self.hp.embd_scale
+
+    def attention(self, x: np.ndarray, il: int) -> np.ndarray:
+        """Self-attention of layer il on the normed input x [n_tokens, n_embd] -> [n, n_embd]."""
+        hp, p = self.hp, f"blk.{il}."
+        n = x.shape[0]
+        n_head, n_head_kv = hp.n_head[il], hp.n_head_kv[il]
+        # build_qkv: separate Q/K/V matmuls, optional biases, reshape to heads
+        q = self._linear(x, p + "attn_q.weight", p + "attn_q.bias").reshape(n, n_head, -1)
+        k = self._linear(x, p + "attn_k.weight", p + "attn_k.bias").reshape(n, n_head_kv, -1)
+        v = self._linear(x, p + "attn_v.weight", p + "attn_v.bias").reshape(n, n_head_kv, -1)
+        # qwen3 / gemma3: RMS norm over each head's vector before rope (attn_q/k_norm)
+        if hp.arch in ("qwen3", "gemma3"):
+            q = rms_norm(q, self._w(p + "attn_q_norm.weight"), hp.rms_eps)
+            k = rms_norm(k, self._w(p + "attn_k_norm.weight"), hp.rms_eps)
+        # rope: SWA layers use rope_freq_base/scale_train_swa (llama_model::get_rope_freq_base);
+        # llama3's rope_freqs.weight divides the frequencies (get_rope_factors)
+        swa = hp.is_swa[il]
+        base = hp.rope_base_swa if swa else hp.rope_base
+        scale = hp.rope_freq_scale_swa if swa else hp.rope_freq_scale
+        factors = self._w_opt("rope_freqs.weight") if hp.arch == "llama" else None
+        pos = np.arange(n)
+        q = rope(q, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors)
+        k = rope(k, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors)
+        q = q * hp.q_scale  # gemma3: ggml_scale(Qcur, f_attention_scale); 1 elsewhere
+        # build_attn_mha: kq = K.Q per head; GQA broadcast maps query head h to kv head
+        # h // (n_head / n_head_kv) (ggml_mul_mat broadcasting); masked softmax with scale
+        visible = attention_mask(n, hp.n_swa if swa else 0)
+        group = n_head // n_head_kv
+        out = np.empty((n, n_head, v.shape[-1]))
+        for h in range(n_head):
+            kv = h // group
+            scores = (q[:, h, :] @ k[:, kv, :].T) * hp.kq_scale  # [n_q, n_k]
+            scores = np.where(visible, scores, -np.inf)
+            out[:, h, :] = softmax(scores) @ v[:, kv, :]
+        out = out.reshape(n, n_head * v.shape[-1])
+        # wo, plus wo_b for llama only (qwen2/qwen3/gemma3 never load attn_output.bias)
+        return self._linear(out, p + "attn_output.weight",
+                            p + "attn_output.bias" if hp.arch == "llama" else None)
+
+    def ffn(self, x: np.ndarray, il: int) -> np.ndarray:
+        """build_ffn(LLM_FFN_PAR): down(act(gate(x)) * up(x)); act = SiLU, or tanh-GELU for
+        gemma3. Biases only for llama (ffn_*_b)."""
+        p = f"blk.{il}."
+        with_bias = self.hp.arch == "llama"
+        up = self._linear(x, p + "ffn_up.weight", p + "ffn_up.bias" if with_bias else None)
+        gate = self._linear(x, p + "ffn_gate.weight", p + "ffn_gate.bias" if with_bias else None)
+        act = gelu_tanh(gate) if self.hp.arch == "gemma3" else silu(gate)
+        return self._linear(act * up, p + "ffn_down.weight",
+                            p + "ffn_down.bias" if with_bias else None)
+
+    def layer(self, x: np.ndarray, il: int) -> np.ndarray:
+        hp, p = self.hp, f"blk.{il}."
+        if hp.arch == "gemma3":
+            # gemma3.cpp: attn_norm -> attn -> post_attention_norm -> residual;
+            # ffn_norm -> ffn -> post_ffw_norm -> residual
+            a = self.attention(rms_norm(x, self._w(p + "attn_norm.weight"), hp.rms_eps), il)
+            x = x + rms_norm(a, self._w(p + "post_attention_norm.weight"), hp.rms_eps)
+            f = self.ffn(rms_norm(x, self._w(p + "ffn_norm.weight"), hp.rms_eps), il)
+            return x + rms_norm(f, self._w(p + "post_ffw_norm.weight"), hp.rms_eps)
+        # llama.cpp / qwen2.cpp / qwen3.cpp: pre-norm residual blocks
+        x = x + self.attention(rms_norm(x, self._w(p + "attn_norm.weight"), hp.rms_eps), il)
+        return x + self.ffn(rms_norm(x, self._w(p + "ffn_norm.weight"), hp.rms_eps), il)
+
+    def output(self, x: np.ndarray) -> np.ndarray:
+        """output_norm, lm_head (output.weight, or token_embd when absent = tied), qwen2's
+        optional output.bias, gemma3's optional final logit softcapping. -> [n, n_vocab]"""
+        hp = self.hp
+        x = rms_norm(x, self._w("output_norm.weight"), hp.rms_eps)
+        head = "output.weight" if "output.weight" in self.gguf.tensors else "token_embd.weight"
+        n_rows = self.gguf.tensors[head].n_rows
+        logits = np.empty((x.shape[0], n_rows))
+        for start in range(0, n_rows, _HEAD_CHUNK_ROWS):
+            rows = slice(start, min(start + _HEAD_CHUNK_ROWS, n_rows))
+            logits[:, rows] = x @ self.gguf.dequant(head, rows).T
+        if hp.arch == "qwen2" and "output.bias" in self.gguf.tensors:
+            logits += self._w("output.bias")
+        if hp.final_logit_softcap:
+            c = hp.final_logit_softcap
+            logits = np.tanh(logits / c) * c
+        return logits
+
+    def logits(self, tokens: list[int] | np.ndarray) -> np.ndarray:
+        """Logits [n_tokens, n_vocab] float64 for one sequence at positions 0..n-1."""
+        toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if toks.size == 0:
+            raise ValueError("tokens must not be empty")
+        if toks.min() < 0 or toks.max() >= self.hp.n_vocab:
+            raise ValueError(f"token ids must be in [0, {self.hp.n_vocab})")
+        x = self.embed(toks)
+        for il in range(self.hp.n_layer):
+            x = self.layer(x, il)
+        return self.output(x)
+
+
+def reference_logits(path: str | os.PathLike[str] | ReferenceModel,
+                     tokens: list[int] | np.ndarray) -> np.ndarray:
+    """Float64 reference logits [n_tokens, n_vocab] of `tokens` (positions 0..n-1)."""
+    model = path if isinstance(path, ReferenceModel) else ReferenceModel(path)
+    return model.logits(tokens)

@@ -1,0 +1,599 @@
+"""Tiny random-weight GGUF models for tests (llama, mistral-style llama, qwen2, qwen3, gemma3).
+
+`write_tiny_model(path, arch)` writes a complete, llama.cpp-loadable GGUF: the metadata keys the
+real converters (llama.cpp convert_hf_to_gguf.py) write for that architecture, a small but real
+tokenizer section (SPM-style "llama" vocab for llama/gemma3, byte-level BPE "gpt2" vocab with
+merges for qwen2/qwen3) and random weights in a chosen quantization type. The weights are
+random normal scaled by 1/sqrt(fan_in) so activations keep unit-ish scale and logits are spread
+out (std of a few units) without saturating, so greedy tokens are well separated.
+
+Dimensions are tiny (hidden 64, 2-6 layers, head_dim 16) so the float64 reference in
+tests/reference_model.py runs in milliseconds. Asking for a K-quant (block of 256 values)
+switches the defaults to hidden 256 / ffn 512 / head_dim 64 so every matrix row length is a
+multiple of 256.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from gguf import (
+    GGML_QUANT_SIZES,
+    GGMLQuantizationType,
+    GGUFWriter,
+    LlamaFileType,
+    TokenType,
+)
+from gguf import quants as gguf_quants
+from tiny_models_kquants import K_QUANT_TYPES, quantize_k
+
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+
+# Types `gguf.quants.quantize` implements (checked against gguf 0.19) plus our K-quant encoders.
+_GGUF_QUANTIZABLE = frozenset(
+    {
+        GGMLQuantizationType.F32,
+        GGMLQuantizationType.F16,
+        GGMLQuantizationType.BF16,
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q5_0,
+        GGMLQuantizationType.Q5_1,
+        GGMLQuantizationType.Q8_0,
+    }
+)
+SUPPORTED_QTYPES: frozenset[GGMLQuantizationType] = _GGUF_QUANTIZABLE | K_QUANT_TYPES
+
+_FILE_TYPES: dict[GGMLQuantizationType, LlamaFileType] = {
+    GGMLQuantizationType.F32: LlamaFileType.ALL_F32,
+    GGMLQuantizationType.F16: LlamaFileType.MOSTLY_F16,
+    GGMLQuantizationType.BF16: LlamaFileType.MOSTLY_BF16,
+    GGMLQuantizationType.Q4_0: LlamaFileType.MOSTLY_Q4_0,
+    GGMLQuantizationType.Q4_1: LlamaFileType.MOSTLY_Q4_1,
+    GGMLQuantizationType.Q5_0: LlamaFileType.MOSTLY_Q5_0,
+    GGMLQuantizationType.Q5_1: LlamaFileType.MOSTLY_Q5_1,
+    GGMLQuantizationType.Q8_0: LlamaFileType.MOSTLY_Q8_0,
+    GGMLQuantizationType.Q2_K: LlamaFileType.MOSTLY_Q2_K,
+    GGMLQuantizationType.Q3_K: LlamaFileType.MOSTLY_Q3_K_M,
+    GGMLQuantizationType.Q4_K: LlamaFileType.MOSTLY_Q4_K_M,
+    GGMLQuantizationType.Q5_K: LlamaFileType.MOSTLY_Q5_K_M,
+    GGMLQuantizationType.Q6_K: LlamaFileType.MOSTLY_Q6_K,
+}
+
+# The quantization mix of the real default model (gemma-3-270m Q4_K_M): pass as
+# `tensor_qtypes=Q4_K_M_MIX` (with K-quant-friendly dims) to exercise the same kernels.
+Q4_K_M_MIX: dict[str, GGMLQuantizationType] = {
+    "token_embd": GGMLQuantizationType.Q8_0,
+    "attn_q": GGMLQuantizationType.Q5_0,
+    "attn_k": GGMLQuantizationType.Q5_0,
+    "attn_v": GGMLQuantizationType.Q8_0,
+    "attn_output": GGMLQuantizationType.Q4_K,
+    "ffn_gate": GGMLQuantizationType.Q5_0,
+    "ffn_up": GGMLQuantizationType.Q5_0,
+    "ffn_down": GGMLQuantizationType.Q6_K,
+    "output": GGMLQuantizationType.Q6_K,
+}
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizer sections
+# ----------------------------------------------------------------------------------------------
+
+# Words the vocabularies know as whole pieces (so prompts like "The capital of France is"
+# tokenize to a few tokens); anything else falls back to characters / bytes.
+_WORDS = (
+    "the of and to in is was for on that with as it at by from this be are not or have "
+    "capital France Paris city world hello Hello model token tiny test time one two three "
+    "cat dog sat mat quick brown fox jumps over lazy what What is The A an I you he she we "
+    "they day night water fire earth language code run user assistant"
+).split()
+
+_CHARS = (
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\"-:;()"
+)
+
+_CORPUS = (
+    "The capital of France is Paris. Paris is a city in France. Hello world! "
+    "The quick brown fox jumps over the lazy dog. The cat sat on the mat. "
+    "What is the capital of the world? I am a tiny test model. It was a day and a night. "
+    "We run the code, you run the test, they run the model. One, two, three: tokens!\n"
+    "This is the language of water, fire and earth. The user asked the assistant a question.\n"
+)
+
+SPM_SPACE = "\u2581"  # '▁', SentencePiece's visible space
+
+
+def _unique(seq: list[str]) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for s in seq:
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out
+
+
+def build_spm_vocab(style: str) -> dict[str, Any]:
+    """SentencePiece-style vocab as llama.cpp's "llama" tokenizer model expects.
+
+    style "llama": <unk>=0, <s>=1, </s>=2 (llama.cpp's SPM defaults), add_space_prefix true.
+    style "gemma": <pad>=0, <eos>=1, <bos>=2, <unk>=3 plus <start_of_turn>/<end_of_turn>
+    control tokens and no space prefix, like the gemma-3 GGUF.
+    Then the 256 byte-fallback tokens <0x00>..<0xFF> (type BYTE) and normal pieces: single
+    characters, every prefix of '▁word' (llama.cpp's SPM tokenizer only merges two adjacent
+    symbols when their concatenation is a vocab piece, so each prefix must exist for the whole
+    word to be reachable) and a few word-initial pieces without '▁' for gemma (no space prefix).
+    Scores decrease with the piece index, as in a sentencepiece model file.
+    """
+    if style == "llama":
+        specials = [("<unk>", TokenType.UNKNOWN), ("<s>", TokenType.CONTROL),
+                    ("</s>", TokenType.CONTROL)]
+    elif style == "gemma":
+        specials = [("<pad>", TokenType.CONTROL), ("<eos>", TokenType.CONTROL),
+                    ("<bos>", TokenType.CONTROL), ("<unk>", TokenType.UNKNOWN),
+                    ("<start_of_turn>", TokenType.CONTROL), ("<end_of_turn>", TokenType.CONTROL)]
+    else:
+        raise ValueError(f"unknown SPM vocab style {style!r}")
+
+    pieces: list[str] = []
+    for word in _WORDS:
+        full = SPM_SPACE + word
+        pieces.extend(full[:n] for n in range(2, len(full) + 1))
+        if style == "gemma" and word[0].isupper():
+            pieces.extend(word[:n] for n in range(2, len(word) + 1))
+    pieces.extend([SPM_SPACE, "\n", SPM_SPACE + SPM_SPACE])
+    pieces.extend(_CHARS)
+    pieces = _unique(pieces)
+
+    tokens = [t for t, _ in specials] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [int(tt) for _, tt in specials] + [int(TokenType.BYTE)] * 256
+    types += [int(TokenType.NORMAL)] * len(pieces)
+    scores = [0.0] * (len(specials) + 256) + [-float(i) for i in range(len(pieces))]
+    assert len(set(tokens)) == len(tokens)
+
+    ids = {t: i for i, t in enumerate(tokens)}
+    if style == "llama":
+        meta_ids = {"bos": ids["<s>"], "eos": ids["</s>"], "unk": ids["<unk>"]}
+        flags = {"add_bos_token": True, "add_eos_token": False}
+    else:
+        meta_ids = {"bos": ids["<bos>"], "eos": ids["<eos>"], "unk": ids["<unk>"],
+                    "padding": ids["<pad>"]}
+        flags = {"add_bos_token": True, "add_eos_token": False, "add_space_prefix": False}
+    return {"model": "llama", "pre": "default", "tokens": tokens, "scores": scores,
+            "token_type": types, "merges": None, "ids": meta_ids, "flags": flags}
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable unicode character map used by byte-level BPE."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def _train_bpe(text: str, n_merges: int) -> list[tuple[str, str]]:
+    """Plain byte-level BPE training: repeatedly merge the most frequent adjacent pair.
+
+    Pre-tokenization is a simplified GPT-2 split (optional leading space + letters, digits,
+    punctuation runs, whitespace). Ties break on the pair itself so the result is deterministic.
+    """
+    b2u = bytes_to_unicode()
+    chunks = re.findall(r" ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]+|\s+", text)
+    words = Counter(tuple(b2u[b] for b in c.encode("utf-8")) for c in chunks)
+    merges: list[tuple[str, str]] = []
+    for _ in range(n_merges):
+        pairs: Counter[tuple[str, str]] = Counter()
+        for word, count in words.items():
+            for a, b in zip(word, word[1:], strict=False):
+                pairs[(a, b)] += count
+        if not pairs:
+            break
+        best = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))[0]
+        merges.append(best)
+        merged: Counter[tuple[str, ...]] = Counter()
+        for word, count in words.items():
+            out: list[str] = []
+            i = 0
+            while i < len(word):
+                if i + 1 < len(word) and (word[i], word[i + 1]) == best:
+                    out.append(word[i] + word[i + 1])
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            merged[tuple(out)] += count
+        words = merged
+    return merges
+
+
+def build_bpe_vocab(n_merges: int = 240) -> dict[str, Any]:
+    """Qwen-style byte-level BPE vocab ("gpt2" tokenizer model, "qwen2" pre-tokenizer):
+    256 byte symbols, one token per learned merge, then <|endoftext|>, <|im_start|>,
+    <|im_end|> control tokens (Qwen puts its specials after the BPE tokens too)."""
+    b2u = bytes_to_unicode()
+    merges = _train_bpe(_CORPUS * 3 + " ".join(_WORDS), n_merges)
+    tokens = [b2u[b] for b in range(256)] + _unique([a + b for a, b in merges])
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    types = [int(TokenType.NORMAL)] * len(tokens) + [int(TokenType.CONTROL)] * len(specials)
+    tokens = tokens + specials
+    assert len(set(tokens)) == len(tokens)
+    ids = {t: i for i, t in enumerate(tokens)}
+    return {"model": "gpt2", "pre": "qwen2", "tokens": tokens, "scores": None,
+            "token_type": types, "merges": [f"{a} {b}" for a, b in merges],
+            "ids": {"bos": ids["<|endoftext|>"], "eos": ids["<|im_end|>"],
+                    "padding": ids["<|endoftext|>"]},
+            "flags": {"add_bos_token": False}}
+
+
+_CHAT_TEMPLATES = {
+    "llama": (
+        "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+        "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+        "{{ ' ' + message['content'] + eos_token }}{% endif %}{% endfor %}"
+    ),
+    "chatml": (
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
+        "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    ),
+    "gemma": (
+        "{{ bos_token }}{% for message in messages %}"
+        "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+        "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+    ),
+}
+
+# ----------------------------------------------------------------------------------------------
+# Architecture configuration
+# ----------------------------------------------------------------------------------------------
+
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    # llama: untied output head, GQA 4/2, NORM rope. (llama.cpp's llama arch ignores any
+    # sliding window; "mistral" writes the key like Mistral-7B-v0.1 GGUFs but runs full attn.)
+    "llama": dict(n_layer=2, n_head=4, n_head_kv=2, tie_embeddings=False),
+    "mistral": dict(n_layer=2, n_head=4, n_head_kv=2, tie_embeddings=False, sliding_window=8),
+    # qwen2: q/k/v biases, untied head (like Qwen2-7B), NEOX rope, base 1e6.
+    "qwen2": dict(n_layer=2, n_head=4, n_head_kv=2, tie_embeddings=False, rope_freq_base=1e6),
+    # qwen3: q/k RMS norms, no biases, tied head (like Qwen3-0.6B), NEOX rope, base 1e6.
+    "qwen3": dict(n_layer=2, n_head=4, n_head_kv=2, tie_embeddings=True, rope_freq_base=1e6),
+    # gemma3: 6 layers so the default pattern (every 6th layer global) has one global layer,
+    # window 8 so ~20-token prompts cross it; MQA (1 kv head) like gemma-3-270m; tied head.
+    "gemma3": dict(n_layer=6, n_head=4, n_head_kv=1, tie_embeddings=True, rope_freq_base=1e6,
+                   sliding_window=8),
+}
+
+_COMMON_DEFAULTS: dict[str, Any] = dict(
+    n_embd=64, head_dim=16, n_ff=128, context_length=256, rms_eps=1e-6, rope_freq_base=10000.0,
+    sliding_window=None, sliding_window_pattern=None, rope_freq_base_swa=None,
+    final_logit_softcapping=None, rope_scaling_factor=None, rope_freqs=False,
+    tensor_qtypes=None, name=None,
+)
+
+# With a 256-block K-quant every matrix row (n_embd, n_ff, n_head*head_dim) must be a multiple
+# of 256.
+_KQUANT_DIMS: dict[str, Any] = dict(n_embd=256, head_dim=64, n_ff=512)
+
+_ARCH_OF = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+            "gemma3": "gemma3"}
+
+
+def _config(arch: str, qtype: GGMLQuantizationType, overrides: Mapping[str, Any]) -> dict:
+    if arch not in _DEFAULTS:
+        raise ValueError(f"unknown tiny model arch {arch!r}; choose from {ARCHS}")
+    unknown = set(overrides) - set(_COMMON_DEFAULTS) - set(_DEFAULTS[arch]) - {
+        "n_layer", "n_head", "n_head_kv", "tie_embeddings"}
+    if unknown:
+        raise TypeError(f"unknown override(s) {sorted(unknown)}")
+    cfg = dict(_COMMON_DEFAULTS)
+    cfg.update(_DEFAULTS[arch])
+    qtypes = {qtype, *(overrides.get("tensor_qtypes") or {}).values()}
+    if any(GGML_QUANT_SIZES[t][0] == 256 for t in qtypes):
+        cfg.update(_KQUANT_DIMS)
+    cfg.update(overrides)
+    if cfg["n_head"] % cfg["n_head_kv"] != 0:
+        raise ValueError("n_head must be a multiple of n_head_kv")
+    if cfg["rope_freqs"] and _ARCH_OF[arch] != "llama":
+        # llama.cpp only loads rope_freqs.weight for the llama family
+        raise ValueError("rope_freqs=True is only meaningful for llama/mistral")
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------------
+# Weights
+# ----------------------------------------------------------------------------------------------
+
+
+def _encode(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """float32 [rows, cols] -> what GGUFWriter.add_tensor takes for qtype."""
+    if qtype == GGMLQuantizationType.F32:
+        return data.astype(np.float32)
+    if qtype == GGMLQuantizationType.F16:
+        return data.astype(np.float16)
+    if qtype in K_QUANT_TYPES:
+        return quantize_k(data, qtype)
+    if qtype in _GGUF_QUANTIZABLE:
+        return gguf_quants.quantize(data.astype(np.float32), qtype)
+    raise ValueError(f"cannot write tensors of type {qtype.name}; supported: "
+                     f"{sorted(t.name for t in SUPPORTED_QTYPES)}")
+
+
+def _llama3_rope_factors(n_rot: int, base: float) -> np.ndarray:
+    """rope_freqs.weight as convert_hf_to_gguf.py computes it for llama3 rope scaling
+    (factor 8, low/high freq factors 1/4), with a tiny original context (64) so the factors
+    actually vary across the few frequencies of a 16-dim head."""
+    factor, low_ff, high_ff, old_ctx = 8.0, 1.0, 4.0, 64.0
+    freqs = 1.0 / base ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)  # [n_rot/2]
+    low_wavelen, high_wavelen = old_ctx / low_ff, old_ctx / high_ff
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low_ff) / (high_ff - low_ff)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+# Gemma's post-norms scale each block's output. At ~1 the (tied, sqrt(n_embd)-scaled) input
+# embedding dominates the residual stream and the argmax is the input token itself 90% of the
+# time, which makes greedy outputs repetitive and useless for comparisons; at ~3 it is ~3%.
+_GEMMA_POST_NORM = 3.0
+
+
+def _tensors(arch: str, cfg: dict, n_vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random float32 weights keyed by GGUF tensor name, shapes [out, in] (numpy order; GGUF
+    stores ne = [in, out]). Norm weights are near 1: gemma's converter already folds the
+    `1 + w` of Gemma's RMSNorm into the stored weight, so all archs just multiply."""
+    d, hd, ff = cfg["n_embd"], cfg["head_dim"], cfg["n_ff"]
+    nq, nkv = cfg["n_head"] * hd, cfg["n_head_kv"] * hd
+
+    def mat(n_out: int, n_in: int) -> np.ndarray:
+        return (rng.standard_normal((n_out, n_in)) / math.sqrt(n_in)).astype(np.float32)
+
+    def norm(n: int, mean: float = 1.0) -> np.ndarray:
+        return (mean * (1.0 + 0.1 * rng.standard_normal(n))).astype(np.float32)
+
+    def bias(n: int) -> np.ndarray:
+        return (0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    t: dict[str, np.ndarray] = {}
+    # A tied table doubles as the output head: std 2.5/sqrt(d) gives logits of std ~2.5
+    # (gemma's sqrt(n_embd) input scaling then makes its input rms ~2.5 too).
+    emb_std = 2.5 / math.sqrt(d) if cfg["tie_embeddings"] else 1.0
+    t["token_embd.weight"] = (emb_std * rng.standard_normal((n_vocab, d))).astype(np.float32)
+    for i in range(cfg["n_layer"]):
+        p = f"blk.{i}."
+        t[p + "attn_norm.weight"] = norm(d)
+        t[p + "attn_q.weight"] = mat(nq, d)
+        t[p + "attn_k.weight"] = mat(nkv, d)
+        t[p + "attn_v.weight"] = mat(nkv, d)
+        if arch == "qwen2":
+            t[p + "attn_q.bias"] = bias(nq)
+            t[p + "attn_k.bias"] = bias(nkv)
+            t[p + "attn_v.bias"] = bias(nkv)
+        if arch in ("qwen3", "gemma3"):
+            t[p + "attn_q_norm.weight"] = norm(hd)
+            t[p + "attn_k_norm.weight"] = norm(hd)
+        t[p + "attn_output.weight"] = mat(d, nq)
+        if arch == "gemma3":
+            t[p + "post_attention_norm.weight"] = norm(d, _GEMMA_POST_NORM)
+        t[p + "ffn_norm.weight"] = norm(d)
+        t[p + "ffn_gate.weight"] = mat(ff, d)
+        t[p + "ffn_up.weight"] = mat(ff, d)
+        t[p + "ffn_down.weight"] = mat(d, ff)
+        if arch == "gemma3":
+            t[p + "post_ffw_norm.weight"] = norm(d, _GEMMA_POST_NORM)
+    t["output_norm.weight"] = norm(d)
+    if not cfg["tie_embeddings"]:
+        t["output.weight"] = mat(n_vocab, d) * 2.0  # x2: spread the logits a bit more
+    if cfg["rope_freqs"]:
+        t["rope_freqs.weight"] = _llama3_rope_factors(hd, cfg["rope_freq_base"])
+    return t
+
+
+_MATRIX_NAMES = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output",
+                 "ffn_gate", "ffn_up", "ffn_down")
+
+
+def _short_name(tensor_name: str) -> str:
+    """'blk.3.attn_q.weight' -> 'attn_q', 'token_embd.weight' -> 'token_embd'."""
+    parts = tensor_name.split(".")
+    return parts[2] if parts[0] == "blk" else parts[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Writer
+# ----------------------------------------------------------------------------------------------
+
+
+def write_tiny_model(
+    path: str | os.PathLike[str],
+    arch: str,
+    *,
+    qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+    seed: int = 0,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Write a tiny random-weight GGUF for `arch` and return the metadata written (key -> value).
+
+    arch: "llama", "mistral" (llama arch + sliding_window key), "qwen2", "qwen3", "gemma3".
+    qtype: type of the 2-D weight matrices (norms, biases and rope_freqs stay F32). The same
+    seed gives the same float weights for every qtype, so a quantized model can be compared with
+    its F32 twin.
+    overrides: n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, context_length, rms_eps,
+    rope_freq_base, rope_freq_base_swa, sliding_window, sliding_window_pattern (gemma3; 0 makes
+    every layer local), final_logit_softcapping, rope_scaling_factor (writes linear rope
+    scaling), rope_freqs (True: llama3-style rope_freqs.weight), tie_embeddings,
+    tensor_qtypes ({'attn_q': GGMLQuantizationType.Q5_0, ...} by short tensor name), name.
+    """
+    qtype = GGMLQuantizationType(qtype)
+    cfg = _config(arch, qtype, overrides)
+    gguf_arch = _ARCH_OF[arch]
+    vocab = build_spm_vocab("gemma" if arch == "gemma3" else "llama") \
+        if arch in ("llama", "mistral", "gemma3") else build_bpe_vocab()
+    n_vocab = len(vocab["tokens"])
+
+    tensors = _tensors(gguf_arch, cfg, n_vocab, np.random.default_rng(seed))
+    qtypes = {name: GGMLQuantizationType.F32 if arr.ndim == 1 else qtype
+              for name, arr in tensors.items()}
+    for short, t in (cfg["tensor_qtypes"] or {}).items():
+        if short not in _MATRIX_NAMES:
+            raise ValueError(f"tensor_qtypes: unknown tensor {short!r}; use {_MATRIX_NAMES}")
+        # a name this model lacks (e.g. 'output' of a tied model) is skipped, so one mix
+        # serves every arch
+        for n in tensors:
+            if _short_name(n) == short:
+                qtypes[n] = GGMLQuantizationType(t)
+    for name, t in qtypes.items():
+        block = GGML_QUANT_SIZES[t][0]
+        if tensors[name].shape[-1] % block != 0:
+            raise ValueError(f"{name}: rows of {tensors[name].shape[-1]} values do not fit "
+                             f"{t.name} blocks of {block}; pick dims that are multiples of it")
+
+    a = gguf_arch
+    meta: dict[str, Any] = {
+        "general.architecture": a,
+        "general.name": cfg["name"] or f"tiny-{arch}",
+        "general.file_type": int(_FILE_TYPES.get(qtype, LlamaFileType.ALL_F32)),
+        "general.quantization_version": 2,
+        f"{a}.context_length": cfg["context_length"],
+        f"{a}.embedding_length": cfg["n_embd"],
+        f"{a}.block_count": cfg["n_layer"],
+        f"{a}.feed_forward_length": cfg["n_ff"],
+        f"{a}.attention.head_count": cfg["n_head"],
+        f"{a}.attention.head_count_kv": cfg["n_head_kv"],
+        f"{a}.attention.key_length": cfg["head_dim"],
+        f"{a}.attention.value_length": cfg["head_dim"],
+        f"{a}.attention.layer_norm_rms_epsilon": cfg["rms_eps"],
+        f"{a}.rope.freq_base": cfg["rope_freq_base"],
+        f"{a}.rope.dimension_count": cfg["head_dim"],
+    }
+    if arch in ("llama", "mistral"):
+        meta[f"{a}.vocab_size"] = n_vocab
+    if cfg["sliding_window"] is not None:
+        meta[f"{a}.attention.sliding_window"] = cfg["sliding_window"]
+    if cfg["sliding_window_pattern"] is not None:
+        meta[f"{a}.attention.sliding_window_pattern"] = cfg["sliding_window_pattern"]
+    if cfg["rope_freq_base_swa"] is not None:
+        meta[f"{a}.rope.freq_base_swa"] = cfg["rope_freq_base_swa"]
+    if cfg["final_logit_softcapping"] is not None:
+        meta[f"{a}.final_logit_softcapping"] = cfg["final_logit_softcapping"]
+    if cfg["rope_scaling_factor"] is not None:
+        meta[f"{a}.rope.scaling.type"] = "linear"
+        meta[f"{a}.rope.scaling.factor"] = cfg["rope_scaling_factor"]
+
+    meta["tokenizer.ggml.model"] = vocab["model"]
+    meta["tokenizer.ggml.pre"] = vocab["pre"]
+    meta["tokenizer.ggml.tokens"] = vocab["tokens"]
+    if vocab["scores"] is not None:
+        meta["tokenizer.ggml.scores"] = vocab["scores"]
+    meta["tokenizer.ggml.token_type"] = vocab["token_type"]
+    if vocab["merges"] is not None:
+        meta["tokenizer.ggml.merges"] = vocab["merges"]
+    for key, tid in vocab["ids"].items():
+        meta[f"tokenizer.ggml.{key}_token_id"] = tid
+    for key, flag in vocab["flags"].items():
+        meta[f"tokenizer.ggml.{key}"] = flag
+    template = {"llama": "llama", "mistral": "llama", "gemma3": "gemma"}.get(arch, "chatml")
+    meta["tokenizer.chat_template"] = _CHAT_TEMPLATES[template]
+
+    write_gguf(path, meta, {name: _encode(arr, qtypes[name]) for name, arr in tensors.items()},
+               qtypes)
+    return meta
+
+
+def write_gguf(
+    path: str | os.PathLike[str],
+    meta: Mapping[str, Any],
+    data: Mapping[str, np.ndarray],
+    qtypes: Mapping[str, GGMLQuantizationType] | None = None,
+) -> None:
+    """Write a GGUF from a metadata dict (as write_tiny_model returns) and tensor data.
+
+    data[name] is float32 (F32), float16 (F16) or, for other types given in qtypes, the
+    [rows, row_bytes] uint8 blocks. Tests use this to build variants of a tiny model
+    (e.g. the same weights with duplicated K/V heads).
+    """
+    writer = GGUFWriter(os.fspath(path), meta["general.architecture"])  # writes the arch key
+    for key, value in meta.items():
+        if key != "general.architecture":
+            _add_kv(writer, key, value)
+    for name, arr in data.items():
+        t = (qtypes or {}).get(name, GGMLQuantizationType.F32)
+        if t in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            writer.add_tensor(name, arr)
+        else:
+            writer.add_tensor(name, arr, raw_dtype=t)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+_FLOAT_KEYS = ("epsilon", "freq_base", "freq_base_swa", "softcapping", "scaling.factor")
+
+
+def _add_kv(writer: GGUFWriter, key: str, value: Any) -> None:
+    """Add one metadata pair with the value type llama.cpp's converter uses for that key."""
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, list):
+        writer.add_array(key, value)  # str -> STRING, float -> FLOAT32, int -> INT32
+    elif isinstance(value, float) or key.endswith(_FLOAT_KEYS):
+        writer.add_float32(key, float(value))
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    else:
+        raise TypeError(f"cannot write metadata {key}={value!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Detokenization helpers (for comparing generated text with llama.cpp's)
+# ----------------------------------------------------------------------------------------------
+
+# Token texts llama.cpp's vocab loader auto-detects as end-of-generation (llama-vocab.cpp).
+_EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+              "<|end_of_text|>", "<EOT>")
+
+
+def eog_token_ids(meta: Mapping[str, Any]) -> set[int]:
+    """End-of-generation ids as llama.cpp derives them: eos plus the EOT-like texts above."""
+    tokens = meta["tokenizer.ggml.tokens"]
+    ids = {i for i, t in enumerate(tokens) if t in _EOG_TEXTS}
+    if "tokenizer.ggml.eos_token_id" in meta:
+        ids.add(int(meta["tokenizer.ggml.eos_token_id"]))
+    return ids
+
+
+def token_piece(meta: Mapping[str, Any], token_id: int) -> bytes:
+    """The bytes llama.cpp's llama_token_to_piece(..., lstrip=0, special=true) gives for a
+    token of these vocabs: SPM byte tokens -> that byte, SPM pieces -> '▁' as space, BPE
+    pieces -> GPT-2 byte-decoded, control tokens -> their text."""
+    text = meta["tokenizer.ggml.tokens"][token_id]
+    ttype = meta["tokenizer.ggml.token_type"][token_id]
+    if ttype in (TokenType.CONTROL, TokenType.USER_DEFINED):
+        return text.encode("utf-8")
+    if meta["tokenizer.ggml.model"] == "llama":
+        if ttype == TokenType.BYTE:
+            return bytes([int(text[3:5], 16)])
+        if ttype == TokenType.UNKNOWN:
+            return "\u2585".encode()  # llama.cpp prints '▅' for unknown tokens
+        return text.replace(SPM_SPACE, " ").encode("utf-8")
+    u2b = {u: b for b, u in bytes_to_unicode().items()}
+    return bytes(u2b[c] for c in text)
