@@ -311,3 +311,21 @@ def test_attention_errors() -> None:
         ops.attention(q, kv, kv, pos2, pos4, 0, 1.0, 0.0, q)
     with pytest.raises(ValueError, match="v_cache"):
         ops.attention(q, kv, kv[:3], pos2, pos4, 0, 1.0, 0.0, np.empty_like(q))
+
+
+def test_gelu_ggml_table_matches_float16_emulation() -> None:
+    """ggml's GELU: float16(gelu(float16(x))) from a table, |x| >= 10 bypassing it."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((3, 4099)) * 4).astype(np.float32)
+    x[0, :12] = [0.0, -0.0, 1e-8, -1e-6, 6e-5, -3e-5, 6.1e-5, 65.0, -11.0, 10.0, -10.0, 9.999]
+    u = rng.standard_normal(x.shape).astype(np.float32)
+    out = np.empty_like(x)
+    ops.gelu_tanh_mul_ggml(x, u, out)
+    bits = x.astype(np.float16).view(np.uint16)
+    expect = np.where(x <= -10, 0.0, np.where(x >= 10, x * u, ops._GELU_F16[bits] * u))
+    assert np.array_equal(out, expect.astype(np.float32))
+    exact = np.empty_like(x)
+    ops.gelu_tanh_mul(x, u, exact)
+    assert np.abs(out - exact).max() < 0.02 * np.abs(u).max()
+    ops.gelu_tanh_mul_ggml(x, u, x)  # in place
+    assert np.array_equal(x, out)

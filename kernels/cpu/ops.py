@@ -239,6 +239,74 @@ def gelu_tanh_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
     _gated(_gelu_tanh_mul, gate, up, out)
 
 
+# --- GELU as ggml's CPU backend computes it --------------------------------------------
+# ggml evaluates GELU through a 65536-entry table indexed by the float16 bits of x, holding
+# float16(gelu(x)); |x| >= 10 bypasses the table. Matching that (rather than the exact
+# formula, which differs by up to ~1e-3 relative) keeps Gemma's logits closest to
+# llama.cpp's. Float32 -> float16 rounding is round-to-nearest-even, as F16C does it.
+
+
+def _gelu_f16_table() -> np.ndarray:
+    h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):
+        c = np.float32(0.7978845608028654)  # sqrt(2/pi)
+        g = np.float32(0.5) * h * (np.float32(1) + np.tanh(c * h * (np.float32(1) + np.float32(0.044715) * h * h)))
+    return g.astype(np.float16).astype(np.float32)  # [65536] float32
+
+
+_GELU_F16 = _gelu_f16_table()
+
+
+@njit(cache=True, inline="always")
+def _f32_bits_to_f16_bits(b):
+    """IEEE float32 bits -> float16 bits, round to nearest even (finite |x| < 65504)."""
+    sign = (b >> 16) & 0x8000
+    e = (b >> 23) & 0xFF
+    m = b & 0x7FFFFF
+    if e < 103:  # below half the smallest float16 subnormal: +-0
+        return sign
+    if e < 113:  # float16 subnormal
+        mant = m | 0x800000
+        shift = 126 - e
+        hm = mant >> shift
+        rem = mant & ((1 << shift) - 1)
+        half = 1 << (shift - 1)
+        if rem > half or (rem == half and (hm & 1)):
+            hm += 1
+        return sign | hm
+    hm = m >> 13
+    rem = m & 0x1FFF
+    v = ((e - 112) << 10) + hm
+    if rem > 0x1000 or (rem == 0x1000 and (hm & 1)):
+        v += 1
+    return sign | v
+
+
+@njit(cache=True)
+def _gelu_ggml_mul(g, gbits, u, o, table):
+    for i in range(g.shape[0]):
+        x = g[i]
+        if x <= -10.0:
+            o[i] = 0.0
+        elif x >= 10.0:
+            o[i] = x * u[i]
+        else:
+            o[i] = table[_f32_bits_to_f16_bits(np.uint32(gbits[i]))] * u[i]
+
+
+def gelu_tanh_mul_ggml(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+    """out = gelu(gate) * up with ggml's float16-table GELU. All [N, F] f32, C-contiguous;
+    out may alias gate/up."""
+    for name, a in (("gate", gate), ("up", up), ("out", out)):
+        _check_f32(name, a, 2)
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous")
+    if gate.shape != up.shape or gate.shape != out.shape:
+        raise ValueError(f"shape mismatch: gate {gate.shape}, up {up.shape}, out {out.shape}")
+    g = gate.reshape(-1)
+    _gelu_ggml_mul(g, g.view(np.uint32), up.reshape(-1), out.reshape(-1), _GELU_F16)
+
+
 def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
     """out = silu(gate) * up (LLaMA / Qwen SwiGLU).  All [N, F] f32; out may alias gate/up."""
     _gated(_silu_mul, gate, up, out)

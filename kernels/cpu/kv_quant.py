@@ -1,0 +1,793 @@
+"""Quantized key/value cache storage and an attention kernel that reads it directly.
+
+A cache entry is one token of one layer: `n_head_kv` heads of `head_dim` values, stored as one of
+
+    f32   float32 [.., Hkv, Dh]               exact
+    f16   uint16  [.., Hkv, Dh]               IEEE binary16 bits (Numba has no CPU float16)
+    q8_0  uint8   [.., Hkv, Dh/32 * 34]       ggml block_q8_0: fp16 d, 32 x int8 q; x = q * d
+    q4_0  uint8   [.., Hkv, Dh/32 * 18]       ggml block_q4_0: fp16 d, 16 bytes of nibbles;
+                                              x = (nibble - 8) * d, low nibbles are elements
+                                              0..15 of the block, high nibbles 16..31
+
+(`storage_shape` gives the array to allocate.) K and V pick their types independently, like
+llama.cpp's -ctk / -ctv. Quantization follows ggml's reference code (quantize_row_q8_0_ref /
+quantize_row_q4_0_ref), so the bytes equal `gguf.quants.quantize` for the same rows.
+
+`attention` works on the stored blocks. A work item is (a tile of query rows, one kv head, a
+chunk of keys); it walks its keys in blocks of 32, decodes the visible key and value rows of a
+block into two small float32 buffers ([32, Dh], [32, Dv]) and uses them for every query head of
+the GQA group and every row of the tile, so there is never a dequantized copy of the cache.
+Scores are float32 dot products of the float32 query with the decoded key (llama.cpp instead
+rounds Q to f16 for an f16 K cache and to q8_0 for a quantized one and takes integer dots; the
+f32 dot is at least as accurate; V is accumulated in float32 too). The softmax is the streaming
+("online") one of flash attention: one pass over the keys keeping a running max, denominator
+and weighted V sum per query head, rescaled at most once per key block; exp is a ~1 ulp
+polynomial so that a block's 32 exps vectorise.
+
+Positions need not be in order (ring buffers for sliding-window layers) and an entry whose
+position is EMPTY_POS is skipped (its bytes are never used, whatever they hold). When there are
+fewer (tile, head) items than threads, as in decode, the keys are split into chunks worked on by
+different threads and merged at the end (flash-decoding).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange
+from numba.core import types
+from numba.extending import intrinsic
+
+__all__ = [
+    "KV_TYPES",
+    "EMPTY_POS",
+    "storage_shape",
+    "bytes_per_token",
+    "allocate",
+    "store",
+    "load",
+    "attention",
+]
+
+KV_TYPES: tuple[str, ...] = ("f32", "f16", "q8_0", "q4_0")
+
+#: Position of an empty cache entry. Far below any real position so that the sliding-window test
+#: (q_pos - kv_pos < window) rejects it on its own; the plain causal test (kv_pos <= q_pos) would
+#: accept it, which is why the kernel also skips it explicitly.
+EMPTY_POS: int = -(1 << 40)
+
+# Kind codes passed to the kernels. One compiled kernel serves every K/V type pair (the row
+# decoder branches on the code, a perfectly predicted branch per row) instead of 16 compiled
+# kernels: a fresh machine compiles it once (~10 s), then it loads from Numba's cache.
+_F32, _F16, _Q8_0, _Q4_0 = 0, 1, 2, 3
+_KIND = {"f32": _F32, "f16": _F16, "q8_0": _Q8_0, "q4_0": _Q4_0}
+_DTYPE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.uint16),
+          "q8_0": np.dtype(np.uint8), "q4_0": np.dtype(np.uint8)}
+_QK = 32  # elements per q8_0 / q4_0 block
+_BLOCK_BYTES = {"q8_0": 2 + 32, "q4_0": 2 + 16}
+
+# Float flags for the attention kernel: reassociation (vectorised dot products and sums) and
+# contraction (FMA), but not 'nnan'/'ninf': the running max starts at -inf.
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+
+# Decode splits the keys into chunks of at least this many entries: below it the merge and the
+# thread hand-off cost more than a chunk's work.
+_MIN_CHUNK = 64
+# Query rows x query heads of one work item (prefill): every decoded key/value block is reused
+# by all of them. Measured at N = T = 512, Gemma heads: 6.4 ms with 4 (1 row), 4.5 ms with 32,
+# 4.4 ms with 64 or 128; 32 keeps the accumulators ([32, Dv] float32) within L2.
+_TILE_HEADS = 32
+# Keys per block of the streaming softmax: logits of a block are exponentiated in one vectorised
+# loop and the running sums rescaled at most once per block.
+_KEY_BLOCK = 32
+
+_F2_112 = np.float32(2.0**112)  # exact in float32
+
+
+# --------------------------------------------------------------------------------------------
+# Bit casts and IEEE half conversions (njit)
+# --------------------------------------------------------------------------------------------
+
+
+@intrinsic
+def _u32_as_f32(typingctx, bits):
+    """The float32 whose bit pattern is the low 32 bits of an integer."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        if bits.bitwidth > 32:
+            v = builder.trunc(v, ir.IntType(32))
+        elif bits.bitwidth < 32:
+            v = builder.zext(v, ir.IntType(32))
+        return builder.bitcast(v, ir.FloatType())
+
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def _f32_bits(typingctx, x):
+    """The bit pattern of a float32 as a uint32."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(x), codegen
+
+
+# Explicit LLVM vectors for the block decoders. Numba's auto-vectoriser leaves 32-element block
+# loops scalar (it unrolls them first, or wants 64 iterations for its unrolled vector body), which
+# made decoding cost 3-5x the dot products it feeds. These emit plain target-independent IR
+# (loads, integer ops, sitofp, fmul, stores), which LLVM lowers to whatever SIMD the CPU has.
+# No bounds checks: callers pass offsets derived from validated shapes.
+
+_I8 = ir.IntType(8)
+_I16 = ir.IntType(16)
+_I32 = ir.IntType(32)
+_FLT = ir.FloatType()
+
+
+def _ptr_at(context, builder, arrty, arrval, off, lltype):
+    """Pointer to `lltype` at byte offset `off` of an array's data."""
+    ary = context.make_array(arrty)(context, builder, arrval)
+    p = builder.gep(builder.bitcast(ary.data, _I8.as_pointer()), [off], inbounds=True)
+    return builder.bitcast(p, lltype.as_pointer())
+
+
+def _splat(builder, vty: ir.VectorType, scalar):
+    undef = ir.Constant(vty, ir.Undefined)
+    v = builder.insert_element(undef, scalar, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_I32, vty.count),
+                                                        [0] * vty.count))
+
+
+def _store_f32(context, builder, arrty, arrval, elem_off, vec) -> None:
+    """Store a float vector at element offset `elem_off` of a float32 array."""
+    byte_off = builder.mul(elem_off, ir.Constant(elem_off.type, 4))
+    builder.store(vec, _ptr_at(context, builder, arrty, arrval, byte_off, vec.type), align=4)
+
+
+def _is_array(t, dtype=None) -> bool:
+    return isinstance(t, types.Array) and t.layout == "C" and (dtype is None or t.dtype == dtype)
+
+
+@intrinsic
+def _dq8_0_block(typingctx, src, off, d, dst, doff):
+    """dst[doff:doff+32] = int8(src bytes off..off+31) * d  (the quants of a q8_0 block)."""
+    if not (_is_array(src, types.uint8) and _is_array(dst, types.float32)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        s, o, dd, ds, do = args
+        q = builder.load(_ptr_at(context, builder, sig.args[0], s, o, ir.VectorType(_I8, 32)),
+                         align=1)
+        f = builder.sitofp(builder.sext(q, ir.VectorType(_I32, 32)), ir.VectorType(_FLT, 32))
+        f = builder.fmul(f, _splat(builder, ir.VectorType(_FLT, 32), dd))
+        _store_f32(context, builder, sig.args[3], ds, do, f)
+        return context.get_dummy_value()
+
+    return types.void(src, types.intp, types.float32, dst, types.intp), codegen
+
+
+@intrinsic
+def _dq4_0_block(typingctx, src, off, d, dst, doff):
+    """dst[doff:doff+32] = (nibble - 8) * d for the 16 bytes of a q4_0 block at src[off:]
+    (low nibbles are elements 0..15, high nibbles 16..31)."""
+    if not (_is_array(src, types.uint8) and _is_array(dst, types.float32)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        s, o, dd, ds, do = args
+        v16 = ir.VectorType(_I8, 16)
+        b = builder.load(_ptr_at(context, builder, sig.args[0], s, o, v16), align=1)
+        lo = builder.and_(b, ir.Constant(v16, [15] * 16))
+        hi = builder.lshr(b, ir.Constant(v16, [4] * 16))
+        q = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+        q = builder.sub(q, ir.Constant(ir.VectorType(_I8, 32), [8] * 32))
+        f = builder.sitofp(builder.sext(q, ir.VectorType(_I32, 32)), ir.VectorType(_FLT, 32))
+        f = builder.fmul(f, _splat(builder, ir.VectorType(_FLT, 32), dd))
+        _store_f32(context, builder, sig.args[3], ds, do, f)
+        return context.get_dummy_value()
+
+    return types.void(src, types.intp, types.float32, dst, types.intp), codegen
+
+
+@intrinsic
+def _dhalf16(typingctx, src, off, dst, doff):
+    """dst[doff:doff+16] = the 16 IEEE halves at byte offset off of src, exactly.
+
+    Same bit arithmetic as _h2f, on vectors (no F16C needed).
+    """
+    if not (_is_array(src) and _is_array(dst, types.float32)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        s, o, ds, do = args
+        vi = ir.VectorType(_I32, 16)
+        vf = ir.VectorType(_FLT, 16)
+
+        def c(x):
+            return ir.Constant(vi, [x] * 16)
+
+        h = builder.load(_ptr_at(context, builder, sig.args[0], s, o, ir.VectorType(_I16, 16)),
+                         align=1)
+        h = builder.zext(h, vi)
+        b = builder.shl(builder.and_(h, c(0x7FFF)), c(13))
+        infnan = builder.icmp_unsigned("==", builder.and_(h, c(0x7C00)), c(0x7C00))
+        b = builder.select(infnan, builder.or_(b, c(0x7F800000)), b)
+        neg = builder.icmp_unsigned("!=", builder.and_(h, c(0x8000)), c(0))
+        mul = builder.select(neg, ir.Constant(vf, [-(2.0**112)] * 16),
+                             ir.Constant(vf, [2.0**112] * 16))
+        _store_f32(context, builder, sig.args[2], ds, do, builder.fmul(builder.bitcast(b, vf), mul))
+        return context.get_dummy_value()
+
+    return types.void(src, types.intp, dst, types.intp), codegen
+
+
+@njit(cache=True)
+def _h2f(h) -> np.float32:
+    """IEEE half bits -> float32, exact, branch-free (so decode loops vectorise).
+
+    The 15 magnitude bits shifted into place form a float32 whose exponent is 112 too small
+    (for subnormal halves, a float32 subnormal with the same significand); multiplying by
+    +-2**112 fixes the exponent exactly and applies the sign. An all-ones exponent (inf/NaN)
+    is widened to float32's all-ones exponent first.
+    """
+    h32 = np.uint32(h)
+    b = (h32 & np.uint32(0x7FFF)) << np.uint32(13)
+    if (h32 & np.uint32(0x7C00)) == np.uint32(0x7C00):
+        b |= np.uint32(0x7F800000)
+    mul = -_F2_112 if (h32 & np.uint32(0x8000)) != 0 else _F2_112
+    return _u32_as_f32(b) * mul
+
+
+@njit(cache=True)
+def _f2h(x) -> np.uint16:
+    """float32 -> IEEE half bits with round-to-nearest-even (numpy's float16 cast)."""
+    b = _f32_bits(np.float32(x))
+    sign = np.uint32((b >> np.uint32(16)) & np.uint32(0x8000))
+    a = b & np.uint32(0x7FFFFFFF)
+    if a >= np.uint32(0x7F800000):  # inf / NaN (NaN stays a quiet NaN)
+        if a == np.uint32(0x7F800000):
+            return np.uint16(sign | np.uint32(0x7C00))
+        return np.uint16(sign | np.uint32(0x7E00) | ((a & np.uint32(0x7FFFFF)) >> np.uint32(13)))
+    if a >= np.uint32(0x477FF000):  # >= 65520: rounds past 65504 to inf
+        return np.uint16(sign | np.uint32(0x7C00))
+    if a < np.uint32(0x38800000):  # below 2**-14: half subnormal (unit 2**-24) or zero
+        if a <= np.uint32(0x33000000):  # <= 2**-25: rounds (ties to even) to zero
+            return np.uint16(sign)
+        e = a >> np.uint32(23)
+        m = (a & np.uint32(0x7FFFFF)) | np.uint32(0x800000)
+        shift = np.uint32(126) - e  # value = m * 2**(e - 150) = (m >> shift) * 2**-24
+        h = m >> shift
+        rem = m & ((np.uint32(1) << shift) - np.uint32(1))
+        half = np.uint32(1) << (shift - np.uint32(1))
+        if rem > half or (rem == half and (h & np.uint32(1)) != 0):
+            h += np.uint32(1)
+        return np.uint16(sign | h)
+    h = (a >> np.uint32(13)) - np.uint32(112 << 10)  # rebias the exponent 127 -> 15
+    rem = a & np.uint32(0x1FFF)
+    if rem > np.uint32(0x1000) or (rem == np.uint32(0x1000) and (h & np.uint32(1)) != 0):
+        h += np.uint32(1)  # a carry into the exponent is the correct rounding
+    return np.uint16(sign | h)
+
+
+# --------------------------------------------------------------------------------------------
+# Row codecs: head h of entry t of a storage array.  The storage is passed as three typed
+# arrays, s8 [.., .., bytes] uint8, s16 [.., .., Dh] uint16 and s32 [.., .., Dh] float32, of
+# which only the one of `kind` is real (the others are 1x1x1 dummies): one compiled kernel then
+# serves every type, without a per-row array view (a function call in Numba).
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _put_scale(s8, t: int, h: int, o: int, d: np.float32) -> None:
+    dh = np.uint32(_f2h(d))
+    s8[t, h, o] = np.uint8(dh & np.uint32(0xFF))
+    s8[t, h, o + 1] = np.uint8(dh >> np.uint32(8))
+
+
+@njit(cache=True)
+def _roundf(v: float) -> float:
+    """C roundf (halves away from zero), exact for any float32 v."""
+    a = abs(v)
+    fl = math.floor(a)
+    r = fl + math.floor(2.0 * (a - fl))
+    return -r if v < 0 else r
+
+
+@njit(cache=True)
+def _encode(kind: int, x, s8, s16, s32, t: int, h: int) -> None:
+    """Store x [D] float32 as row (t, h), with ggml's reference quantization.
+
+    Not fastmath: `x * inv + 8.5` must stay two float32 roundings (no FMA) to match ggml.
+    """
+    n = x.shape[0]
+    if kind == _F32:
+        for j in range(n):
+            s32[t, h, j] = x[j]
+    elif kind == _F16:
+        for j in range(n):
+            s16[t, h, j] = _f2h(x[j])
+    elif kind == _Q8_0:
+        for b in range(n // _QK):
+            xo = b * _QK
+            o = b * 34
+            amax = np.float32(0.0)
+            for j in range(_QK):
+                amax = max(amax, abs(x[xo + j]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
+            _put_scale(s8, t, h, o, d)  # stored rounded to fp16; the quants use the exact 1/d
+            for j in range(_QK):
+                qv = np.int64(_roundf(x[xo + j] * inv))  # float32 product, as ggml
+                s8[t, h, o + 2 + j] = np.uint8(qv & 0xFF)  # two's complement int8
+    else:  # _Q4_0
+        for b in range(n // _QK):
+            xo = b * _QK
+            o = b * 18
+            amax = np.float32(0.0)
+            vmax = np.float32(0.0)  # the signed value of largest magnitude (first one wins)
+            for j in range(_QK):
+                v = x[xo + j]
+                if amax < abs(v):
+                    amax = abs(v)
+                    vmax = v
+            d = vmax / np.float32(-8.0)
+            inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
+            _put_scale(s8, t, h, o, d)
+            for j in range(16):
+                # ggml: MIN(15, (int8_t)(x * id + 8.5f)), the float32 sum truncated
+                v0 = min(15, int(x[xo + j] * inv + np.float32(8.5)))
+                v1 = min(15, int(x[xo + 16 + j] * inv + np.float32(8.5)))
+                s8[t, h, o + 2 + j] = np.uint8(v0 | (v1 << 4))
+
+
+@njit(cache=True, inline="always")
+def _decode(kind: int, s8, s16, s32, t: int, h: int, dst, drow: int) -> None:
+    """Row (t, h) -> dst[drow, :] (dst: [.., D] float32), the products gguf.quants takes.
+
+    Inlined into the kernel and written without array slices: a slice is a new array object
+    whose reference count costs two atomic operations, more than decoding a block.
+    """
+    n = dst.shape[1]
+    d0 = drow * n  # element offset of dst[drow, 0]
+    if kind == _F32:
+        for j in range(n):
+            dst[drow, j] = s32[t, h, j]
+    elif kind == _F16:
+        n16 = n // 16 * 16
+        base = (t * s16.shape[1] + h) * s16.shape[2] * 2  # byte offset of s16[t, h, 0]
+        for j in range(0, n16, 16):
+            _dhalf16(s16, base + 2 * j, dst, d0 + j)
+        for j in range(n16, n):
+            dst[drow, j] = _h2f(s16[t, h, j])
+    else:
+        bb = 34 if kind == _Q8_0 else 18
+        base = (t * s8.shape[1] + h) * s8.shape[2]
+        for b in range(n // _QK):
+            o = b * bb
+            d = _h2f(np.uint32(s8[t, h, o]) | (np.uint32(s8[t, h, o + 1]) << np.uint32(8)))
+            if kind == _Q8_0:
+                _dq8_0_block(s8, base + o + 2, d, dst, d0 + b * _QK)
+            else:
+                _dq4_0_block(s8, base + o + 2, d, dst, d0 + b * _QK)
+
+
+@njit(cache=True)
+def _store_rows(kind: int, src, s8, s16, s32, idx) -> None:
+    """src [n, Hkv, D] float32 -> entries idx [n] of the storage."""
+    for i in range(src.shape[0]):
+        for h in range(src.shape[1]):
+            _encode(kind, src[i, h], s8, s16, s32, idx[i], h)
+
+
+@njit(cache=True)
+def _load_rows(kind: int, s8, s16, s32, rows, out) -> None:
+    """Entries rows [n] of the storage -> out [n, Hkv, D] float32."""
+    for i in range(rows.shape[0]):
+        for h in range(out.shape[1]):
+            _decode(kind, s8, s16, s32, rows[i], h, out[i], h)
+
+
+# --------------------------------------------------------------------------------------------
+# Attention
+# --------------------------------------------------------------------------------------------
+
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI = np.float32(0.693359375)  # ln 2 split in two (Cody-Waite) for an exact range reduction
+_LN2_LO = np.float32(-2.12194440e-4)
+
+
+@njit(cache=True, fastmath={"contract"})  # no reassoc: it would fold the Cody-Waite split
+def _expf(x: np.float32) -> np.float32:
+    """exp(x) in float32 (Cephes expf polynomial, ~1 ulp), branch-free so loops vectorise.
+
+    libm's expf is a call per element; the softmax takes one exp per (key, query head).
+    Returns exactly 0 for x <= -87 (so exp(-inf) of a masked logit is 0).
+    """
+    xc = min(max(x, np.float32(-87.0)), np.float32(88.0))
+    z = np.floor(xc * _LOG2E + np.float32(0.5))
+    r = xc - z * _LN2_HI - z * _LN2_LO
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    y = p * (r * r) + r + np.float32(1.0)
+    two_n = _u32_as_f32((np.int32(z) + np.int32(127)) << np.int32(23))
+    return y * two_n if x > np.float32(-87.0) else np.float32(0.0)
+
+
+@njit(cache=True, parallel=True, fastmath=_FASTMATH)
+def _attention_kernel(
+    kk: int, vk: int,
+    q,         # [N, Hq, Dh] float32
+    k8, k16, k32,  # K storage [T, Hkv, *] as uint8 / uint16 / float32 (the one of kind kk)
+    v8, v16, v32,  # V storage, likewise for vk
+    n_hkv: int,
+    q_pos,     # [N] int64
+    kv_pos,    # [T] int64
+    window: int, scale: np.float32, softcap: np.float32,
+    out,       # [N, Hq, Dv] float32
+    rows_per_tile: int, n_chunks: int,
+    part_m,    # [n_chunks, N, Hq] float32 (n_chunks > 1 only)
+    part_l,    # [n_chunks, N, Hq] float32
+    part_acc,  # [n_chunks, N, Hq, Dv] float32
+) -> None:
+    n_rows, n_hq, dh = q.shape
+    n_kv = kv_pos.shape[0]
+    dv = out.shape[2]
+    g = n_hq // n_hkv
+    rt = rows_per_tile
+    n_tiles = (n_rows + rt - 1) // rt
+    n_items = n_tiles * n_hkv * n_chunks
+    rg = rt * g
+    bk = _KEY_BLOCK
+    neg_inf = np.float32(-np.inf)
+    for it in prange(n_items):
+        c = it % n_chunks
+        rest = it // n_chunks
+        hk = rest % n_hkv
+        z = rest // n_hkv
+        # Zig-zag tile order: with a causal mask late rows see more keys; pairing first and
+        # last tiles evens out the contiguous blocks of items prange gives each thread.
+        tile = z // 2 if z % 2 == 0 else n_tiles - 1 - z // 2
+        r0 = tile * rt
+        nr = min(rt, n_rows - r0)
+        ni = nr * g  # (row, head) pairs of this item: i = r * g + head-in-group
+        t0 = c * n_kv // n_chunks
+        t1 = (c + 1) * n_kv // n_chunks
+        m = np.full(rg, neg_inf, dtype=np.float32)  # running max logit
+        den = np.zeros(rg, dtype=np.float32)  # running sum of exp(logit - m)
+        acc = np.zeros((rg, dv), dtype=np.float32)  # running sum of exp(logit - m) * v
+        sc = np.empty((rg, bk), dtype=np.float32)  # logits of a key block (-inf: masked)
+        pr = np.empty((rg, bk), dtype=np.float32)  # their exp(logit - m)
+        vis = np.empty((rt, bk), dtype=np.bool_)
+        kvis = np.empty(bk, dtype=np.bool_)  # visible to some row of the tile
+        kb = np.empty((bk, dh), dtype=np.float32)  # decoded key rows of the block
+        vb = np.empty((bk, dv), dtype=np.float32)  # decoded value rows of the block
+        for b0 in range(t0, t1, bk):
+            nb = min(bk, t1 - b0)
+            any_key = False
+            for j in range(nb):
+                p = kv_pos[b0 + j]
+                seen = False
+                for r in range(nr):
+                    qp = q_pos[r0 + r]
+                    ok = p != EMPTY_POS and p <= qp and (window <= 0 or qp - p < window)
+                    vis[r, j] = ok
+                    seen = seen or ok
+                kvis[j] = seen
+                any_key = any_key or seen
+            if not any_key:
+                continue
+            # logits: the block's key rows decoded once (zeros for masked / padding rows), then
+            # four keys per pass over a query row (q loaded once for four dot products)
+            nb4 = (nb + 3) // 4 * 4
+            for j in range(nb4):
+                if j < nb and kvis[j]:
+                    _decode(kk, k8, k16, k32, b0 + j, hk, kb, j)
+                else:
+                    for e in range(dh):
+                        kb[j, e] = np.float32(0.0)
+            for i in range(ni):
+                r = i // g
+                rq = r0 + r
+                hq = hk * g + (i - r * g)
+                for j in range(0, nb4, 4):
+                    s0 = np.float32(0.0)
+                    s1 = np.float32(0.0)
+                    s2 = np.float32(0.0)
+                    s3 = np.float32(0.0)
+                    for e in range(dh):
+                        qe = q[rq, hq, e]
+                        s0 += qe * kb[j, e]
+                        s1 += qe * kb[j + 1, e]
+                        s2 += qe * kb[j + 2, e]
+                        s3 += qe * kb[j + 3, e]
+                    sc[i, j] = s0
+                    sc[i, j + 1] = s1
+                    sc[i, j + 2] = s2
+                    sc[i, j + 3] = s3
+                for j in range(nb4):
+                    if j < nb and vis[r, j]:
+                        s = sc[i, j] * scale
+                        if softcap > np.float32(0.0):
+                            s = softcap * np.float32(math.tanh(s / softcap))
+                        sc[i, j] = s
+                    else:
+                        sc[i, j] = neg_inf
+            # streaming softmax: one rescale per block when the max grows
+            for i in range(ni):
+                bmax = neg_inf
+                for j in range(nb4):
+                    bmax = max(bmax, sc[i, j])
+                if bmax == neg_inf:  # nothing visible to this row in the block
+                    for j in range(nb4):
+                        pr[i, j] = np.float32(0.0)
+                    continue
+                if bmax > m[i]:
+                    alpha = np.float32(math.exp(m[i] - bmax))  # 0 while m is -inf
+                    den[i] *= alpha
+                    for e in range(dv):
+                        acc[i, e] *= alpha
+                    m[i] = bmax
+                mi = m[i]
+                total = np.float32(0.0)
+                for j in range(nb4):
+                    ex = _expf(sc[i, j] - mi)  # exactly 0 where masked (-inf)
+                    pr[i, j] = ex
+                    total += ex
+                den[i] += total
+            # values: the block's visible rows decoded into vb (zeros elsewhere: an empty or
+            # masked entry may hold anything, and 0 * nan is nan)
+            for j in range(nb4):
+                if j < nb and kvis[j]:
+                    _decode(vk, v8, v16, v32, b0 + j, hk, vb, j)
+                else:
+                    for e in range(dv):
+                        vb[j, e] = np.float32(0.0)
+            # acc += p @ vb, four keys per pass over an accumulator row (a quarter of the
+            # load/store traffic of one axpy per key)
+            for i in range(ni):
+                for j in range(0, nb4, 4):
+                    w0 = pr[i, j]
+                    w1 = pr[i, j + 1]
+                    w2 = pr[i, j + 2]
+                    w3 = pr[i, j + 3]
+                    if (w0 == np.float32(0.0) and w1 == np.float32(0.0)
+                            and w2 == np.float32(0.0) and w3 == np.float32(0.0)):
+                        continue
+                    for e in range(dv):
+                        acc[i, e] += (w0 * vb[j, e] + w1 * vb[j + 1, e]) + (
+                            w2 * vb[j + 2, e] + w3 * vb[j + 3, e])
+        for i in range(ni):
+            r = r0 + i // g
+            h = hk * g + i % g
+            if n_chunks == 1:
+                inv = np.float32(1.0) / den[i] if den[i] > np.float32(0.0) else np.float32(0.0)
+                for e in range(dv):
+                    out[r, h, e] = acc[i, e] * inv
+            else:
+                part_m[c, r, h] = m[i]
+                part_l[c, r, h] = den[i]
+                for e in range(dv):
+                    part_acc[c, r, h, e] = acc[i, e]
+    if n_chunks > 1:  # flash-decoding merge of the per-chunk partial softmaxes
+        for rh in prange(n_rows * n_hq):
+            r = rh // n_hq
+            h = rh % n_hq
+            mx = neg_inf
+            for c in range(n_chunks):
+                if part_l[c, r, h] > np.float32(0.0):
+                    mx = max(mx, part_m[c, r, h])
+            for e in range(dv):
+                out[r, h, e] = np.float32(0.0)
+            if mx == neg_inf:  # no visible key in any chunk
+                continue
+            total = np.float32(0.0)
+            for c in range(n_chunks):
+                if part_l[c, r, h] > np.float32(0.0):
+                    f = np.float32(math.exp(part_m[c, r, h] - mx))
+                    total += part_l[c, r, h] * f
+                    for e in range(dv):
+                        out[r, h, e] += part_acc[c, r, h, e] * f
+            inv = np.float32(1.0) / total
+            for e in range(dv):
+                out[r, h, e] *= inv
+
+
+# --------------------------------------------------------------------------------------------
+# Python API
+# --------------------------------------------------------------------------------------------
+
+
+def _check_type(kv_type: str) -> None:
+    if kv_type not in _KIND:
+        raise ValueError(f"unknown KV cache type {kv_type!r}; choose one of {', '.join(KV_TYPES)}")
+
+
+def _row_width(kv_type: str, head_dim: int) -> int:
+    """Last-axis length of the storage array (in its own dtype's elements)."""
+    _check_type(kv_type)
+    if head_dim <= 0:
+        raise ValueError(f"head_dim must be positive, got {head_dim}")
+    if kv_type in _BLOCK_BYTES:
+        if head_dim % _QK != 0:
+            raise ValueError(
+                f"KV cache type {kv_type} needs a head size that is a multiple of {_QK}, "
+                f"got {head_dim}; use f16 or f32"
+            )
+        return head_dim // _QK * _BLOCK_BYTES[kv_type]
+    return head_dim
+
+
+def _head_dim_of(kv_type: str, width: int) -> int:
+    """Inverse of _row_width (head size from a storage array's last axis)."""
+    if kv_type in _BLOCK_BYTES:
+        bb = _BLOCK_BYTES[kv_type]
+        if width % bb != 0:
+            raise ValueError(f"{kv_type} storage rows of {width} bytes are not whole blocks")
+        return width // bb * _QK
+    return width
+
+
+def storage_shape(
+    kv_type: str, n: int, n_head_kv: int, head_dim: int
+) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of the array holding n cache entries of type kv_type."""
+    if n < 0 or n_head_kv <= 0:
+        raise ValueError(f"bad cache size: n={n}, n_head_kv={n_head_kv}")
+    return (n, n_head_kv, _row_width(kv_type, head_dim)), _DTYPE[kv_type]
+
+
+def bytes_per_token(kv_type: str, n_head_kv: int, head_dim: int) -> int:
+    """Bytes one cache entry (one token, all kv heads) takes for K or for V."""
+    return n_head_kv * _row_width(kv_type, head_dim) * _DTYPE[kv_type].itemsize
+
+
+def allocate(kv_type: str, n: int, n_head_kv: int, head_dim: int) -> np.ndarray:
+    """A zero-filled storage array for n entries (zero blocks decode to 0.0)."""
+    shape, dtype = storage_shape(kv_type, n, n_head_kv, head_dim)
+    return np.zeros(shape, dtype=dtype)
+
+
+# Stand-ins for the storage views a kind does not use (never read or written).
+_DUMMY8 = np.zeros((1, 1, 1), dtype=np.uint8)
+_DUMMY16 = np.zeros((1, 1, 1), dtype=np.uint16)
+_DUMMY32 = np.zeros((1, 1, 1), dtype=np.float32)
+_DUMMY32_4D = np.zeros((1, 1, 1, 1), dtype=np.float32)
+
+
+def _views(kv_type: str, arr: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(s8, s16, s32) for the kernels: the storage array in its slot, dummies elsewhere."""
+    _check_type(kv_type)
+    if not isinstance(arr, np.ndarray) or arr.ndim != 3:
+        raise ValueError(f"{name} must be a 3-D {kv_type} storage array")
+    if arr.dtype != _DTYPE[kv_type]:
+        raise ValueError(
+            f"{name} has dtype {arr.dtype}, but {kv_type} storage is {_DTYPE[kv_type]}"
+        )
+    if not arr.flags.c_contiguous:
+        # Copying would defeat the point (a full-size cache copy per call), so refuse.
+        raise ValueError(f"{name} must be C-contiguous storage (a slot slice of the cache)")
+    kind = _KIND[kv_type]
+    if kind == _F32:
+        return _DUMMY8, _DUMMY16, arr
+    if kind == _F16:
+        return _DUMMY8, arr, _DUMMY32
+    return arr, _DUMMY16, _DUMMY32
+
+
+def _check_rows(idx: np.ndarray, cap: int, name: str) -> np.ndarray:
+    idx = np.ascontiguousarray(idx, dtype=np.int64).reshape(-1)
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= cap):
+        raise IndexError(f"{name} out of range for a cache of {cap} entries")
+    return idx
+
+
+def store(kv_type: str, src: np.ndarray, dst: np.ndarray, idx: np.ndarray) -> None:
+    """Write src [n, Hkv, Dh] (float32) into rows idx [n] of the storage dst [cap, Hkv, W]."""
+    s8, s16, s32 = _views(kv_type, dst, "dst")
+    if not dst.flags.writeable:
+        raise ValueError("dst storage is read-only")
+    head_dim = _head_dim_of(kv_type, dst.shape[2])
+    src = np.ascontiguousarray(src, dtype=np.float32)
+    if src.ndim != 3 or src.shape[1:] != (dst.shape[1], head_dim):
+        raise ValueError(
+            f"src has shape {src.shape}, expected [n, {dst.shape[1]}, {head_dim}] for this cache"
+        )
+    idx = _check_rows(idx, dst.shape[0], "idx")
+    if idx.shape[0] != src.shape[0]:
+        raise ValueError(f"{idx.shape[0]} row indices for {src.shape[0]} rows of src")
+    _store_rows(_KIND[kv_type], src, s8, s16, s32, idx)
+
+
+def load(kv_type: str, src_storage: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Dequantize rows [n] of a storage array to float32 [n, Hkv, Dh] (tests, debugging)."""
+    s8, s16, s32 = _views(kv_type, src_storage, "src_storage")
+    head_dim = _head_dim_of(kv_type, src_storage.shape[2])
+    rows = _check_rows(rows, src_storage.shape[0], "rows")
+    out = np.empty((rows.shape[0], src_storage.shape[1], head_dim), dtype=np.float32)
+    _load_rows(_KIND[kv_type], s8, s16, s32, rows, out)
+    return out
+
+
+def _plan(n_rows: int, n_hq: int, n_hkv: int, n_kv: int) -> tuple[int, int]:
+    """(query rows per work item, key chunks) for the kernel."""
+    g = n_hq // n_hkv
+    rows_per_tile = max(1, min(n_rows, _TILE_HEADS // g))
+    items = -(-n_rows // rows_per_tile) * n_hkv
+    n_threads = numba.get_num_threads()
+    n_chunks = 1
+    if items < n_threads and n_kv >= 2 * _MIN_CHUNK:
+        n_chunks = min(-(-n_threads // items), n_kv // _MIN_CHUNK)
+    return rows_per_tile, n_chunks
+
+
+def attention(
+    k_type: str,
+    v_type: str,
+    q: np.ndarray,  # [N, Hq, Dh] float32
+    k_store: np.ndarray,  # [T, Hkv, Wk] storage of k_type
+    v_store: np.ndarray,  # [T, Hkv, Wv] storage of v_type
+    q_pos: np.ndarray,  # [N] int64
+    kv_pos: np.ndarray,  # [T] int64, EMPTY_POS for empty entries, any order
+    window: int,
+    scale: float,
+    softcap: float,
+    out: np.ndarray,  # [N, Hq, Dv] float32
+) -> None:
+    """Causal (optionally sliding-window, soft-capped) GQA attention over a stored cache.
+
+    Key t is visible to query row i iff kv_pos[t] != EMPTY_POS, kv_pos[t] <= q_pos[i] and
+    (window <= 0 or q_pos[i] - kv_pos[t] < window). Query head h reads kv head h // (Hq / Hkv).
+    A row that sees no key gets zeros.
+    """
+    k8, k16, k32 = _views(k_type, k_store, "k_store")
+    v8, v16, v32 = _views(v_type, v_store, "v_store")
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    if q.ndim != 3 or out.ndim != 3:
+        raise ValueError("q and out must be [N, heads, head_dim]")
+    n_rows, n_hq, dh = q.shape
+    n_kv, n_hkv = k_store.shape[0], k_store.shape[1]
+    dv = out.shape[2]
+    if _head_dim_of(k_type, k_store.shape[2]) != dh:
+        raise ValueError(f"q head size {dh} does not match the K cache")
+    if v_store.shape[:2] != (n_kv, n_hkv) or _head_dim_of(v_type, v_store.shape[2]) != dv:
+        raise ValueError(f"V cache {v_store.shape} does not match K {k_store.shape} / out {out.shape}")
+    if n_hkv == 0 or n_hq % n_hkv != 0:
+        raise ValueError(f"{n_hq} query heads are not a multiple of {n_hkv} kv heads")
+    if out.shape[:2] != (n_rows, n_hq):
+        raise ValueError(f"out has shape {out.shape}, expected [{n_rows}, {n_hq}, {dv}]")
+    q_pos = np.ascontiguousarray(q_pos, dtype=np.int64)
+    kv_pos = np.ascontiguousarray(kv_pos, dtype=np.int64)
+    if q_pos.shape != (n_rows,) or kv_pos.shape != (n_kv,):
+        raise ValueError(f"q_pos must be [{n_rows}] and kv_pos [{n_kv}]")
+    direct = out.dtype == np.float32 and out.flags.c_contiguous and out.flags.writeable
+    res = out if direct else np.empty(out.shape, dtype=np.float32)
+    if n_rows == 0:
+        return
+    rows_per_tile, n_chunks = _plan(n_rows, n_hq, n_hkv, n_kv)
+    if n_chunks > 1:
+        part_m = np.empty((n_chunks, n_rows, n_hq), dtype=np.float32)
+        part_l = np.empty((n_chunks, n_rows, n_hq), dtype=np.float32)
+        part_acc = np.empty((n_chunks, n_rows, n_hq, dv), dtype=np.float32)
+    else:  # not touched by the kernel
+        part_m = part_l = _DUMMY32
+        part_acc = _DUMMY32_4D
+    _attention_kernel(
+        _KIND[k_type], _KIND[v_type], q, k8, k16, k32, v8, v16, v32, n_hkv, q_pos, kv_pos,
+        int(window), np.float32(scale), np.float32(softcap), res, rows_per_tile, n_chunks,
+        part_m, part_l, part_acc,
+    )
+    if not direct:
+        out[...] = res

@@ -1,0 +1,7 @@
+"""`python -m localllm` = the `localllm` command."""
+
+import sys
+
+from localllm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,184 @@
+"""`localllm bench`: prompt processing (pp) and generation (tg) speed, modelled on llama-bench.
+
+pp<P>: P random tokens (BOS first when the model adds one) evaluated from an empty cache in
+chunks of n_batch, logits for the last row only. tg<N>: N single-token decode steps from an
+empty cache (or after `-d` tokens of depth), logits every step, no sampling. Each test runs
+once to warm up, then `-r` times; we report mean +/- sample standard deviation of tokens/s.
+`--steps 1,4,8` adds the cost of one forward step of N rows of one sequence, every row
+wanting logits (speculative verification's shape), relative to N = 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from localllm.batch import Batch
+
+
+@dataclass
+class BenchResult:
+    test: str
+    n_tokens: int
+    depth: int
+    threads: int
+    samples_ts: list[float]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.samples_ts)
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.samples_ts) if len(self.samples_ts) > 1 else 0.0
+
+
+def _random_tokens(engine, n: int, rng: np.random.Generator) -> list[int]:  # noqa: ANN001
+    ids = rng.integers(0, engine.cfg.n_vocab, size=n).tolist()
+    if engine.tokenizer.add_bos and ids:
+        ids[0] = engine.tokenizer.bos_id
+    return ids
+
+
+def _fill_depth(engine, depth: int, rng: np.random.Generator) -> None:  # noqa: ANN001
+    engine.kv.clear(0)
+    if depth:
+        engine.prefill(_random_tokens(engine, depth, rng), 0)
+
+
+def run_pp(engine, n: int, depth: int, reps: int, rng) -> BenchResult:  # noqa: ANN001
+    samples = []
+    for r in range(reps + 1):
+        _fill_depth(engine, depth, rng)
+        toks = _random_tokens(engine, n, rng) if depth == 0 else rng.integers(
+            0, engine.cfg.n_vocab, size=n).tolist()
+        t0 = time.perf_counter()
+        for i in range(0, n, engine.n_batch):
+            chunk = toks[i : i + engine.n_batch]
+            engine.step(Batch.for_sequence(chunk, depth + i, 0, "last"))
+        dt = time.perf_counter() - t0
+        if r:  # the first run is the warm-up
+            samples.append(n / dt)
+    return BenchResult(f"pp{n}", n, depth, engine.n_threads, samples)
+
+
+def run_tg(engine, n: int, depth: int, reps: int, rng) -> BenchResult:  # noqa: ANN001
+    samples = []
+    for r in range(reps + 1):
+        _fill_depth(engine, depth, rng)
+        token = engine.tokenizer.bos_id if engine.tokenizer.add_bos else 0
+        nexts = rng.integers(0, engine.cfg.n_vocab, size=n).tolist()
+        t0 = time.perf_counter()
+        for i in range(n):
+            engine.step(Batch.for_sequence([token], depth + i, 0, "last"))
+            token = nexts[i]
+        dt = time.perf_counter() - t0
+        if r:
+            samples.append(n / dt)
+    return BenchResult(f"tg{n}", n, depth, engine.n_threads, samples)
+
+
+def run_step(engine, n_rows: int, depth: int, reps: int, rng) -> BenchResult:  # noqa: ANN001
+    """Steps per second of an N-row step (all rows want logits)."""
+    samples = []
+    _fill_depth(engine, max(depth, 1), rng)
+    start = engine.kv.n_past(0)
+    for r in range(reps + 1):
+        toks = rng.integers(0, engine.cfg.n_vocab, size=n_rows).tolist()
+        t0 = time.perf_counter()
+        engine.step(Batch.for_sequence(toks, start, 0, "all"))
+        dt = time.perf_counter() - t0
+        engine.kv.truncate(0, start)
+        if r:
+            samples.append(1.0 / dt)
+    return BenchResult(f"step{n_rows}", n_rows, depth, engine.n_threads, samples)
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def model_label(engine) -> tuple[str, float, float]:  # noqa: ANN001
+    from localllm.describe import describe
+
+    d = describe(engine.gf)
+    name = f"{d.get('architecture', '?')} {d.get('size_label') or ''} {d.get('file_type') or ''}"
+    size_mib = engine.path.stat().st_size / 2**20
+    params = float(d.get("parameters") or 0) / 1e6
+    return " ".join(name.split()), size_mib, params
+
+
+def cmd_bench(ns: argparse.Namespace) -> int:
+    from localllm.default_model import resolve_model
+    from localllm.engine import Engine
+    from localllm.warmup import ensure_kernels_compiled
+
+    pps, tgs, depths = _ints(ns.n_prompt), _ints(ns.n_gen), _ints(ns.depth)
+    steps = _ints(ns.steps) if ns.steps else []
+    if any(v < 0 for v in pps + tgs + depths) or any(v <= 0 for v in steps) or ns.reps < 1:
+        raise ValueError("token counts must be >= 0, --steps > 0 and -r >= 1")
+    need = max(depths) + max(pps + tgs + steps + [1]) + 1
+    engine = Engine(resolve_model(ns.model), n_ctx=max(ns.ctx or 0, need), n_threads=ns.threads,
+                    n_batch=ns.batch, kv_type=ns.kv_type, v_type=ns.kv_type_v)
+    ensure_kernels_compiled(engine)
+    rng = np.random.default_rng(ns.seed)
+    results: list[BenchResult] = []
+    for d in depths:
+        for p in pps:
+            if p:
+                results.append(run_pp(engine, p, d, ns.reps, rng))
+        for g in tgs:
+            if g:
+                results.append(run_tg(engine, g, d, ns.reps, rng))
+        for s in steps:
+            results.append(run_step(engine, s, d, ns.reps, rng))
+    name, size_mib, params = model_label(engine)
+    kv = engine.kv
+    if ns.json:
+        print(json.dumps({
+            "model": name, "model_path": str(engine.path), "size_mib": size_mib,
+            "params_m": params, "threads": engine.n_threads, "n_batch": engine.n_batch,
+            "kv_bytes_per_token": kv.bytes_per_token(), "kv_bytes": kv.nbytes(),
+            "kv_full_cache_bytes": kv.full_cache_nbytes(), "kv_type": [kv.k_type, kv.v_type],
+            "n_ctx": kv.n_ctx,
+            "results": [asdict(r) | {"mean_ts": r.mean, "std_ts": r.std} for r in results],
+        }, indent=2))
+        return 0
+    print("| model | size | params | backend | threads | test | t/s |")
+    print("| --- | ---: | ---: | --- | ---: | --- | ---: |")
+    base_step = next((r.mean for r in results if r.test == "step1"), None)
+    for r in results:
+        test = r.test + (f" @ d{r.depth}" if r.depth else "")
+        unit = f"{r.mean:.2f} ± {r.std:.2f}"
+        if r.test.startswith("step"):
+            unit = f"{1000 / r.mean:.2f} ms/step"
+            if base_step:
+                unit += f" ({base_step / r.mean:.2f}x step1)"
+        print(f"| {name} | {size_mib:.2f} MiB | {params:.2f} M | CPU (numba) | {r.threads} "
+              f"| {test} | {unit} |")
+    print(f"\nKV cache (K {kv.k_type}, V {kv.v_type}): {kv.nbytes() / 2**20:.1f} MiB for "
+          f"{kv.n_ctx} tokens; {kv.bytes_per_token() / 1024:.1f} KiB/token in full layers; "
+          f"{kv.full_cache_nbytes() / 2**20:.1f} MiB without sliding-window rings")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="prompt and generation speed (like llama-bench)")
+    p.add_argument("model", nargs="?", default=None)
+    p.add_argument("-p", "--n-prompt", default="512", help="prompt sizes, comma-separated")
+    p.add_argument("-n", "--n-gen", default="128", help="generation lengths, comma-separated")
+    p.add_argument("-d", "--depth", default="0", help="context depths, comma-separated")
+    p.add_argument("-r", "--reps", type=int, default=5)
+    p.add_argument("-b", "--batch", type=int, default=512, help="tokens per prefill step")
+    p.add_argument("-t", "--threads", type=int, default=None)
+    p.add_argument("-c", "--ctx", type=int, default=None)
+    p.add_argument("--kv-type", "-ctk", default="f16")
+    p.add_argument("--kv-type-v", "-ctv", default=None)
+    p.add_argument("--steps", default="", help="also time single steps of these row counts, e.g. 1,4,8")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")

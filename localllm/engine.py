@@ -1,0 +1,129 @@
+"""The Engine: one loaded model, its tokenizer and template, a KV cache, and step(batch).
+
+One engine thread owns every kernel call (Numba's workqueue threading layer must not be
+entered from two Python threads at once); front doors talk to it through queues.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from localllm.batch import Batch
+from localllm.errors import PromptTooLongError
+from localllm.formats import GGUFFile, read_gguf
+from localllm.kv_cache import KVCache
+from localllm.models.base import DecoderModel
+from localllm.models.registry import load_model
+
+
+@dataclass
+class LoadStats:
+    load_s: float = 0.0
+    file_bytes: int = 0
+
+
+def set_threads(n: int | None) -> int:
+    """Set the Numba thread count (all cores by default) and return it."""
+    import numba
+
+    limit = numba.config.NUMBA_NUM_THREADS
+    n = limit if n is None or n <= 0 else min(n, limit)
+    numba.set_num_threads(n)
+    return n
+
+
+class Engine:
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+        n_slots: int = 1,
+        n_batch: int = 512,
+        kv_type: str = "f16",
+        v_type: str | None = None,
+    ) -> None:
+        t0 = time.perf_counter()
+        self.path = Path(model_path)
+        self.n_threads = set_threads(n_threads)
+        self.gf: GGUFFile = read_gguf(self.path)
+        self.metadata = self.gf.metadata
+        self.model: DecoderModel = load_model(self.gf)
+        self.cfg = self.model.cfg
+        from localllm.tokenizer import Tokenizer
+
+        st = self.path.stat()
+        self.tokenizer = Tokenizer.from_metadata(self.metadata)
+        n_ctx = n_ctx or min(4096, self.cfg.n_ctx_train)
+        if n_ctx <= 0:
+            raise ValueError(f"context size must be positive, got {n_ctx}")
+        self.n_ctx = n_ctx
+        self.n_batch = max(1, n_batch)
+        self.kv = KVCache(
+            self.cfg.n_layer, n_ctx, self.cfg.n_head_kv, self.cfg.head_dim, self.cfg.head_dim_v,
+            n_slots=n_slots, layer_window=self.cfg.layer_window, k_type=kv_type,
+            v_type=v_type, n_batch=self.n_batch,
+        )
+        self.last_reuse_note: str | None = None
+        self.load_stats = LoadStats(time.perf_counter() - t0, st.st_size)
+        self._template = None
+
+    @property
+    def template(self):  # noqa: ANN201 - lazy: raw-prompt users never need jinja2
+        if self._template is None:
+            from localllm.chat_template import ChatTemplate
+
+            self._template = ChatTemplate.from_metadata(self.metadata, self.tokenizer)
+        return self._template
+
+    def step(self, batch: Batch) -> np.ndarray:
+        """One forward pass: logits [rows wanted, V] float32."""
+        return self.model.forward(batch, self.kv)
+
+    def prefill(
+        self, tokens: list[int], slot: int = 0, logits: str = "last"
+    ) -> tuple[np.ndarray, int]:
+        """Bring slot's cache to hold exactly `tokens`, evaluating only what it does not
+        already hold (prefix reuse), in chunks of n_batch. Returns (logits, n_evaluated):
+        logits [1, V] for the last token ("last") or [n_evaluated, V] ("all")."""
+        if len(tokens) > self.n_ctx:
+            raise PromptTooLongError(len(tokens), self.n_ctx)
+        if not tokens:
+            raise ValueError("nothing to evaluate: the prompt is empty")
+        keep = self.kv.common_prefix(slot, tokens)
+        if keep == len(tokens):  # all cached: re-evaluate the last one to get its logits
+            keep -= 1
+        keep, self.last_reuse_note = self.kv.reusable_prefix(slot, keep)
+        self.kv.truncate(slot, keep)
+        todo = tokens[keep:]
+        outs = []
+        for i in range(0, len(todo), self.n_batch):
+            chunk = todo[i : i + self.n_batch]
+            is_last = i + self.n_batch >= len(todo)
+            mode = "all" if logits == "all" else ("last" if is_last else "none")
+            out = self.step(Batch.for_sequence(chunk, keep + i, slot, mode))
+            if out.shape[0]:
+                outs.append(out)
+        result = outs[0] if len(outs) == 1 else np.concatenate(outs)
+        return result, len(todo)
+
+    def decode(self, token: int, slot: int = 0) -> np.ndarray:
+        """Append one token to a slot and return its logits [V]."""
+        pos = self.kv.n_past(slot)
+        return self.step(Batch.for_sequence([token], pos, slot, "last"))[0]
+
+    def warmup(self, slot: int = 0) -> None:
+        """Run a decode-shaped and a prefill-shaped pass so every kernel this model uses is
+        compiled (or loaded from the disk cache) now; leaves the slot empty."""
+        n = min(40, self.n_ctx)
+        self.step(Batch.for_sequence([0] * n, 0, slot, "last"))
+        self.step(Batch.for_sequence([0], 0, slot, "last"))
+        self.kv.clear(slot)
+
+    def kv_bytes(self) -> int:
+        return self.kv.nbytes()

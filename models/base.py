@@ -1,0 +1,276 @@
+"""Shared blocks of the decoder-only transformers: weights straight from the GGUF mmap and a
+forward pass over one Batch.
+
+The families (llama, qwen2/3, gemma3) differ only in configuration (norm placement, QK-norm,
+biases, activation, rope layout, windows): each family module builds a ModelConfig and the
+layer weights, and this module runs them. Shapes: N = batch rows, D = n_embd, H/Hkv = query/
+key-value heads, Dh = head_dim, F = n_ff, V = n_vocab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+from localllm.batch import Batch
+from localllm.formats import GGUFFile, dequantize
+from localllm.kernels.cpu import ops
+from localllm.kernels.cpu.dequant import get_rows
+from localllm.kernels.cpu.matmul import matmul
+from localllm.kv_cache import KVCache
+from localllm.models.config import ModelConfig, ModelError
+
+# Gated FFN activations by ModelConfig.activation name.
+ACTIVATIONS = {
+    "silu": ops.silu_mul,
+    "gelu_tanh": ops.gelu_tanh_mul,  # exact formula
+    "gelu_tanh_ggml": ops.gelu_tanh_mul_ggml,  # llama.cpp's float16-table GELU
+}
+
+
+@dataclass
+class QWeight:
+    """A 2-D weight kept as raw quantized blocks (a zero-copy view of the file)."""
+
+    name: str
+    raw: np.ndarray  # [rows, row_bytes] uint8
+    qtype: int
+    rows: int  # output features
+    cols: int  # input features
+
+    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """x [N, cols] float32 -> out [N, rows] float32."""
+        if out is None:
+            out = np.empty((x.shape[0], self.rows), dtype=np.float32)
+        matmul(self.raw, self.qtype, x, out)
+        return out
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: np.ndarray  # [D]
+    wq: QWeight  # [H*Dh, D]
+    wk: QWeight  # [Hkv*Dh, D]
+    wv: QWeight  # [Hkv*Dv, D]
+    wo: QWeight  # [D, H*Dv]
+    ffn_norm: np.ndarray  # [D]
+    w_gate: QWeight  # [F, D]
+    w_up: QWeight  # [F, D]
+    w_down: QWeight  # [D, F]
+    bq: np.ndarray | None = None  # [H*Dh]
+    bk: np.ndarray | None = None
+    bv: np.ndarray | None = None
+    bo: np.ndarray | None = None  # [D]
+    q_norm: np.ndarray | None = None  # [Dh]
+    k_norm: np.ndarray | None = None  # [Dh]
+    post_attn_norm: np.ndarray | None = None  # [D]
+    post_ffn_norm: np.ndarray | None = None  # [D]
+
+
+class WeightLoader:
+    """Looks tensors up by GGUF name, checks their shapes, and wraps them."""
+
+    def __init__(self, gf: GGUFFile) -> None:
+        self.gf = gf
+
+    def has(self, name: str) -> bool:
+        return name in self.gf.tensors
+
+    def matrix(self, name: str, rows: int, cols: int) -> QWeight:
+        t = self._get(name)
+        if tuple(t.shape) != (rows, cols):
+            raise ModelError(f"tensor {name} has shape {tuple(t.shape)}, expected {(rows, cols)}")
+        return QWeight(name, t.data.reshape(rows, -1), int(t.type), rows, cols)
+
+    def vector(self, name: str, n: int) -> np.ndarray:
+        t = self._get(name)
+        if t.n_elements != n:
+            raise ModelError(f"tensor {name} has {t.n_elements} elements, expected {n}")
+        if int(t.type) == QT.F32:
+            return t.data.view(np.float32).reshape(n)
+        return np.ascontiguousarray(dequantize(t.data, t.type, (n,)), dtype=np.float32)
+
+    def optional_vector(self, name: str, n: int) -> np.ndarray | None:
+        return self.vector(name, n) if self.has(name) else None
+
+    def _get(self, name: str):  # noqa: ANN202
+        t = self.gf.tensors.get(name)
+        if t is None:
+            raise ModelError(f"{self.gf.path}: missing tensor {name!r}")
+        return t
+
+
+def load_standard_layers(w: WeightLoader, cfg: ModelConfig) -> list[LayerWeights]:
+    """Tensor names of llama.cpp's llama-style families (blk.N.attn_q.weight, ...)."""
+    D, H, Hkv, Dh, Dv, F = (
+        cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v, cfg.n_ff,
+    )
+    layers = []
+    for i in range(cfg.n_layer):
+        p = f"blk.{i}."
+        layers.append(
+            LayerWeights(
+                attn_norm=w.vector(p + "attn_norm.weight", D),
+                wq=w.matrix(p + "attn_q.weight", H * Dh, D),
+                wk=w.matrix(p + "attn_k.weight", Hkv * Dh, D),
+                wv=w.matrix(p + "attn_v.weight", Hkv * Dv, D),
+                wo=w.matrix(p + "attn_output.weight", D, H * Dv),
+                ffn_norm=w.vector(p + "ffn_norm.weight", D),
+                w_gate=w.matrix(p + "ffn_gate.weight", F, D),
+                w_up=w.matrix(p + "ffn_up.weight", F, D),
+                w_down=w.matrix(p + "ffn_down.weight", D, F),
+                bq=w.optional_vector(p + "attn_q.bias", H * Dh),
+                bk=w.optional_vector(p + "attn_k.bias", Hkv * Dh),
+                bv=w.optional_vector(p + "attn_v.bias", Hkv * Dv),
+                bo=w.optional_vector(p + "attn_output.bias", D),
+                q_norm=w.optional_vector(p + "attn_q_norm.weight", Dh) if cfg.qk_norm else None,
+                k_norm=w.optional_vector(p + "attn_k_norm.weight", Dh) if cfg.qk_norm else None,
+                post_attn_norm=(
+                    w.vector(p + "post_attention_norm.weight", D) if cfg.post_norms else None
+                ),
+                post_ffn_norm=w.vector(p + "post_ffw_norm.weight", D) if cfg.post_norms else None,
+            )
+        )
+    return layers
+
+
+class DecoderModel:
+    """A decoder-only transformer: forward(batch, kv) -> logits for the rows that ask."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        token_embd: QWeight,  # [V, D]
+        layers: list[LayerWeights],
+        output_norm: np.ndarray,  # [D]
+        output: QWeight,  # [V, D] (token_embd when tied)
+        rope_freq_factors: np.ndarray | None = None,  # [n_rot/2] (llama 3 rope scaling)
+    ) -> None:
+        self.cfg = cfg
+        self.token_embd = token_embd
+        self.layers = layers
+        self.output_norm = output_norm
+        self.output = output
+        self.rope_freq_factors = rope_freq_factors
+
+    # --- the forward pass -----------------------------------------------------------------
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        """tokens [N] -> x [N, D] float32, scaled as the family wants."""
+        cfg = self.cfg
+        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= cfg.n_vocab):
+            bad = int(tokens[(tokens < 0) | (tokens >= cfg.n_vocab)][0])
+            raise ValueError(f"token id {bad} is outside the vocabulary of {cfg.n_vocab}")
+        x = np.empty((tokens.shape[0], cfg.n_embd), dtype=np.float32)
+        get_rows(self.token_embd.raw, self.token_embd.qtype, tokens.astype(np.int64), x)
+        if cfg.embd_scale != 1.0:
+            x *= np.float32(cfg.embd_scale)
+        return x
+
+    def forward(self, batch: Batch, kv: KVCache) -> np.ndarray:
+        """Run every row through every layer, writing K/V into the cache; return logits
+        [n_rows_wanted, V] float32 for the rows with want_logits, in batch order."""
+        cfg = self.cfg
+        segments = batch.segments()
+        for sid, _, _ in segments:
+            if not 0 <= sid < kv.n_slots:
+                raise ValueError(f"sequence slot {sid} does not exist (cache has {kv.n_slots})")
+        n = len(batch)
+        H, Hkv, Dh, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
+        x = self.embed(batch.tokens)  # [N, D] residual stream
+        h = np.empty_like(x)  # [N, D] normed input of a block
+        q = np.empty((n, H * Dh), np.float32)
+        k = np.empty((n, Hkv * Dh), np.float32)
+        v = np.empty((n, Hkv * Dv), np.float32)
+        attn = np.empty((n, H, Dv), np.float32)
+        o = np.empty((n, cfg.n_embd), np.float32)
+        gate = np.empty((n, cfg.n_ff), np.float32)
+        up = np.empty((n, cfg.n_ff), np.float32)
+        pos = batch.positions
+        # Storage rows for the new positions of each sequence (ring slots for windowed layers)
+        placed = [kv.place(sid, pos[a:b]) for sid, a, b in segments]
+        act = ACTIVATIONS[cfg.activation]
+
+        for il, L in enumerate(self.layers):
+            ops.rms_norm(x, L.attn_norm, cfg.rms_eps, h)
+            L.wq(h, q)
+            L.wk(h, k)
+            L.wv(h, v)
+            if L.bq is not None:
+                q += L.bq
+            if L.bk is not None:
+                k += L.bk
+            if L.bv is not None:
+                v += L.bv
+            q3 = q.reshape(n, H, Dh)
+            k3 = k.reshape(n, Hkv, Dh)
+            if L.q_norm is not None:
+                ops.rms_norm_heads(q3, L.q_norm, cfg.rms_eps, q3)
+            if L.k_norm is not None:
+                ops.rms_norm_heads(k3, L.k_norm, cfg.rms_eps, k3)
+            base = cfg.layer_rope_base[il]
+            scale = cfg.rope_freq_scale if cfg.layer_window[il] == 0 else 1.0
+            ops.rope(q3, pos, base, cfg.rope_neox, scale, cfg.n_rot, self.rope_freq_factors)
+            ops.rope(k3, pos, base, cfg.rope_neox, scale, cfg.n_rot, self.rope_freq_factors)
+            v3 = v.reshape(n, Hkv, Dv)
+            for (sid, a, b), rows in zip(segments, placed):
+                kv.store(il, sid, rows, k3[a:b], v3[a:b])
+                kv.attend(il, sid, q3[a:b], pos[a:b], cfg.layer_window[il], cfg.attn_scale,
+                          cfg.attn_softcap, attn[a:b])
+            L.wo(attn.reshape(n, H * Dv), o)
+            if L.bo is not None:
+                o += L.bo
+            if L.post_attn_norm is not None:
+                ops.rms_norm(o, L.post_attn_norm, cfg.rms_eps, o)
+            x += o
+
+            ops.rms_norm(x, L.ffn_norm, cfg.rms_eps, h)
+            L.w_gate(h, gate)
+            L.w_up(h, up)
+            act(gate, up, gate)
+            L.w_down(gate, o)
+            if L.post_ffn_norm is not None:
+                ops.rms_norm(o, L.post_ffn_norm, cfg.rms_eps, o)
+            x += o
+
+        for sid, a, b in segments:
+            kv.tokens[sid][int(pos[a]) :] = batch.tokens[a:b].tolist()
+        return self.logits(x[batch.want_logits])
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Final norm and output head for the selected rows x [M, D] -> [M, V]."""
+        cfg = self.cfg
+        out = np.empty((x.shape[0], cfg.n_vocab), dtype=np.float32)
+        if x.shape[0] == 0:
+            return out
+        h = np.empty_like(x)
+        ops.rms_norm(np.ascontiguousarray(x), self.output_norm, cfg.rms_eps, h)
+        self.output(h, out)
+        if cfg.final_softcap:
+            c = np.float32(cfg.final_softcap)
+            np.tanh(out / c, out=out)
+            out *= c
+        return out
+
+
+def output_head(w: WeightLoader, cfg: ModelConfig, token_embd: QWeight) -> QWeight:
+    """A separate `output.weight`, or the token embedding when the two are tied."""
+    if w.has("output.weight"):
+        return w.matrix("output.weight", cfg.n_vocab, cfg.n_embd)
+    return token_embd
+
+
+def build_standard(gf: GGUFFile, cfg: ModelConfig) -> DecoderModel:
+    w = WeightLoader(gf)
+    embd = w.matrix("token_embd.weight", cfg.n_vocab, cfg.n_embd)
+    freq_factors = w.optional_vector("rope_freqs.weight", cfg.n_rot // 2)
+    return DecoderModel(
+        cfg,
+        token_embd=embd,
+        layers=load_standard_layers(w, cfg),
+        output_norm=w.vector("output_norm.weight", cfg.n_embd),
+        output=output_head(w, cfg, embd),
+        rope_freq_factors=freq_factors,
+    )

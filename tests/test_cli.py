@@ -1,0 +1,80 @@
+"""The command line as a user meets it: real subprocesses, real exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def cli(*args: str, input: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "localllm", *args], capture_output=True, text=True,
+        input=input, timeout=timeout,
+    )
+
+
+def _one_line_error(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_show_default_model() -> None:
+    r = cli("show")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for fact in ("gemma3", "Q4_K_M", "32768", "512", "262144", "Q8_0", "Q6_K", "gemma"):
+        assert fact in out, fact
+    r = cli("show", "--json")
+    d = json.loads(r.stdout)
+    assert d["architecture"] == "gemma3"
+
+
+def test_show_truncated_file_is_one_line(tmp_path: Path, default_model_path: Path) -> None:
+    bad = tmp_path / "cut.gguf"
+    with open(default_model_path, "rb") as f:
+        bad.write_bytes(f.read(5_000_000))
+    line = _one_line_error(cli("show", str(bad)))
+    assert "cut.gguf" in line
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("show", "/nonexistent/model.gguf"), "not found"),
+    (("run", "/nonexistent/model.gguf", "hi"), "not found"),
+])
+def test_missing_model_is_one_line(args: tuple, needle: str) -> None:
+    assert needle in _one_line_error(cli(*args))
+
+
+def test_not_a_gguf_file(tmp_path: Path) -> None:
+    p = tmp_path / "notes.gguf"
+    p.write_text("hello, I am not a model\n" * 10)
+    assert "notes.gguf" in _one_line_error(cli("run", str(p), "hi"))
+
+
+def test_run_tiny_model_greedy_json_and_prompt_too_long(tmp_path: Path) -> None:
+    from tiny_models import write_tiny_model
+
+    p = tmp_path / "tiny.gguf"
+    write_tiny_model(p, "llama", seed=3)
+    args = ("run", str(p), "hello world", "--raw", "-n", "8", "--temperature", "0", "--json")
+    a, b = cli(*args), cli(*args)
+    assert a.returncode == 0, a.stderr
+    ja, jb = json.loads(a.stdout), json.loads(b.stdout)
+    assert ja["tokens"] == jb["tokens"] and len(ja["tokens"]) <= 8
+    assert ja["done_reason"] in ("stop", "length")
+    line = _one_line_error(cli("run", str(p), "hello world " * 40, "--raw", "-c", "16"))
+    assert "tokens too many" in line
+    r = cli("run", str(p), "--raw", "-n", "4", "--temperature", "0", input="hello from stdin")
+    assert r.returncode == 0, r.stderr
+
+
+def test_bad_option_values() -> None:
+    assert "repeat_penalty" in _one_line_error(cli("run", "x", "--repeat-penalty", "0"))

@@ -1,0 +1,115 @@
+"""The generation loop on a scripted engine: stop strings never leak, EOS ends with "stop",
+max tokens and a full context end with "length", split UTF-8 characters stay whole."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localllm.errors import PromptTooLongError
+from localllm.generate import _held_back, generate
+from localllm.sampling import Sampler, SamplerConfig
+
+# token id -> bytes; id 0 is EOS
+PIECES = {0: b"", 1: b"Hel", 2: b"lo", 3: b" wor", 4: b"ld", 5: b"\n", 6: b"EN", 7: b"D",
+          8: b"\xe2", 9: b"\x82", 10: b"\xac", 11: b"!"}
+V = 12
+
+
+class FakeTokenizer:
+    eog_ids = {0}
+
+    def token_to_piece(self, token_id: int, special: bool = True) -> bytes:
+        return PIECES[token_id]
+
+
+class FakeKV:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def n_past(self, slot: int) -> int:
+        return self.n
+
+
+class ScriptedEngine:
+    """Greedy decoding of this engine produces `script` in order."""
+
+    def __init__(self, script: list[int], n_ctx: int = 100) -> None:
+        self.script = script
+        self.tokenizer = FakeTokenizer()
+        self.n_ctx = n_ctx
+        self.kv = FakeKV()
+        self.i = 0
+
+    def _next_logits(self) -> np.ndarray:
+        x = np.zeros(V, dtype=np.float32)
+        x[self.script[self.i] if self.i < len(self.script) else 0] = 10.0
+        self.i += 1
+        return x
+
+    def prefill(self, tokens: list[int], slot: int = 0):  # noqa: ANN201
+        self.kv.n = len(tokens)
+        return self._next_logits()[None, :], len(tokens)
+
+    def decode(self, token: int, slot: int = 0) -> np.ndarray:
+        self.kv.n += 1
+        return self._next_logits()
+
+
+def _run(script: list[int], **kw) -> tuple[list[str], object]:  # noqa: ANN003
+    eng = ScriptedEngine(script, n_ctx=kw.pop("n_ctx", 100))
+    events = list(generate(eng, [1, 2], Sampler(SamplerConfig(temperature=0)), **kw))
+    return [e.text for e in events if not e.done and e.text], events[-1]
+
+
+def test_eos_stops_with_reason_stop() -> None:
+    texts, final = _run([1, 2, 3, 4, 0, 1])
+    assert "".join(texts) == "Hello world"
+    assert final.done_reason == "stop" and final.tokens == [1, 2, 3, 4]
+    assert final.stats.eval_tokens == 4 and final.stats.prompt_tokens == 2
+
+
+def test_max_tokens_is_length() -> None:
+    texts, final = _run([1, 2, 3, 4, 5], max_tokens=3)
+    assert "".join(texts) == "Hello wor" and final.done_reason == "length"
+
+
+def test_stop_string_across_tokens_never_leaks() -> None:
+    texts, final = _run([1, 2, 5, 6, 7, 11, 0], stop=["END"])
+    assert "".join(texts) == "Hello\n"
+    assert not any("E" in t for t in texts)
+    assert final.done_reason == "stop"
+
+
+def test_partial_stop_prefix_is_released_when_it_does_not_match() -> None:
+    # "EN" is held back (could start "END!"), then released when "D" + "\n" breaks it.
+    texts, final = _run([6, 7, 5, 0], stop=["END!"])
+    assert "".join(texts) == "END\n" and final.done_reason == "stop"
+
+
+def test_split_utf8_character_is_emitted_whole() -> None:
+    texts, _ = _run([8, 9, 10, 11, 0])
+    assert texts == ["€", "!"]
+
+
+def test_context_full_ends_with_length() -> None:
+    _, final = _run([1] * 50, n_ctx=6)
+    assert final.done_reason == "length"
+    # prompt (2) + 4 evaluated tokens fill the 6 positions; the 5th is sampled from the
+    # last position's logits and never needs a cache slot.
+    assert len(final.tokens) == 5
+
+
+def test_prompt_longer_than_context() -> None:
+    eng = ScriptedEngine([1], n_ctx=4)
+    with pytest.raises(PromptTooLongError, match="2 tokens too many"):
+        list(generate(eng, [1, 2, 3, 4, 5], Sampler(SamplerConfig(temperature=0))))
+    events = list(generate(eng, [1, 2, 3, 4, 5], Sampler(SamplerConfig(temperature=0)),
+                           truncate=True, max_tokens=1))
+    assert events[-1].stats.prompt_tokens == 5
+
+
+def test_held_back() -> None:
+    assert _held_back("abc EN", ["END"]) == 2
+    assert _held_back("abc", ["END"]) == 0
+    assert _held_back("xE", ["END", "EX"]) == 1
