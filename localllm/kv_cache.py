@@ -62,9 +62,14 @@ class KVCache:
         self.head_dim = head_dim
         self.head_dim_v = head_dim if head_dim_v is None else head_dim_v
         self.k_type, self.v_type = k_type, v_type
-        self.layer_window = list(layer_window) if layer_window else [0] * n_layer
-        if len(self.layer_window) != n_layer:
+        windows_in = list(layer_window) if layer_window else [0] * n_layer
+        if len(windows_in) != n_layer:
             raise ValueError("layer_window must give one window per layer")
+        # Storage layout per layer (0 = full): a ring only where it is smaller than the
+        # context; otherwise positions never wrap and plain full storage is the same thing.
+        self.layer_window = [
+            w if w > 0 and w + max(1, n_batch) - 1 < n_ctx else 0 for w in windows_in
+        ]
         windows = {w for w in self.layer_window if w > 0}
         # One ring size per distinct window; all layers with that window share positions.
         self.ring_cap = {w: min(n_ctx, w + max(1, n_batch) - 1) for w in windows}
