@@ -150,6 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_ERROR
     try:
+        if ns.command in ("run", "perplexity", "bench"):
+            from localllm.warmup import skip_numba_blas_probe
+
+            skip_numba_blas_probe()
         if ns.command == "run":
             from localllm.run import cmd_run
 

@@ -17,6 +17,10 @@ across slots (a block pool's advantage) is for the server's prefix cache, later.
 Types: f32, f16 (default), q8_0, q4_0 for K and V separately (llama.cpp's -ctk/-ctv). The
 attention kernel reads the stored blocks directly; nothing is dequantized into a full copy.
 
+Quantized K (or V) is stored Hadamard-rotated, as llama.cpp does: an orthonormal rotation
+spreads outlier channels over a block, so 4/8-bit blocks lose less. q and k are rotated
+alike (q.k unchanged); v is rotated in 64-blocks and the attention output rotated back.
+
 Prefix reuse: the cache remembers which tokens a slot holds (`tokens[slot]`). A new request
 keeps the longest common prefix it can and evaluates only the rest; see reusable_prefix().
 """
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from localllm.kernels.cpu import kv_quant
+from localllm.kernels.cpu import kv_quant, ops
 
 KV_TYPES = kv_quant.KV_TYPES
 EMPTY_POS = kv_quant.EMPTY_POS
@@ -81,6 +85,10 @@ class KVCache:
             cap = self.ring_cap[w] if w > 0 else n_ctx
             self.k.append(self._alloc(k_type, cap, self.head_dim))
             self.v.append(self._alloc(v_type, cap, self.head_dim_v))
+        # Hadamard block sizes (0 = no rotation): K the largest power of two dividing the
+        # head size, V 64 (what llama.cpp found works best for each).
+        self.k_rot = _rot_block(k_type, self.head_dim, largest=True)
+        self.v_rot = _rot_block(v_type, self.head_dim_v, largest=False)
         self.positions = np.arange(n_ctx, dtype=np.int64)  # [n_ctx]: full layers' positions
         self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
 
@@ -178,6 +186,12 @@ class KVCache:
         v: np.ndarray,  # [n, Hkv, Dv] float32
     ) -> None:
         idx = rows[self.layer_window[layer]]
+        if self.k_rot:
+            k = np.array(k, copy=True)
+            ops.hadamard_(k, self.k_rot)
+        if self.v_rot:
+            v = np.array(v, copy=True)
+            ops.hadamard_(v, self.v_rot)
         kv_quant.store(self.k_type, k, self.k[layer][slot], idx)
         kv_quant.store(self.v_type, v, self.v[layer][slot], idx)
 
@@ -205,8 +219,13 @@ class KVCache:
             t = int(q_pos[-1]) + 1  # rows are in increasing position order
             kpos = self.positions[:t]
             ks, vs = self.k[layer][slot, :t], self.v[layer][slot, :t]
+        if self.k_rot:
+            q = np.array(q, copy=True)
+            ops.hadamard_(q, self.k_rot)
         kv_quant.attention(self.k_type, self.v_type, q, ks, vs, q_pos, kpos, window, scale,
                            softcap, out)
+        if self.v_rot:
+            ops.hadamard_(out, self.v_rot)
 
     def load(self, layer: int, slot: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Dequantized K, V [n, Hkv, D] at the given positions (tests and debugging)."""
@@ -216,5 +235,21 @@ class KVCache:
             idx = np.array([int(np.nonzero(pos == p)[0][0]) for p in positions], np.int64)
         else:
             idx = np.asarray(positions, np.int64)
-        return (kv_quant.load(self.k_type, self.k[layer][slot], idx),
-                kv_quant.load(self.v_type, self.v[layer][slot], idx))
+        k = kv_quant.load(self.k_type, self.k[layer][slot], idx)
+        v = kv_quant.load(self.v_type, self.v[layer][slot], idx)
+        if self.k_rot:
+            ops.hadamard_(k, self.k_rot)
+        if self.v_rot:
+            ops.hadamard_(v, self.v_rot)
+        return k, v
+
+
+def _rot_block(kv_type: str, dim: int, largest: bool) -> int:
+    if kv_type in ("f32", "f16") or dim % 64:
+        return 0
+    if not largest:
+        return 64
+    block = 64
+    while dim % (block * 2) == 0:
+        block *= 2
+    return block

@@ -47,3 +47,25 @@ def ensure_kernels_compiled(engine, progress: bool = True) -> bool:  # noqa: ANN
         engine.warmup()
     stamp.write_text(json.dumps({"qtypes": sorted(set(qtypes))}))
     return True
+
+
+def skip_numba_blas_probe() -> None:
+    """Start-up time: the first cached kernel Numba loads imports numba.np.arraymath, whose
+    BLAS probe imports scipy.linalg (~0.2 s of a 1 s time-to-first-token budget). Our kernels
+    use no BLAS, so for CLI processes we let that probe fail fast; scipy itself stays
+    importable afterwards. Not done on library import: a host program may want Numba's
+    np.dot."""
+    import sys
+
+    if "numba.np.arraymath" in sys.modules:
+        return
+    key = "scipy.linalg.cython_blas"
+    saved = sys.modules.get(key)
+    sys.modules[key] = None  # type: ignore[assignment]  # makes `import` raise ImportError
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        if saved is None:
+            del sys.modules[key]
+        else:
+            sys.modules[key] = saved

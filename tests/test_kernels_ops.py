@@ -329,3 +329,30 @@ def test_gelu_ggml_table_matches_float16_emulation() -> None:
     assert np.abs(out - exact).max() < 0.02 * np.abs(u).max()
     ops.gelu_tanh_mul_ggml(x, u, x)  # in place
     assert np.array_equal(x, out)
+
+
+def _sylvester(n: int) -> np.ndarray:
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def test_hadamard_is_orthonormal_and_self_inverse() -> None:
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, 2, 256)).astype(np.float32)
+    for block in (64, 256):
+        y = x.copy()
+        ops.hadamard_(y, block)
+        h = _sylvester(block) / np.sqrt(block)
+        expect = (x.reshape(-1, block).astype(np.float64) @ h.T).reshape(x.shape)
+        np.testing.assert_allclose(y, expect, atol=1e-5)
+        ops.hadamard_(y, block)  # H @ H = I
+        np.testing.assert_allclose(y, x, atol=1e-5)
+    q, k = x[0].copy(), x[1].copy()
+    dots = (q * k).sum(-1)
+    ops.hadamard_(q, 256)
+    ops.hadamard_(k, 256)
+    np.testing.assert_allclose((q * k).sum(-1), dots, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="power of two"):
+        ops.hadamard_(x.copy(), 48)

@@ -1,0 +1,975 @@
+"""256-bit SIMD vectors for Numba kernels: LLVM vector types and x86 intrinsics.
+
+Numba has no vector types and its auto-vectoriser widens int8*int8 products to int64 lanes, so
+the integer dot products that quantized matmuls live on run ~10x below memory bandwidth when
+written as plain loops. This module adds four Numba types whose data model *is* an LLVM vector:
+
+    I8x32  <32 x i8>     quantized weights / activations of one 32-element chunk
+    I16x16 <16 x i16>    pair sums (vpmaddubsw output), per-16 scales, bsums
+    I32x8  <8 x i32>     integer dot-product partial sums
+    F32x8  <8 x float>   float accumulators
+
+and `@intrinsic` functions that emit LLVM IR on them (loads from a uint8/int8 array at a byte
+offset, byte ops, vpmaddubsw / vpmaddwd / vpsignb / vpshufb / vpdpbusd, conversions, FMA,
+horizontal sums). Values of these types are plain SSA registers after LLVM's mem2reg, so
+loop-carried accumulators stay in ymm registers; use them only inside @njit code.
+
+Arrays passed to the loads must be C-contiguous; `off` is a byte offset from the first element.
+Nothing is bounds-checked: the kernels compute offsets from validated shapes.
+
+The dot products use the sign trick of ggml's AVX2 kernels: for signed w and x,
+sum(w*x) = sum(|w| * sign(x, w)) where |w| is unsigned, which is what vpmaddubsw (u8 x s8) and
+vpdpbusd take. It is exact as long as x != -128 (our activation quantizers give [-127, 127]).
+
+These intrinsics need AVX2 + FMA + F16C at compile time (see cpu_features); only the kernels of
+the SIMD path call them, and those are compiled lazily, so importing this module is always safe.
+The dot intrinsics emit vpdpbusd when the CPU has AVX-VNNI (decided at import; Numba's cache is
+keyed by the CPU's features, so a cached VNNI kernel is never loaded on a CPU without it).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+from localllm.kernels.cpu.cpu_features import FEATURES
+
+__all__ = [
+    "I8x32", "I16x16", "I32x8", "F32x8", "USE_VNNI", "IQ4NL_VALUES",
+    "ld_i8x32", "ld_nib16", "ld_bits32", "ld_i16x16", "ld_i8_i16x16", "ld_i16_i32x8",
+    "ld_f32x8", "ld_f16x8", "ld_bf16x8", "ld_f16", "ld_u32", "ld_u16", "ld_u8", "ld_i8",
+    "ld_u8_i16x16", "ld_f32x4_dup",
+    "splat8", "and8", "or8", "add8", "srl8", "shl8", "lut16",
+    "iq4nl_table", "iq4nl_table_u",
+    "dot_ss", "dot_us", "dot_us_sc", "dot_ss_sc", "madd16",
+    "splat16", "splat16x2", "bytes_i16x16", "sub16", "srl16",
+    "zero32", "add32", "sub32", "mul32", "shl32", "u8x8_i32x8", "hsum4x8",
+    "zerof", "fma_i", "fma_f", "hsumf", "splatf", "mulf", "cvtf", "lanef",
+]
+
+#: Emit vpdpbusd (one op) instead of vpmaddubsw + vpmaddwd (two) for u8*s8 dots without
+#: per-16 scales. Fixed at import from the compile target's features.
+USE_VNNI: bool = FEATURES.avx_vnni
+
+#: The 16 non-linear levels of IQ4_NL / IQ4_XS (ggml's kvalues_iq4nl).
+IQ4NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+class VecType(types.Type):
+    """A Numba type backed by an LLVM vector type (kept in registers)."""
+
+    def __init__(self, name: str, lltype: ir.VectorType) -> None:
+        self.lltype = lltype
+        super().__init__(name=name)
+
+
+I8x32 = VecType("I8x32", ir.VectorType(ir.IntType(8), 32))
+I16x16 = VecType("I16x16", ir.VectorType(ir.IntType(16), 16))
+I32x8 = VecType("I32x8", ir.VectorType(ir.IntType(32), 8))
+F32x8 = VecType("F32x8", ir.VectorType(ir.FloatType(), 8))
+
+
+@register_model(VecType)
+class _VecModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type: VecType) -> None:
+        super().__init__(dmm, fe_type, fe_type.lltype)
+
+
+_i8 = ir.IntType(8)
+_i16 = ir.IntType(16)
+_i32 = ir.IntType(32)
+_i64 = ir.IntType(64)
+_f32 = ir.FloatType()
+_V8 = I8x32.lltype
+_V16 = I16x16.lltype
+_V32 = I32x8.lltype
+_VF = F32x8.lltype
+
+
+# ----------------------------------------------------------------------------- IR helpers
+
+
+def _is_byte_array(t: types.Type) -> bool:
+    return isinstance(t, types.Array) and t.layout == "C"
+
+
+def _ptr(context, builder, arrty, arrval, off, lltype):
+    """Pointer to `lltype` at byte offset `off` of a C-contiguous array's buffer."""
+    ary = context.make_array(arrty)(context, builder, arrval)
+    p = builder.bitcast(ary.data, _i8.as_pointer())
+    p = builder.gep(p, [off], inbounds=True)
+    return builder.bitcast(p, lltype.as_pointer())
+
+
+def _fn(builder, name: str, ret, args):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, args), name)
+
+
+def _splat(builder, vty: ir.VectorType, scalar):
+    """Broadcast an LLVM scalar into every lane of `vty`."""
+    undef = ir.Constant(vty, ir.Undefined)
+    v = builder.insert_element(undef, scalar, ir.Constant(_i32, 0))
+    mask = ir.Constant(ir.VectorType(_i32, vty.count), [0] * vty.count)
+    return builder.shuffle_vector(v, undef, mask)
+
+
+def _const8(value: int):
+    return ir.Constant(_V8, [value & 0xFF] * 32)
+
+
+def _maddubs(builder, u, s):
+    """vpmaddubsw: u8 x s8 products, adjacent pairs summed into saturating i16."""
+    return builder.call(_fn(builder, "llvm.x86.avx2.pmadd.ub.sw", _V16, [_V8, _V8]), [u, s])
+
+
+def _maddwd(builder, a, b):
+    """vpmaddwd: i16 x i16 products, adjacent pairs summed into i32."""
+    return builder.call(_fn(builder, "llvm.x86.avx2.pmadd.wd", _V32, [_V16, _V16]), [a, b])
+
+
+def _sign(builder, x, w):
+    """vpsignb: x negated where w < 0, zeroed where w == 0."""
+    return builder.call(_fn(builder, "llvm.x86.avx2.psign.b", _V8, [_V8, _V8]), [x, w])
+
+
+def _abs8(builder, w):
+    return builder.call(_fn(builder, "llvm.abs.v32i8", _V8, [_V8, ir.IntType(1)]),
+                        [w, ir.Constant(ir.IntType(1), 0)])
+
+
+def _dot_us(builder, acc, u, s):
+    """acc + sum over groups of 4 bytes of u8(u) * s8(s), as 8 i32 lanes."""
+    if USE_VNNI:
+        f = _fn(builder, "llvm.x86.avx512.vpdpbusd.256", _V32, [_V32, _V32, _V32])
+        return builder.call(f, [acc, builder.bitcast(u, _V32), builder.bitcast(s, _V32)])
+    ones = ir.Constant(_V16, [1] * 16)
+    return builder.add(acc, _maddwd(builder, _maddubs(builder, u, s), ones))
+
+
+_ZERO32 = ir.Constant(_V32, [0] * 8)
+
+
+# ----------------------------------------------------------------------------- loads
+
+
+@intrinsic
+def ld_i8x32(typingctx, arr, off):
+    """32 bytes at byte offset `off` (unaligned)."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _V8), align=1)
+
+    return I8x32(arr, types.intp), codegen
+
+
+@intrinsic
+def ld_nib16(typingctx, arr, off):
+    """16 bytes at `off` split into nibbles: [low nibbles of bytes 0..15, high nibbles 0..15].
+
+    That is the element order of the 32-element 4-bit blocks (Q4_0, Q4_1, IQ4_NL, Q5_*).
+    """
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v16 = ir.VectorType(_i8, 16)
+        b = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v16), align=1)
+        lo = builder.and_(b, ir.Constant(v16, [0x0F] * 16))
+        hi = builder.lshr(b, ir.Constant(v16, [4] * 16))
+        return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_i32, 32), list(range(32))))
+
+    return I8x32(arr, types.intp), codegen
+
+
+@intrinsic
+def ld_bits32(typingctx, arr, off):
+    """The 32 bits of the little-endian u32 at `off` as bytes: 0xFF where bit j is set, else 0."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v4 = ir.VectorType(_i8, 4)
+        b = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v4), align=1)
+        idx = ir.Constant(ir.VectorType(_i32, 32), [j // 8 for j in range(32)])
+        spread = builder.shuffle_vector(b, ir.Constant(v4, ir.Undefined), idx)
+        bit = builder.and_(spread, ir.Constant(_V8, [1 << (j % 8) for j in range(32)]))
+        isset = builder.icmp_unsigned("!=", bit, ir.Constant(_V8, [0] * 32))
+        return builder.sext(isset, _V8)
+
+    return I8x32(arr, types.intp), codegen
+
+
+@intrinsic
+def ld_i16x16(typingctx, arr, off):
+    """16 little-endian int16 at `off`."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _V16), align=1)
+
+    return I16x16(arr, types.intp), codegen
+
+
+@intrinsic
+def ld_i8_i16x16(typingctx, arr, off):
+    """16 int8 at `off`, sign-extended to int16."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v16 = ir.VectorType(_i8, 16)
+        b = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v16), align=1)
+        return builder.sext(b, _V16)
+
+    return I16x16(arr, types.intp), codegen
+
+
+@intrinsic
+def ld_i16_i32x8(typingctx, arr, off):
+    """8 int16 at `off`, sign-extended to int32."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v8 = ir.VectorType(_i16, 8)
+        b = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v8), align=1)
+        return builder.sext(b, _V32)
+
+    return I32x8(arr, types.intp), codegen
+
+
+@intrinsic
+def ld_f32x8(typingctx, arr, off):
+    """8 float32 at byte offset `off`."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _VF), align=1)
+
+    return F32x8(arr, types.intp), codegen
+
+
+@intrinsic
+def ld_f16x8(typingctx, arr, off):
+    """8 IEEE half floats at byte offset `off`, widened to float32 (vcvtph2ps)."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vh = ir.VectorType(ir.HalfType(), 8)
+        h = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], vh), align=1)
+        return builder.fpext(h, _VF)
+
+    return F32x8(arr, types.intp), codegen
+
+
+@intrinsic
+def ld_bf16x8(typingctx, arr, off):
+    """8 bfloat16 at byte offset `off`, widened to float32 (the bits shifted up by 16)."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v8 = ir.VectorType(_i16, 8)
+        h = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v8), align=1)
+        w = builder.shl(builder.zext(h, _V32), ir.Constant(_V32, [16] * 8))
+        return builder.bitcast(w, _VF)
+
+    return F32x8(arr, types.intp), codegen
+
+
+@intrinsic
+def ld_f16(typingctx, arr, off):
+    """One IEEE half at byte offset `off` as float32 (a block scale)."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], args[1], ir.HalfType())
+        return builder.fpext(builder.load(p, align=1), _f32)
+
+    return types.float32(arr, types.intp), codegen
+
+
+def _scalar_load(width: int, signed: bool, name: str):
+    ret = types.int32 if signed or width < 32 else types.uint32
+    lt = ir.IntType(width)
+
+    def impl(typingctx, arr, off):
+        if not _is_byte_array(arr):
+            return None
+
+        def codegen(context, builder, sig, args):
+            v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], lt), align=1)
+            if width == 32:
+                return v
+            return builder.sext(v, _i32) if signed else builder.zext(v, _i32)
+
+        return ret(arr, types.intp), codegen
+
+    impl.__name__ = name
+    impl.__doc__ = f"One {'signed' if signed else 'unsigned'} {width}-bit integer at byte `off`."
+    return intrinsic(impl)
+
+
+ld_u32 = _scalar_load(32, False, "ld_u32")
+ld_u16 = _scalar_load(16, False, "ld_u16")
+ld_u8 = _scalar_load(8, False, "ld_u8")
+ld_i8 = _scalar_load(8, True, "ld_i8")
+
+
+# ----------------------------------------------------------------------------- byte ops
+
+
+@intrinsic
+def splat8(typingctx, value):
+    """A byte broadcast to 32 lanes (value truncated to 8 bits)."""
+    if not isinstance(value, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _splat(builder, _V8, builder.trunc(args[0], _i8))
+
+    return I8x32(value), codegen
+
+
+def _binop8(method: str, name: str):
+    def impl(typingctx, a, b):
+        if a != I8x32 or b != I8x32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return getattr(builder, method)(args[0], args[1])
+
+        return I8x32(I8x32, I8x32), codegen
+
+    impl.__name__ = name
+    impl.__doc__ = f"Bytewise {method.rstrip('_')} of two I8x32."
+    return intrinsic(impl)
+
+
+and8 = _binop8("and_", "and8")
+or8 = _binop8("or_", "or8")
+add8 = _binop8("add", "add8")
+
+
+def _shift8(method: str, name: str):
+    def impl(typingctx, a, n):
+        if a != I8x32 or not isinstance(n, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            cnt = _splat(builder, _V8, builder.trunc(args[1], _i8))
+            return getattr(builder, method)(args[0], cnt)
+
+        return I8x32(I8x32, n), codegen
+
+    impl.__name__ = name
+    impl.__doc__ = f"Bytewise {'logical right' if method == 'lshr' else 'left'} shift by n < 8."
+    return intrinsic(impl)
+
+
+srl8 = _shift8("lshr", "srl8")
+shl8 = _shift8("shl", "shl8")
+
+
+@intrinsic
+def lut16(typingctx, table, idx):
+    """vpshufb: table[idx & 15] per byte (table repeated in both 128-bit halves); idx < 16."""
+    if table != I8x32 or idx != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        f = _fn(builder, "llvm.x86.avx2.pshuf.b", _V8, [_V8, _V8])
+        return builder.call(f, [args[0], args[1]])
+
+    return I8x32(I8x32, I8x32), codegen
+
+
+@intrinsic
+def iq4nl_table(typingctx):
+    """The IQ4_NL levels as a vpshufb table (both 128-bit halves)."""
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_V8, [v & 0xFF for v in IQ4NL_VALUES * 2])
+
+    return I8x32(), codegen
+
+
+@intrinsic
+def iq4nl_table_u(typingctx):
+    """The IQ4_NL levels + 128 (unsigned bytes 1..241) as a vpshufb table."""
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_V8, [v + 128 for v in IQ4NL_VALUES * 2])
+
+    return I8x32(), codegen
+
+
+# ----------------------------------------------------------------------------- dot products
+
+
+@intrinsic
+def dot_ss(typingctx, w, x):
+    """Signed w x signed x (x != -128): per-4-byte sums as I32x8."""
+    if w != I8x32 or x != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        w_, x_ = args
+        return _dot_us(builder, _ZERO32, _abs8(builder, w_), _sign(builder, x_, w_))
+
+    return I32x8(I8x32, I8x32), codegen
+
+
+@intrinsic
+def dot_us(typingctx, u, s):
+    """Unsigned u (< 128 keeps vpmaddubsw exact) x signed s: per-4-byte sums as I32x8."""
+    if u != I8x32 or s != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _dot_us(builder, _ZERO32, args[0], args[1])
+
+    return I32x8(I8x32, I8x32), codegen
+
+
+@intrinsic
+def dot_us_sc(typingctx, u, s, sc):
+    """Unsigned u x signed s, each pair sum times the i16 scale of its lane, as I32x8.
+
+    Lanes 0..7 of `sc` weight bytes 0..15, lanes 8..15 bytes 16..31 (see splat16x2), which is
+    how the K-quants apply a scale per 16 or 32 weights without leaving the integer domain.
+    """
+    if u != I8x32 or s != I8x32 or sc != I16x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _maddwd(builder, _maddubs(builder, args[0], args[1]), args[2])
+
+    return I32x8(I8x32, I8x32, I16x16), codegen
+
+
+@intrinsic
+def dot_ss_sc(typingctx, w, x, sc):
+    """Signed w x signed x (sign trick), pair sums times per-lane i16 scales, as I32x8."""
+    if w != I8x32 or x != I8x32 or sc != I16x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        w_, x_, sc_ = args
+        p = _maddubs(builder, _abs8(builder, w_), _sign(builder, x_, w_))
+        return _maddwd(builder, p, sc_)
+
+    return I32x8(I8x32, I8x32, I16x16), codegen
+
+
+@intrinsic
+def madd16(typingctx, a, b):
+    """vpmaddwd of two I16x16: a[2i]*b[2i] + a[2i+1]*b[2i+1] as I32x8."""
+    if a != I16x16 or b != I16x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _maddwd(builder, args[0], args[1])
+
+    return I32x8(I16x16, I16x16), codegen
+
+
+@intrinsic
+def splat16(typingctx, a):
+    """An integer broadcast to 16 i16 lanes."""
+    if not isinstance(a, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _splat(builder, _V16, builder.trunc(args[0], _i16))
+
+    return I16x16(a), codegen
+
+
+@intrinsic
+def splat16x2(typingctx, a, b):
+    """I16x16 with `a` in lanes 0..7 and `b` in lanes 8..15 (scales of two 16-weight halves)."""
+    if not isinstance(a, types.Integer) or not isinstance(b, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        va = _splat(builder, ir.VectorType(_i16, 8), builder.trunc(args[0], _i16))
+        vb = _splat(builder, ir.VectorType(_i16, 8), builder.trunc(args[1], _i16))
+        return builder.shuffle_vector(va, vb, ir.Constant(ir.VectorType(_i32, 16), list(range(16))))
+
+    return I16x16(a, b), codegen
+
+
+@intrinsic
+def ld_u8_i16x16(typingctx, arr, off):
+    """16 uint8 at `off`, zero-extended to int16."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v16 = ir.VectorType(_i8, 16)
+        b = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v16), align=1)
+        return builder.zext(b, _V16)
+
+    return I16x16(arr, types.intp), codegen
+
+
+@intrinsic
+def bytes_i16x16(typingctx, a, b, c, d):
+    """The 16 bytes of four u32 (a's bytes first, little-endian), zero-extended to I16x16."""
+    if not all(isinstance(t, types.Integer) for t in (a, b, c, d)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = ir.Constant(ir.VectorType(_i32, 4), ir.Undefined)
+        for i, val in enumerate(args):
+            v = builder.insert_element(v, val, ir.Constant(_i32, i))
+        return builder.zext(builder.bitcast(v, ir.VectorType(_i8, 16)), _V16)
+
+    return I16x16(types.uint32, types.uint32, types.uint32, types.uint32), codegen
+
+
+@intrinsic
+def sub16(typingctx, a, b):
+    """Lanewise a - b of two I16x16."""
+    if a != I16x16 or b != I16x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.sub(args[0], args[1])
+
+    return I16x16(I16x16, I16x16), codegen
+
+
+@intrinsic
+def srl16(typingctx, a, n):
+    """Lanewise logical right shift of an I16x16 by n."""
+    if a != I16x16 or not isinstance(n, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.lshr(args[0], _splat(builder, _V16, builder.trunc(args[1], _i16)))
+
+    return I16x16(I16x16, types.int32), codegen
+
+
+# ----------------------------------------------------------------------------- i32 ops
+
+
+@intrinsic
+def zero32(typingctx):
+    """An all-zero I32x8."""
+
+    def codegen(context, builder, sig, args):
+        return _ZERO32
+
+    return I32x8(), codegen
+
+
+def _binop32(method: str, name: str):
+    def impl(typingctx, a, b):
+        if a != I32x8 or b != I32x8:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return getattr(builder, method)(args[0], args[1])
+
+        return I32x8(I32x8, I32x8), codegen
+
+    impl.__name__ = name
+    impl.__doc__ = f"Lanewise {method} of two I32x8 (wrapping)."
+    return intrinsic(impl)
+
+
+add32 = _binop32("add", "add32")
+sub32 = _binop32("sub", "sub32")
+mul32 = _binop32("mul", "mul32")
+
+
+@intrinsic
+def shl32(typingctx, a, n):
+    """Lanewise left shift of an I32x8 by n."""
+    if a != I32x8 or not isinstance(n, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.shl(args[0], _splat(builder, _V32, args[1]))
+
+    return I32x8(I32x8, types.int32), codegen
+
+
+@intrinsic
+def u8x8_i32x8(typingctx, lo, hi):
+    """The 8 bytes of two u32 (lo's bytes first), zero-extended to I32x8 (vpmovzxbd)."""
+    if not isinstance(lo, types.Integer) or not isinstance(hi, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v2 = ir.VectorType(_i32, 2)
+        v = ir.Constant(v2, ir.Undefined)
+        v = builder.insert_element(v, args[0], ir.Constant(_i32, 0))
+        v = builder.insert_element(v, args[1], ir.Constant(_i32, 1))
+        return builder.zext(builder.bitcast(v, ir.VectorType(_i8, 8)), _V32)
+
+    return I32x8(types.uint32, types.uint32), codegen
+
+
+@intrinsic
+def hsum4x8(typingctx, a, b, c, d):
+    """Sums of four I32x8 in one: lane j < 4 holds the sum of lanes 0..3 of input j, lane 4 + j
+    the sum of its lanes 4..7 (so input j's total is lane j + lane 4 + j).
+
+    One transpose-and-add (6 shuffles, 3 adds) instead of four horizontal sums: it lets the
+    multi-row kernels convert and scale the dot products of four activation rows at once.
+    """
+    if any(t != I32x8 for t in (a, b, c, d)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        va, vb, vc, vd = args
+        lo32 = ir.Constant(ir.VectorType(_i32, 8), [0, 8, 1, 9, 4, 12, 5, 13])
+        hi32 = ir.Constant(ir.VectorType(_i32, 8), [2, 10, 3, 11, 6, 14, 7, 15])
+        # [a0+a2, b0+b2, a1+a3, b1+b3 | a4+a6, b4+b6, a5+a7, b5+b7]
+        t0 = builder.add(builder.shuffle_vector(va, vb, lo32), builder.shuffle_vector(va, vb, hi32))
+        t1 = builder.add(builder.shuffle_vector(vc, vd, lo32), builder.shuffle_vector(vc, vd, hi32))
+        lo64 = ir.Constant(ir.VectorType(_i32, 8), [0, 1, 8, 9, 4, 5, 12, 13])
+        hi64 = ir.Constant(ir.VectorType(_i32, 8), [2, 3, 10, 11, 6, 7, 14, 15])
+        return builder.add(builder.shuffle_vector(t0, t1, lo64),
+                           builder.shuffle_vector(t0, t1, hi64))
+
+    return I32x8(I32x8, I32x8, I32x8, I32x8), codegen
+
+
+@intrinsic
+def ld_f32x4_dup(typingctx, arr, off):
+    """4 float32 at byte offset `off`, repeated in both 128-bit halves (vbroadcastf128)."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v4 = ir.VectorType(_f32, 4)
+        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v4), align=1)
+        return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_i32, 8),
+                                                        [0, 1, 2, 3, 0, 1, 2, 3]))
+
+    return F32x8(arr, types.intp), codegen
+
+
+@intrinsic
+def splatf(typingctx, s):
+    """A float broadcast to 8 lanes."""
+    if not isinstance(s, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _splat(builder, _VF, args[0])
+
+    return F32x8(types.float32), codegen
+
+
+@intrinsic
+def mulf(typingctx, a, b):
+    """Lanewise a * b of two F32x8."""
+    if a != F32x8 or b != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], args[1])
+
+    return F32x8(F32x8, F32x8), codegen
+
+
+@intrinsic
+def cvtf(typingctx, v):
+    """I32x8 -> F32x8 (vcvtdq2ps)."""
+    if v != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], _VF)
+
+    return F32x8(I32x8), codegen
+
+
+@intrinsic
+def lanef(typingctx, v, i):
+    """Lane i (a constant 0..7) of an F32x8."""
+    if v != F32x8 or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], args[1])
+
+    return types.float32(F32x8, types.int32), codegen
+
+
+# ----------------------------------------------------------------------------- float ops
+
+
+@intrinsic
+def zerof(typingctx):
+    """An all-zero F32x8."""
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_VF, [0.0] * 8)
+
+    return F32x8(), codegen
+
+
+def _fma(builder, a, b, c):
+    return builder.call(_fn(builder, "llvm.fma.v8f32", _VF, [_VF, _VF, _VF]), [a, b, c])
+
+
+@intrinsic
+def fma_i(typingctx, acc, v, s):
+    """acc + float(v) * s for an I32x8 `v` and a float32 scalar `s` (vcvtdq2ps + vfmadd)."""
+    if acc != F32x8 or v != I32x8 or not isinstance(s, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        acc_, v_, s_ = args
+        return _fma(builder, builder.sitofp(v_, _VF), _splat(builder, _VF, s_), acc_)
+
+    return F32x8(F32x8, I32x8, types.float32), codegen
+
+
+@intrinsic
+def fma_f(typingctx, acc, a, b):
+    """acc + a * b, lanewise on F32x8 (vfmadd)."""
+    if acc != F32x8 or a != F32x8 or b != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _fma(builder, args[1], args[2], args[0])
+
+    return F32x8(F32x8, F32x8, F32x8), codegen
+
+
+@intrinsic
+def hsumf(typingctx, v):
+    """The sum of the 8 lanes of an F32x8 (tree order, as float32)."""
+    if v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        f = _fn(builder, "llvm.vector.reduce.fadd.v8f32", _f32, [_f32, _VF])
+        return builder.call(f, [ir.Constant(_f32, -0.0), args[0]], fastmath=("reassoc",))
+
+    return types.float32(F32x8), codegen
+
+
+# ============================================================================= 512-bit
+# Used only where cpu_features says `wide` (AVX-512 BW/VL + VNNI): the 32-weight block kernels
+# handle two blocks per instruction with these.
+
+I8x64 = VecType("I8x64", ir.VectorType(ir.IntType(8), 64))
+I32x16 = VecType("I32x16", ir.VectorType(ir.IntType(32), 16))
+F32x16 = VecType("F32x16", ir.VectorType(ir.FloatType(), 16))
+_W8 = I8x64.lltype
+_W32 = I32x16.lltype
+_WF = F32x16.lltype
+
+
+@intrinsic
+def ld_i8x64(typingctx, arr, off):
+    """64 bytes at byte offset `off` (unaligned)."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _W8), align=1)
+
+    return I8x64(arr, types.intp), codegen
+
+
+@intrinsic
+def cat8x2(typingctx, a, b):
+    """[a | b]: two I8x32 as one I8x64."""
+    if a != I8x32 or b != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        idx = ir.Constant(ir.VectorType(_i32, 64), list(range(64)))
+        return builder.shuffle_vector(args[0], args[1], idx)
+
+    return I8x64(I8x32, I8x32), codegen
+
+
+@intrinsic
+def dot_us64(typingctx, u, s):
+    """Unsigned u x signed s: per-4-byte sums as I32x16 (one 512-bit vpdpbusd)."""
+    if u != I8x64 or s != I8x64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        f = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", _W32, [_W32, _W32, _W32])
+        zero = ir.Constant(_W32, [0] * 16)
+        return builder.call(f, [zero, builder.bitcast(args[0], _W32),
+                                builder.bitcast(args[1], _W32)])
+
+    return I32x16(I8x64, I8x64), codegen
+
+
+@intrinsic
+def hsum4x16(typingctx, a, b, c, d):
+    """hsum4x8 within each 128-bit lane of four I32x16: lane 4L + j is input j's sum over its
+    lanes 4L..4L+3."""
+    if any(t != I32x16 for t in (a, b, c, d)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        va, vb, vc, vd = args
+
+        def idx(pattern):  # a per-128-bit-lane pattern over (x, y), repeated for 4 lanes
+            return ir.Constant(ir.VectorType(_i32, 16),
+                               [p + 4 * q if p < 16 else p - 16 + 16 + 4 * q
+                                for q in range(4) for p in pattern])
+
+        lo32 = idx([0, 16, 1, 17])
+        hi32 = idx([2, 18, 3, 19])
+        t0 = builder.add(builder.shuffle_vector(va, vb, lo32), builder.shuffle_vector(va, vb, hi32))
+        t1 = builder.add(builder.shuffle_vector(vc, vd, lo32), builder.shuffle_vector(vc, vd, hi32))
+        lo64 = idx([0, 1, 16, 17])
+        hi64 = idx([2, 3, 18, 19])
+        return builder.add(builder.shuffle_vector(t0, t1, lo64),
+                           builder.shuffle_vector(t0, t1, hi64))
+
+    return I32x16(I32x16, I32x16, I32x16, I32x16), codegen
+
+
+@intrinsic
+def zerof16(typingctx):
+    """An all-zero F32x16."""
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_WF, [0.0] * 16)
+
+    return F32x16(), codegen
+
+
+@intrinsic
+def cvtf16(typingctx, v):
+    """I32x16 -> F32x16."""
+    if v != I32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], _WF)
+
+    return F32x16(I32x16), codegen
+
+
+@intrinsic
+def fma16(typingctx, acc, a, b):
+    """acc + a * b on F32x16 (vfmadd)."""
+    if acc != F32x16 or a != F32x16 or b != F32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.v16f32", _WF, [_WF, _WF, _WF])
+        return builder.call(f, [args[1], args[2], args[0]])
+
+    return F32x16(F32x16, F32x16, F32x16), codegen
+
+
+@intrinsic
+def mul16(typingctx, a, b):
+    """a * b on F32x16."""
+    if a != F32x16 or b != F32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], args[1])
+
+    return F32x16(F32x16, F32x16), codegen
+
+
+def _spread2(builder, v2):
+    """<2 x float> [a, b] -> F32x16 [a x 8, b x 8]."""
+    return builder.shuffle_vector(v2, v2, ir.Constant(ir.VectorType(_i32, 16), [0] * 8 + [1] * 8))
+
+
+@intrinsic
+def splat2f(typingctx, a, b):
+    """F32x16 with `a` in lanes 0..7 and `b` in lanes 8..15."""
+    if not isinstance(a, types.Float) or not isinstance(b, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        # two broadcasts and a blend (building a <2 x float> first goes through the stack)
+        va = _splat(builder, _WF, args[0])
+        vb = _splat(builder, _WF, args[1])
+        idx = ir.Constant(ir.VectorType(_i32, 16), list(range(8)) + list(range(24, 32)))
+        return builder.shuffle_vector(va, vb, idx)
+
+    return F32x16(types.float32, types.float32), codegen
+
+
+@intrinsic
+def ld_f32x2_spread(typingctx, arr, off):
+    """Two float32 at byte offset `off` as F32x16 [a x 8, b x 8]."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v2 = ir.VectorType(_f32, 2)
+        v = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v2), align=1)
+        return _spread2(builder, v)
+
+    return F32x16(arr, types.intp), codegen
+
+
+@intrinsic
+def ld_f32x4_dup2(typingctx, arr, off0, off1):
+    """F32x16 [a, a, b, b] of the 4-float groups a at byte `off0` and b at byte `off1`."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v4 = ir.VectorType(_f32, 4)
+        a = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v4), align=1)
+        b = builder.load(_ptr(context, builder, sig.args[0], args[0], args[2], v4), align=1)
+        idx = ir.Constant(ir.VectorType(_i32, 16), [0, 1, 2, 3] * 2 + [4, 5, 6, 7] * 2)
+        return builder.shuffle_vector(a, b, idx)
+
+    return F32x16(arr, types.intp, types.intp), codegen
+
+
+@intrinsic
+def hsumf16(typingctx, v):
+    """The sum of the 16 lanes of an F32x16 (tree order)."""
+    if v != F32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        f = _fn(builder, "llvm.vector.reduce.fadd.v16f32", _f32, [_f32, _WF])
+        return builder.call(f, [ir.Constant(_f32, -0.0), args[0]], fastmath=("reassoc",))
+
+    return types.float32(F32x16), codegen
+
+
+@intrinsic
+def lanef16(typingctx, v, i):
+    """Lane i (0..15) of an F32x16."""
+    if v != F32x16 or not isinstance(i, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], args[1])
+
+    return types.float32(F32x16, types.int32), codegen
+
+
+__all__ += [
+    "I8x64", "I32x16", "F32x16", "ld_i8x64", "cat8x2", "dot_us64", "hsum4x16", "zerof16",
+    "cvtf16", "fma16", "mul16", "splat2f", "ld_f32x2_spread", "ld_f32x4_dup2", "hsumf16",
+    "lanef16",
+]
