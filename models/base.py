@@ -215,7 +215,7 @@ class DecoderModel:
             ops.rope(q3, pos, base, cfg.rope_neox, scale, cfg.n_rot, self.rope_freq_factors)
             ops.rope(k3, pos, base, cfg.rope_neox, scale, cfg.n_rot, self.rope_freq_factors)
             v3 = v.reshape(n, Hkv, Dv)
-            for (sid, a, b), rows in zip(segments, placed):
+            for (sid, a, b), rows in zip(segments, placed, strict=True):
                 kv.store(il, sid, rows, k3[a:b], v3[a:b])
                 kv.attend(il, sid, q3[a:b], pos[a:b], cfg.layer_window[il], cfg.attn_scale,
                           cfg.attn_softcap, attn[a:b])
