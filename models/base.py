@@ -189,9 +189,22 @@ class DecoderModel:
         gate = np.empty((n, cfg.n_ff), np.float32)
         up = np.empty((n, cfg.n_ff), np.float32)
         pos = batch.positions
+        last = cfg.n_layer - 1
         # Storage rows for the new positions of each sequence (ring slots for windowed layers)
         placed = [kv.place(sid, pos[a:b]) for sid, a, b in segments]
         act = ACTIVATIONS[cfg.activation]
+        tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
+
+        def rope_tables(il: int) -> tuple[np.ndarray, np.ndarray]:
+            """cos/sin [N, n_rot/2] for this batch's positions, once per distinct rope base
+            (gemma3 has two: local and global layers), shared by q and k of every layer."""
+            base = cfg.layer_rope_base[il]
+            scale = cfg.rope_freq_scale if cfg.layer_window[il] == 0 else 1.0
+            key = (base, scale)
+            if key not in tables:
+                tables[key] = ops.rope_tables(pos, base, scale, cfg.n_rot, self.rope_freq_factors)
+            return tables[key]
+
 
         for il, L in enumerate(self.layers):
             ops.rms_norm(x, L.attn_norm, cfg.rms_eps, h)
@@ -210,15 +223,25 @@ class DecoderModel:
                 ops.rms_norm_heads(q3, L.q_norm, cfg.rms_eps, q3)
             if L.k_norm is not None:
                 ops.rms_norm_heads(k3, L.k_norm, cfg.rms_eps, k3)
-            base = cfg.layer_rope_base[il]
-            scale = cfg.rope_freq_scale if cfg.layer_window[il] == 0 else 1.0
-            ops.rope(q3, pos, base, cfg.rope_neox, scale, cfg.n_rot, self.rope_freq_factors)
-            ops.rope(k3, pos, base, cfg.rope_neox, scale, cfg.n_rot, self.rope_freq_factors)
+            cos, sin = rope_tables(il)
+            ops.rope_apply(q3, cos, sin, cfg.rope_neox)
+            ops.rope_apply(k3, cos, sin, cfg.rope_neox)
             v3 = v.reshape(n, Hkv, Dv)
             for (sid, a, b), rows in zip(segments, placed, strict=True):
                 kv.store(il, sid, rows, k3[a:b], v3[a:b])
-                kv.attend(il, sid, q3[a:b], pos[a:b], cfg.layer_window[il], cfg.attn_scale,
-                          cfg.attn_softcap, attn[a:b])
+            if il == last:
+                # Past the last K/V store only the rows that want logits matter (llama.cpp
+                # does the same): attention, output projection and FFN for those alone.
+                keep = np.flatnonzero(batch.want_logits)
+                if keep.size == 0:
+                    break
+                q3 = q3[keep]
+                x, h, o, attn = x[keep], h[: keep.size], o[: keep.size], attn[: keep.size]
+                gate, up = gate[: keep.size], up[: keep.size]
+                q_rows, n = keep, keep.size
+            else:
+                q_rows = None
+            self._attend(kv, il, segments, q_rows, q3, pos, attn)
             L.wo(attn.reshape(n, H * Dv), o)
             if L.bo is not None:
                 o += L.bo
@@ -237,7 +260,26 @@ class DecoderModel:
 
         for sid, a, b in segments:
             kv.tokens[sid][int(pos[a]) :] = batch.tokens[a:b].tolist()
-        return self.logits(x[batch.want_logits])
+        if not batch.want_logits.any():
+            return np.empty((0, cfg.n_vocab), dtype=np.float32)
+        return self.logits(x)
+
+    def _attend(self, kv: KVCache, il: int, segments: list[tuple[int, int, int]],
+                q_rows: np.ndarray | None, q3: np.ndarray, pos: np.ndarray,
+                attn: np.ndarray) -> None:
+        """Attention of each sequence's query rows over its cache. q_rows: batch row of each
+        row of q3/attn (None: all rows, in batch order)."""
+        cfg = self.cfg
+        for sid, a, b in segments:
+            if q_rows is None:
+                lo, hi, qpos = a, b, pos[a:b]
+            else:
+                lo, hi = np.searchsorted(q_rows, [a, b])
+                if lo == hi:
+                    continue
+                qpos = pos[q_rows[lo:hi]]
+            kv.attend(il, sid, q3[lo:hi], qpos, cfg.layer_window[il], cfg.attn_scale,
+                      cfg.attn_softcap, attn[lo:hi])
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final norm and output head for the selected rows x [M, D] -> [M, V]."""

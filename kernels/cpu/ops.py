@@ -117,37 +117,6 @@ def rms_norm_heads(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray,
 # --------------------------------------------------------------------------------------------
 
 
-@njit(cache=True, fastmath=_FM)
-def _rope(x, pos, inv_freq, freq_scale, neox):
-    """Rotate x in place.  x: [N, H, Dh] f32; pos: [N] i64; inv_freq: [n_rot/2] f64.
-
-    Pair i (i < n_rot/2) is (2i, 2i+1) in NORMAL mode and (i, i + n_rot/2) in NEOX mode; its
-    angle is pos * freq_scale * inv_freq[i].  Dims >= n_rot are left untouched.
-    """
-    n_tok, n_heads, _ = x.shape
-    half = inv_freq.shape[0]
-    cos_t = np.empty(half, dtype=np.float32)  # [n_rot/2]
-    sin_t = np.empty(half, dtype=np.float32)  # [n_rot/2]
-    for n in range(n_tok):
-        p = np.float64(pos[n]) * freq_scale
-        for i in range(half):
-            theta = p * inv_freq[i]  # float64: exact enough even at positions ~1e6
-            cos_t[i] = math.cos(theta)
-            sin_t[i] = math.sin(theta)
-        for h in range(n_heads):
-            for i in range(half):
-                if neox:
-                    i0 = i
-                    i1 = i + half
-                else:
-                    i0 = 2 * i
-                    i1 = 2 * i + 1
-                x0 = x[n, h, i0]
-                x1 = x[n, h, i1]
-                x[n, h, i0] = x0 * cos_t[i] - x1 * sin_t[i]
-                x[n, h, i1] = x0 * sin_t[i] + x1 * cos_t[i]
-
-
 def rope_inv_freq(theta_base: float, n_rot: int,
                   freq_factors: np.ndarray | None = None) -> np.ndarray:
     """[n_rot/2] float64 angular frequencies base^(-2i/n_rot) / freq_factors[i] (ggml)."""
@@ -175,20 +144,63 @@ def rope(x: np.ndarray, pos: np.ndarray, theta_base: float, neox: bool,
     Angle of pair i: pos * freq_scale * theta_base^(-2i/n_rot) / freq_factors[i].
     n_rot (default Dh): only the first n_rot dims rotate; the rest pass through.
     Not implemented: YaRN (ext_factor / attn_factor / beta_fast/slow), LongRoPE, M-RoPE.
+    A forward pass applies the same angles to q and k of every layer sharing a base: build
+    them once with rope_tables() and call rope_apply() per tensor.
     """
     _check_f32("x", x, 3)
-    if not x.flags.writeable:
-        raise ValueError("x is read-only (rope works in place)")
     d = x.shape[2]
     n_rot = d if n_rot is None else int(n_rot)
     if n_rot > d:
         raise ValueError(f"n_rot={n_rot} exceeds the head size {d}")
+    cos, sin = rope_tables(pos, theta_base, freq_scale, n_rot, freq_factors)
+    if cos.shape[0] != x.shape[0]:
+        raise ValueError(f"pos must be [{x.shape[0]}] integers, got {cos.shape[0]}")
+    rope_apply(x, cos, sin, neox)
+
+
+def rope_tables(pos: np.ndarray, theta_base: float, freq_scale: float = 1.0,
+                n_rot: int = 0, freq_factors: np.ndarray | None = None,
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin), each [N, n_rot/2] float32, of the rope angles for positions pos [N]."""
     pos64 = np.asarray(pos)
-    if pos64.ndim != 1 or pos64.shape[0] != x.shape[0] or not np.issubdtype(
-            pos64.dtype, np.integer):
-        raise ValueError(f"pos must be [{x.shape[0]}] integers, got {pos64.dtype} {pos64.shape}")
-    inv_freq = rope_inv_freq(theta_base, n_rot, freq_factors)
-    _rope(x, pos64.astype(np.int64), inv_freq, float(freq_scale), bool(neox))
+    if pos64.ndim != 1 or not np.issubdtype(pos64.dtype, np.integer):
+        raise ValueError(f"pos must be a 1-D integer array, got {pos64.dtype} {pos64.shape}")
+    if n_rot <= 0 or n_rot % 2:
+        raise ValueError(f"n_rot must be a positive even number, got {n_rot}")
+    inv_freq = rope_inv_freq(theta_base, n_rot, freq_factors)  # [n_rot/2] float64
+    theta = (pos64.astype(np.float64) * float(freq_scale))[:, None] * inv_freq[None, :]
+    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+
+
+@njit(cache=True, fastmath=_FM)
+def _rope_apply(x, cos_t, sin_t, neox):
+    n_tok, n_heads, _ = x.shape
+    half = cos_t.shape[1]
+    for n in range(n_tok):
+        for h in range(n_heads):
+            for i in range(half):
+                if neox:
+                    i0 = i
+                    i1 = i + half
+                else:
+                    i0 = 2 * i
+                    i1 = 2 * i + 1
+                c = cos_t[n, i]
+                s_ = sin_t[n, i]
+                x0 = x[n, h, i0]
+                x1 = x[n, h, i1]
+                x[n, h, i0] = x0 * c - x1 * s_
+                x[n, h, i1] = x0 * s_ + x1 * c
+
+
+def rope_apply(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> None:
+    """Rotate x [N, H, Dh] in place by tables from rope_tables (cos/sin [N, n_rot/2])."""
+    _check_f32("x", x, 3)
+    if not x.flags.writeable:
+        raise ValueError("x is read-only (rope works in place)")
+    if cos.shape != sin.shape or cos.shape[0] != x.shape[0] or 2 * cos.shape[1] > x.shape[2]:
+        raise ValueError(f"rope tables {cos.shape} do not fit x {x.shape}")
+    _rope_apply(x, cos, sin, bool(neox))
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,16 +294,19 @@ def _f32_bits_to_f16_bits(b):
     return sign | v
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _gelu_ggml_mul(g, gbits, u, o, table):
-    for i in range(g.shape[0]):
-        x = g[i]
-        if x <= -10.0:
-            o[i] = 0.0
-        elif x >= 10.0:
-            o[i] = x * u[i]
-        else:
-            o[i] = table[_f32_bits_to_f16_bits(np.uint32(gbits[i]))] * u[i]
+    n = g.shape[0]
+    chunk = 16384  # small calls (decode) stay on one thread
+    for c in prange((n + chunk - 1) // chunk):
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            x = g[i]
+            if x <= -10.0:
+                o[i] = 0.0
+            elif x >= 10.0:
+                o[i] = x * u[i]
+            else:
+                o[i] = table[_f32_bits_to_f16_bits(np.uint32(gbits[i]))] * u[i]
 
 
 def gelu_tanh_mul_ggml(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
