@@ -74,7 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tokenize", help="print the token ids of a text (like llama-tokenize)")
     p.add_argument("args", nargs="+", metavar="[MODEL] TEXT")
     p.add_argument("--no-bos", action="store_true", help="do not add the BOS token")
-    p.add_argument("--parse-special", action="store_true", help="turn special-token text into special tokens")
+    p.add_argument("--no-parse-special", dest="parse_special", action="store_false",
+                   help="tokenize special-token text (e.g. <start_of_turn>) as plain text "
+                   "(default: parse it into special tokens, as llama-tokenize does)")
+    p.add_argument("--ids", action="store_true", help="print only the ids, as a Python list")
+    p.add_argument("--show-count", action="store_true", help="also print the number of tokens")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("perplexity", help="perplexity of a text file (the method of llama-perplexity)")
@@ -137,9 +141,13 @@ def cmd_tokenize(ns: argparse.Namespace) -> int:
     ids = tok.encode(text, add_special=not ns.no_bos, parse_special=ns.parse_special)
     if ns.json:
         print(json.dumps({"ids": ids, "pieces": [tok.id_to_token(i) for i in ids]}, ensure_ascii=False))
+    elif ns.ids:
+        print(ids)
     else:
         for i in ids:
             print(f"{i:6d} -> '{tok.token_to_piece(i).decode('utf-8', errors='replace')}'")
+    if ns.show_count and not ns.json:
+        print(f"Total number of tokens: {len(ids)}")
     return 0
 
 

@@ -78,3 +78,15 @@ def test_run_tiny_model_greedy_json_and_prompt_too_long(tmp_path: Path) -> None:
 
 def test_bad_option_values() -> None:
     assert "repeat_penalty" in _one_line_error(cli("run", "x", "--repeat-penalty", "0"))
+
+
+def test_tokenize_like_llama_tokenize() -> None:
+    # ids from llama-tokenize on the default model (special-token text parsed by default)
+    r = cli("tokenize", "<start_of_turn>user hi", "--ids")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[2, 105, 2364, 5631]"
+    r = cli("tokenize", "<start_of_turn>user hi", "--ids", "--no-parse-special", "--no-bos")
+    assert r.stdout.strip() == "[236820, 3041, 236779, 1340, 236779, 887, 236813, 2364, 5631]"
+    r = cli("tokenize", "Hello", "--json")
+    d = json.loads(r.stdout)
+    assert d["ids"][0] == 2 and len(d["ids"]) == len(d["pieces"])

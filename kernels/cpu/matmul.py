@@ -897,6 +897,158 @@ def _dot4_iq4xs(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, 
         _store4(out, r, n0, n_act, v0, v1, v2, v3)
 
 
+# ---------------------------------------------------------------- row-interleaved (r16)
+# For N > 1 with AVX-512 VNNI, Q4_0 / Q5_0 / Q8_0 weights are repacked once (repack_r16) into
+# groups of 16 rows (the last group zero-padded), stored block column by block column: the 16
+# blocks of column b of a group form one record of 16 x the block's bytes,
+#   d [16] fp16 | the quants as 64-byte vectors whose dword lane r holds row r's bytes:
+#   Q4_0: 4 nibble vectors N_j, lane r = row r's qs[4j:4j+4] (low nibbles: elements 4j..4j+3,
+#         high nibbles: 16+4j..16+4j+3);
+#   Q5_0: the same, then 8 u64 masks H_J, bit 4r+i = the 5th bit of row r's element 4J+i;
+#   Q8_0: 8 vectors Q_J, lane r = row r's qs[4J:4J+4].
+# Decoded, vector J holds elements 4J..4J+3 of all 16 rows, so one vpdpbusd with the
+# activation's bytes 4J..4J+3 broadcast ({1to16} memory operand) adds to 16 per-row sums: no
+# horizontal sums and no per-row scale shuffles, ~5x fewer instructions per weight than the
+# row-major 4-row kernels (which are compute-bound at N = 4). Numerics are those of the
+# row-major kernels (same integer dots and scale products; float summation order differs).
+
+_R16_BYTES = {Q4_0: 18 * 16, Q5_0: 22 * 16, Q8_0: 34 * 16}
+
+
+@njit
+def _r16_dec(qt, w, p):
+    """The 8 unsigned quant vectors (I8x64) of the r16 record at byte p (see above)."""
+    q = p + 32
+    if qt == Q8_0:
+        return (add8x64(ld_i8x64(w, q), 0x80), add8x64(ld_i8x64(w, q + 64), 0x80),
+                add8x64(ld_i8x64(w, q + 128), 0x80), add8x64(ld_i8x64(w, q + 192), 0x80),
+                add8x64(ld_i8x64(w, q + 256), 0x80), add8x64(ld_i8x64(w, q + 320), 0x80),
+                add8x64(ld_i8x64(w, q + 384), 0x80), add8x64(ld_i8x64(w, q + 448), 0x80))
+    n0 = ld_i8x64(w, q)
+    n1 = ld_i8x64(w, q + 64)
+    n2 = ld_i8x64(w, q + 128)
+    n3 = ld_i8x64(w, q + 192)
+    if qt == Q5_0:
+        h = q + 256
+        return (or_bits64(nib_lo64(n0), w, h, 0x10), or_bits64(nib_lo64(n1), w, h + 8, 0x10),
+                or_bits64(nib_lo64(n2), w, h + 16, 0x10), or_bits64(nib_lo64(n3), w, h + 24, 0x10),
+                or_bits64(nib_hi64(n0), w, h + 32, 0x10), or_bits64(nib_hi64(n1), w, h + 40, 0x10),
+                or_bits64(nib_hi64(n2), w, h + 48, 0x10), or_bits64(nib_hi64(n3), w, h + 56, 0x10))
+    return (nib_lo64(n0), nib_lo64(n1), nib_lo64(n2), nib_lo64(n3),
+            nib_hi64(n0), nib_hi64(n1), nib_hi64(n2), nib_hi64(n3))
+
+
+@njit
+def _r16_dot(u, xq, xo):
+    """16 per-row integer dots of the decoded vectors u with the 32 activation bytes at xo."""
+    i = dot_bcast64(zero32x16(), u[0], xq, xo)
+    i = dot_bcast64(i, u[1], xq, xo + 4)
+    i = dot_bcast64(i, u[2], xq, xo + 8)
+    i = dot_bcast64(i, u[3], xq, xo + 12)
+    i = dot_bcast64(i, u[4], xq, xo + 16)
+    i = dot_bcast64(i, u[5], xq, xo + 20)
+    i = dot_bcast64(i, u[6], xq, xo + 24)
+    return dot_bcast64(i, u[7], xq, xo + 28)
+
+
+@njit
+def _store16(out, n, n_act, r, r1, v):
+    """out[n, r:r+16] = v (only rows < r1; nothing for a padding activation row n >= N)."""
+    if n >= n_act:
+        return
+    if r + 16 <= r1:
+        st_f32x16(out, (n * out.shape[1] + r) * 4, v)
+    else:
+        for j in range(r1 - r):
+            out[n, r + j] = lanef16(v, j)
+
+
+@njit
+def _dot4_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act):
+    # w: the r16 records as a flat byte array; r0 a multiple of 16; rows n0..n0+3 (padded).
+    rec = 16 * _b32_bytes(qt)
+    k = nb * 32
+    x0 = n0 * k
+    cm = splatf16(_b32_cmul(qt))
+    for g in range(r0 // 16, (r1 + 15) // 16):
+        a0 = zerof16()
+        a1 = zerof16()
+        a2 = zerof16()
+        a3 = zerof16()
+        m0 = zerof16()
+        m1 = zerof16()
+        m2 = zerof16()
+        m3 = zerof16()
+        for b in range(nb):
+            p = (g * nb + b) * rec
+            u = _r16_dec(qt, w, p)
+            dw = ld_f16x16(w, p)
+            xo = x0 + 32 * b
+            a0 = fma16(a0, cvtf16(_r16_dot(u, xq, xo)), mul16(dw, splatf16(xd[n0, b])))
+            a1 = fma16(a1, cvtf16(_r16_dot(u, xq, xo + k)), mul16(dw, splatf16(xd[n0 + 1, b])))
+            a2 = fma16(a2, cvtf16(_r16_dot(u, xq, xo + 2 * k)),
+                       mul16(dw, splatf16(xd[n0 + 2, b])))
+            a3 = fma16(a3, cvtf16(_r16_dot(u, xq, xo + 3 * k)),
+                       mul16(dw, splatf16(xd[n0 + 3, b])))
+            m0 = fma16(m0, dw, splatf16(xc[n0, b]))
+            m1 = fma16(m1, dw, splatf16(xc[n0 + 1, b]))
+            m2 = fma16(m2, dw, splatf16(xc[n0 + 2, b]))
+            m3 = fma16(m3, dw, splatf16(xc[n0 + 3, b]))
+        r = 16 * g
+        _store16(out, n0, n_act, r, r1, fma16(a0, m0, cm))
+        _store16(out, n0 + 1, n_act, r, r1, fma16(a1, m1, cm))
+        _store16(out, n0 + 2, n_act, r, r1, fma16(a2, m2, cm))
+        _store16(out, n0 + 3, n_act, r, r1, fma16(a3, m3, cm))
+
+
+@njit
+def _rows_r16(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xsp, outp, ldo, n_act):
+    """out[:, r0:r1] from the r16 records at address wp (rows: the real row count; r0 a
+    multiple of 16); N = n_act > 1 activation rows in Q8_0 format (scratch as for _rows)."""
+    npad = (n_act + 3) // 4 * 4
+    n_groups = (rows + 15) // 16
+    w = carray(_p_u8(wp), (n_groups * 16 * rb,))
+    xq = carray(_p_i8(xqp), (npad, k))
+    xd = carray(_p_f32(xdp), (npad, nb))
+    nb32 = k // 32
+    xc = carray(_p_f32(xsp + 8 * npad * nb32), (npad, nb32))  # [xs | xs^T | xc | xc^T]
+    out = carray(_p_f32(outp), (n_act, ldo))
+    for n0 in range(0, n_act, 4):
+        _dot4_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _repack_r16(qt, w, dst) -> None:
+    """w [rows, rb] u8 (row-major blocks) -> dst [ceil(rows/16), nb, 16 * block bytes] u8 (the
+    r16 records; zero-filled by the caller, so padding rows have d = 0)."""
+    rows = w.shape[0]
+    n_groups, nb, rec = dst.shape
+    bb = rec // 16
+    for g in prange(n_groups):
+        for b in range(nb):
+            for r in range(min(16, rows - 16 * g)):
+                row = 16 * g + r
+                s = b * bb
+                dst[g, b, 2 * r] = w[row, s]
+                dst[g, b, 2 * r + 1] = w[row, s + 1]
+                if qt == Q8_0:
+                    for j in range(8):
+                        for i in range(4):
+                            dst[g, b, 32 + 64 * j + 4 * r + i] = w[row, s + 2 + 4 * j + i]
+                    continue
+                qo = s + (6 if qt == Q5_0 else 2)
+                for j in range(4):
+                    for i in range(4):
+                        dst[g, b, 32 + 64 * j + 4 * r + i] = w[row, qo + 4 * j + i]
+                if qt == Q5_0:
+                    qh = (np.uint32(w[row, s + 2]) | (np.uint32(w[row, s + 3]) << 8)
+                          | (np.uint32(w[row, s + 4]) << 16) | (np.uint32(w[row, s + 5]) << 24))
+                    for j in range(8):
+                        nib = (qh >> np.uint32(4 * j)) & np.uint32(15)
+                        o = 288 + 8 * j + r // 2
+                        dst[g, b, o] = dst[g, b, o] | np.uint8(nib << np.uint32(4 * (r & 1)))
+
+
 # ---------------------------------------------------------------- F32 / F16 / BF16
 # Float weights against float32 activations (pre-rounded to the weight's type, as ggml does);
 # nb counts groups of 8 weights.
@@ -1187,6 +1339,19 @@ def _k_iq4_nl_256(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo
     _rows(IQ4_NL, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
 
 
+def _k_q4_0_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_r16(Q4_0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
+
+
+def _k_q5_0_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_r16(Q5_0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
+
+
+def _k_q8_0_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_r16(Q8_0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
+
+
+_KERNEL_PY_R16 = {Q4_0: _k_q4_0_r16, Q5_0: _k_q5_0_r16, Q8_0: _k_q8_0_r16}  # N > 1, repacked
 _KERNEL_PY_WIDE = {  # the 32-weight block types with 512-bit kernels
     Q4_0: _k_q4_0, Q4_1: _k_q4_1, Q5_0: _k_q5_0, Q5_1: _k_q5_1, Q8_0: _k_q8_0,
     IQ4_NL: _k_iq4_nl,
@@ -1197,36 +1362,41 @@ _KERNEL_PY = {  # 256-bit kernels (every type)
     Q2_K: _k_q2_k, Q3_K: _k_q3_k, Q4_K: _k_q4_k, Q5_K: _k_q5_k, Q6_K: _k_q6_k,
     IQ4_XS: _k_iq4_xs,
 }
-_KERNELS: dict[tuple[int, bool], object] = {}  # (qtype, wide) -> compiled numba.cfunc
+_KERNELS: dict[tuple[int, object], object] = {}  # (qtype, wide or "r16") -> numba.cfunc
 
 
-def _kernel_py(qt: int, wide: bool | None):
+def _kernel_py(qt: int, wide: bool | None, r16: bool = False):
     if wide is None:
         wide = FEATURES.wide
+    if r16:
+        if qt not in _KERNEL_PY_R16:
+            raise ValueError(f"no r16 kernel for GGML type {qt} ({dequant.qtype_name(qt)})")
+        return _KERNEL_PY_R16[qt], "r16"
     if qt not in _KERNEL_PY:
         raise ValueError(f"no SIMD kernel for GGML type {qt} ({dequant.qtype_name(qt)})")
     return (_KERNEL_PY_WIDE.get(qt) if wide else None) or _KERNEL_PY[qt], wide
 
 
-def kernel(qtype: int, wide: bool | None = None):
+def kernel(qtype: int, wide: bool | None = None, r16: bool = False):
     """The compiled C kernel (numba.cfunc) of a weight type, compiling it on first use (and
     caching it on disk). wide: use the 512-bit variant if the type has one (default: where
-    cpu_features says `wide`; forcing it on a CPU without AVX-512 VNNI would crash)."""
-    py, wide = _kernel_py(int(qtype), wide)
-    key = (int(qtype), wide)
+    cpu_features says `wide`; forcing it on a CPU without AVX-512 VNNI would crash). r16: the
+    kernel of the row-interleaved layout (repack_r16; AVX-512 VNNI only, N > 1 only)."""
+    py, variant = _kernel_py(int(qtype), wide, r16)
+    key = (int(qtype), variant)
     k = _KERNELS.get(key)
     if k is None:
         k = _KERNELS[key] = cfunc(_KSIG, cache=True, nopython=True)(py)
     return k
 
 
-def kernel_asm(qtype: int, wide: bool | None = None) -> str:
+def kernel_asm(qtype: int, wide: bool | None = None, r16: bool = False) -> str:
     """Assembly of the SIMD row kernel of a weight type (a fresh, uncached compile: ~2 s).
 
     For checking what runs: e.g. that the integer dot products are vpmaddubsw/vpmaddwd or
     vpdpbusd. Only meaningful where the SIMD path is available (cpu_features).
     """
-    py, _ = _kernel_py(int(qtype), wide)
+    py, _ = _kernel_py(int(qtype), wide, r16)
     return cfunc(_KSIG, nopython=True)(py)._library.get_asm_str()
 
 
@@ -1248,11 +1418,12 @@ def _quant_rows(kind, x, xq, xd, xs, xc, xbs, xb2, xf) -> None:
 
 @njit(cache=True, parallel=True, nogil=True)
 def _mm_simd(fn, kind, w, x, out, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, group, par,
-             quantized):
+             quantized, rows):
     """The parallel driver shared by all types.
 
-    fn: address of the type's row kernel; kind: its activation format; w [rows, rb] u8;
-    x [N, K] f32; out [N, >= rows] f32 (rows contiguous); a_*: addresses of the scratch arrays
+    fn: address of the type's row kernel; kind: its activation format; w [>= rows, rb] u8
+    (row-major blocks, or the r16 records of `rows` rows: see repack_r16); x [N, K] f32;
+    out [N, >= rows] f32 (rows contiguous); a_*: addresses of the scratch arrays
     (see Scratch; passed as integers because typing 6 more arrays costs microseconds per call).
     Quantizes x unless `quantized`, then splits the rows into groups of `group`: parallel tasks
     if `par`, else a single call on this thread (a parallel region costs more than a small
@@ -1279,7 +1450,7 @@ def _mm_simd(fn, kind, w, x, out, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, grou
                 xdt[b, n] = xd[n, b]
                 xst[b, n] = xs[n, b]
                 xct[b, n] = xc[n, b]
-    rows, rb = w.shape
+    rb = w.shape[1]
     wp = _addr(w)
     op = _addr(out)
     ldo = out.strides[0] // 4

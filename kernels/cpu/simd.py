@@ -973,3 +973,138 @@ __all__ += [
     "cvtf16", "fma16", "mul16", "splat2f", "ld_f32x2_spread", "ld_f32x4_dup2", "hsumf16",
     "lanef16",
 ]
+
+
+# ----------------------------------------------------------------------------- 512-bit, rows
+# For the row-interleaved ("r16") kernels: each dword lane of a vector belongs to a different
+# weight row, so the integer dot products need no horizontal sums (see matmul's r16 layout).
+
+
+def _w8_const(value: int):
+    return ir.Constant(_W8, [value & 0xFF] * 64)
+
+
+@intrinsic
+def nib_lo64(typingctx, v):
+    """The low nibbles of the 64 bytes of an I8x64."""
+    if v != I8x64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.and_(args[0], _w8_const(0x0F))
+
+    return I8x64(I8x64), codegen
+
+
+@intrinsic
+def nib_hi64(typingctx, v):
+    """The high nibbles of the 64 bytes of an I8x64."""
+    if v != I8x64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.lshr(args[0], _w8_const(4))
+
+    return I8x64(I8x64), codegen
+
+
+@intrinsic
+def add8x64(typingctx, v, c):
+    """Bytewise v + c (c a byte constant or value, wrapping) on an I8x64."""
+    if v != I8x64 or not isinstance(c, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], _splat(builder, _W8, builder.trunc(args[1], _i8)))
+
+    return I8x64(I8x64, c), codegen
+
+
+@intrinsic
+def or_bits64(typingctx, v, arr, off, c):
+    """v with byte j OR-ed with c where bit j of the little-endian u64 at byte `off` of arr is
+    set (a k-mask load and a masked vpor)."""
+    if v != I8x64 or not _is_byte_array(arr) or not isinstance(c, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        bits = builder.load(_ptr(context, builder, sig.args[1], args[1], args[2], _i64), align=1)
+        mask = builder.bitcast(bits, ir.VectorType(ir.IntType(1), 64))
+        cv = _splat(builder, _W8, builder.trunc(args[3], _i8))
+        return builder.select(mask, builder.or_(args[0], cv), args[0])
+
+    return I8x64(I8x64, arr, types.intp, c), codegen
+
+
+@intrinsic
+def zero32x16(typingctx):
+    """An all-zero I32x16."""
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_W32, [0] * 16)
+
+    return I32x16(), codegen
+
+
+@intrinsic
+def dot_bcast64(typingctx, acc, u, arr, off):
+    """acc + per-dword u8(u) x s8(x) dot products, x the 4 bytes at byte `off` of arr broadcast
+    to all 16 dwords (one vpdpbusd with a {1to16} memory operand)."""
+    if acc != I32x16 or u != I8x64 or not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], _i32), align=1)
+        f = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", _W32, [_W32, _W32, _W32])
+        return builder.call(f, [args[0], builder.bitcast(args[1], _W32), _splat(builder, _W32, x)])
+
+    return I32x16(I32x16, I8x64, arr, types.intp), codegen
+
+
+@intrinsic
+def ld_f16x16(typingctx, arr, off):
+    """16 IEEE half floats at byte offset `off`, widened to F32x16."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        vh = ir.VectorType(ir.HalfType(), 16)
+        h = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], vh), align=1)
+        return builder.fpext(h, _WF)
+
+    return F32x16(arr, types.intp), codegen
+
+
+@intrinsic
+def splatf16(typingctx, s):
+    """A float broadcast to 16 lanes."""
+    if not isinstance(s, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = args[0]
+        if v.type != _f32:
+            v = builder.fptrunc(v, _f32)
+        return _splat(builder, _WF, v)
+
+    return F32x16(s), codegen
+
+
+@intrinsic
+def st_f32x16(typingctx, arr, off, v):
+    """Store an F32x16 at byte offset `off` of a C-contiguous array (unaligned)."""
+    if not _is_byte_array(arr) or v != F32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _WF),
+                      align=1)
+        return context.get_dummy_value()
+
+    return types.void(arr, types.intp, F32x16), codegen
+
+
+__all__ += [
+    "nib_lo64", "nib_hi64", "add8x64", "or_bits64", "zero32x16", "dot_bcast64", "ld_f16x16",
+    "splatf16", "st_f32x16",
+]
