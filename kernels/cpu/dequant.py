@@ -25,10 +25,9 @@ from itertools import pairwise
 
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import njit
-from numba.core import types
-from numba.extending import intrinsic
+
+from localllm.kernels.cpu.halfbits import u32_as_f32 as _bitcast_u32_f32
 
 QK_K = 256  # elements per k-quant super-block
 
@@ -121,26 +120,6 @@ def row_nbytes(qtype: int, k: int) -> int:
 # --------------------------------------------------------------------------------------------
 # Scalar helpers (exact bit conversions)
 # --------------------------------------------------------------------------------------------
-
-
-@intrinsic
-def _bitcast_u32_f32(typingctx, bits):
-    """Reinterpret the low 32 bits of an integer as a float32 (numba has no scalar view).
-
-    Numba widens uint32 arithmetic to 64 bits, so any integer is accepted and truncated.
-    """
-    if not isinstance(bits, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        v = args[0]
-        if bits.bitwidth > 32:
-            v = builder.trunc(v, ir.IntType(32))
-        elif bits.bitwidth < 32:
-            v = builder.zext(v, ir.IntType(32))
-        return builder.bitcast(v, ir.FloatType())
-
-    return types.float32(bits), codegen
 
 
 @njit(cache=True)

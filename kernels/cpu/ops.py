@@ -24,6 +24,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from localllm.kernels.cpu.halfbits import f32_to_f16_bits
+
 # Fast-math without the no-NaN / no-Inf assumptions (see module docstring).
 _FM = {"reassoc", "contract", "arcp", "nsz", "afn"}
 
@@ -269,33 +271,8 @@ def _gelu_f16_table() -> np.ndarray:
 _GELU_F16 = _gelu_f16_table()
 
 
-@njit(cache=True, inline="always")
-def _f32_bits_to_f16_bits(b):
-    """IEEE float32 bits -> float16 bits, round to nearest even (finite |x| < 65504)."""
-    sign = (b >> 16) & 0x8000
-    e = (b >> 23) & 0xFF
-    m = b & 0x7FFFFF
-    if e < 103:  # below half the smallest float16 subnormal: +-0
-        return sign
-    if e < 113:  # float16 subnormal
-        mant = m | 0x800000
-        shift = 126 - e
-        hm = mant >> shift
-        rem = mant & ((1 << shift) - 1)
-        half = 1 << (shift - 1)
-        if rem > half or (rem == half and (hm & 1)):
-            hm += 1
-        return sign | hm
-    hm = m >> 13
-    rem = m & 0x1FFF
-    v = ((e - 112) << 10) + hm
-    if rem > 0x1000 or (rem == 0x1000 and (hm & 1)):
-        v += 1
-    return sign | v
-
-
 @njit(cache=True, parallel=True)
-def _gelu_ggml_mul(g, gbits, u, o, table):
+def _gelu_ggml_mul(g, u, o, table):
     n = g.shape[0]
     chunk = 16384  # small calls (decode) stay on one thread
     for c in prange((n + chunk - 1) // chunk):
@@ -306,7 +283,7 @@ def _gelu_ggml_mul(g, gbits, u, o, table):
             elif x >= 10.0:
                 o[i] = x * u[i]
             else:
-                o[i] = table[_f32_bits_to_f16_bits(np.uint32(gbits[i]))] * u[i]
+                o[i] = table[f32_to_f16_bits(x)] * u[i]
 
 
 def gelu_tanh_mul_ggml(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
@@ -319,7 +296,7 @@ def gelu_tanh_mul_ggml(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> Non
     if gate.shape != up.shape or gate.shape != out.shape:
         raise ValueError(f"shape mismatch: gate {gate.shape}, up {up.shape}, out {out.shape}")
     g = gate.reshape(-1)
-    _gelu_ggml_mul(g, g.view(np.uint32), up.reshape(-1), out.reshape(-1), _GELU_F16)
+    _gelu_ggml_mul(g, up.reshape(-1), out.reshape(-1), _GELU_F16)
 
 
 def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
