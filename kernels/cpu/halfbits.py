@@ -41,7 +41,7 @@ def f32_bits(typingctx, x):
     return types.uint32(x), codegen
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")  # inlined: called per element in hot loops
 def f32_to_f16_bits(x) -> np.uint16:
     """float32 -> IEEE half bits with round-to-nearest-even (numpy's float16 cast)."""
     b = f32_bits(np.float32(x))
