@@ -18,9 +18,11 @@ from localllm.batch import Batch
 from localllm.formats import GGUFFile, dequantize
 from localllm.kernels.cpu import ops
 from localllm.kernels.cpu.dequant import get_rows
-from localllm.kernels.cpu.matmul import matmul
+from localllm.kernels.cpu.matmul import matmul, supported_types
 from localllm.kv_cache import KVCache
 from localllm.models.config import ModelConfig, ModelError
+
+_MATMUL_TYPES = {int(t) for t in supported_types()}
 
 # Gated FFN activations by ModelConfig.activation name.
 ACTIVATIONS = {
@@ -82,6 +84,11 @@ class WeightLoader:
         t = self._get(name)
         if tuple(t.shape) != (rows, cols):
             raise ModelError(f"tensor {name} has shape {tuple(t.shape)}, expected {(rows, cols)}")
+        if int(t.type) not in _MATMUL_TYPES:
+            raise ModelError(
+                f"tensor {name} has quantization type {t.type.name}, which has no kernel yet "
+                f"(supported: {', '.join(sorted(QT(q).name for q in _MATMUL_TYPES))})"
+            )
         return QWeight(name, t.data.reshape(rows, -1), int(t.type), rows, cols)
 
     def vector(self, name: str, n: int) -> np.ndarray:

@@ -157,3 +157,20 @@ def test_missing_tensor_is_named(tmp_path, models: dict) -> None:  # noqa: ANN00
     write_gguf(p, "llama", md, tensors)
     with pytest.raises(ModelError, match="blk.1.ffn_up.weight"):
         load_model(read_gguf(p))
+
+
+def test_weight_type_without_kernel_is_named_at_load(tmp_path, models: dict) -> None:  # noqa: ANN001
+    """A type the reader knows but no kernel runs (IQ2_XXS): named at load, not mid-forward."""
+    import struct
+
+    data = bytearray(models["llama", QT.Q4_K].read_bytes())  # hidden 256: whole blocks
+    name = b"blk.0.attn_q.weight"
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    type_at = at + 4 + 8 * n_dims
+    assert struct.unpack_from("<I", data, type_at)[0] == QT.Q4_K
+    struct.pack_into("<I", data, type_at, QT.IQ2_XXS)  # 66 bytes per block: fits in place
+    p = tmp_path / "iq2.gguf"
+    p.write_bytes(bytes(data))
+    with pytest.raises(ModelError, match="blk.0.attn_q.weight.*IQ2_XXS"):
+        load_model(read_gguf(p))
