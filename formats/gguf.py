@@ -156,6 +156,25 @@ class GGUFFile:
             except BufferError:
                 pass  # views still alive elsewhere; the mapping goes when they do
 
+    def release_pages(self, tensor: GGUFTensor) -> int:
+        """Tell the OS this process no longer needs the tensor's file pages in memory (for
+        weights the kernels have copied into another layout). Reading the tensor later
+        still works: the pages fault back in from the file. Only pages wholly inside the
+        tensor are released. Returns the bytes released (0 where unsupported)."""
+        mm = self._mm
+        if mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return 0
+        page = mmap.PAGESIZE
+        lo = -(-tensor.offset // page) * page
+        hi = (tensor.offset + tensor.nbytes) // page * page
+        if hi <= lo:
+            return 0
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        except (OSError, ValueError):
+            return 0
+        return hi - lo
+
     def __enter__(self) -> GGUFFile:
         return self
 

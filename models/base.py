@@ -18,7 +18,7 @@ from localllm.batch import Batch
 from localllm.formats import GGUFFile, dequantize
 from localllm.kernels.cpu import ops
 from localllm.kernels.cpu.dequant import get_rows
-from localllm.kernels.cpu.matmul import matmul, supported_types
+from localllm.kernels.cpu.matmul import matmul, prepare, supported_types
 from localllm.kv_cache import KVCache
 from localllm.models.config import ModelConfig, ModelError
 
@@ -302,6 +302,19 @@ class DecoderModel:
             np.tanh(out / c, out=out)
             out *= c
         return out
+
+
+def pack_weights(model: DecoderModel, gf: GGUFFile) -> int:
+    """Repack the layer weights the kernels want in their 16-row interleaved layout now
+    (~20 ms, instead of on the first token), and give their row-major file pages back to
+    the OS: they are no longer read, and would otherwise count twice in resident memory.
+    Returns the bytes of file pages released."""
+    released = 0
+    for L in model.layers:
+        for w in (L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down):
+            if prepare(w.raw, w.qtype):
+                released += gf.release_pages(gf.tensors[w.name])
+    return released
 
 
 def output_head(w: WeightLoader, cfg: ModelConfig, token_embd: QWeight) -> QWeight:

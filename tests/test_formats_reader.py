@@ -320,3 +320,21 @@ def test_writer_raw_blocks_and_errors(tmp_path: Path) -> None:
         write_gguf(tmp_path / "e.gguf", "llama", {"a": []}, {})
     with pytest.raises(ValueError, match="versions 2 and 3"):
         write_gguf(tmp_path / "e.gguf", "llama", {}, {}, version=1)
+
+
+def test_release_pages_keeps_data_readable(tmp_path) -> None:  # noqa: ANN001
+    """Pages given back with release_pages() fault back in from the file on the next read."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as QT
+
+    from localllm.formats import read_gguf
+    from localllm.formats.writer import write_gguf
+
+    x = np.arange(4096 * 8, dtype=np.float32).reshape(8, 4096)
+    p = tmp_path / "pages.gguf"
+    write_gguf(p, "llama", {}, {"w": (x, QT.F32)})
+    gf = read_gguf(p)
+    t = gf.tensors["w"]
+    before = t.data.copy()
+    assert gf.release_pages(t) > 0
+    assert np.array_equal(t.data, before)

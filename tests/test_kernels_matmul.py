@@ -144,28 +144,104 @@ def check_product(qt: T, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
 # The 32-weight block types have 512-bit kernels where the CPU allows (cpu_features `wide`);
 # there, their 256-bit kernels are tested as well.
 _B32 = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL]
+# Read-only Q4_0/Q5_0/Q8_0 weights take the row-interleaved (r16) kernels for N > 1 where the
+# CPU has AVX-512 VNNI; the other variants pass writable arrays, which are never repacked.
 _VARIANTS = [(t, None) for t in ALL_TYPES] + (
-    [(t, False) for t in _B32] if FEATURES.wide and mm.kernel_path() != "portable" else [])
+    [(t, False) for t in _B32] if FEATURES.wide and mm.kernel_path() != "portable" else []) + [
+    (T(t), "r16") for t in mm.r16_types()]
 
 
 @pytest.mark.parametrize(("qt", "wide"), _VARIANTS,
-                         ids=lambda v: v.name if isinstance(v, T) else {None: "", False: "256"}[v])
-def test_matmul_all_shapes(qt: T, wide: bool | None) -> None:
+                         ids=lambda v: v.name if isinstance(v, T)
+                         else {None: "", False: "256", "r16": "r16"}[v])
+def test_matmul_all_shapes(qt: T, wide: bool | str | None) -> None:
     """Every type, every batch path: N = 1 (matvec), 3/4/8/16 (tiles of 4, padding), 33/70
-    (prefill sizes, parallel activation quantization); odd row counts; two K (the smaller
-    with an odd number of blocks for the 32-weight types: the 512-bit kernels' tail)."""
+    (prefill sizes, parallel activation quantization); odd row counts (r16: a partial last
+    group of 16 rows); two K (the smaller with an odd number of blocks for the 32-weight types:
+    the 512-bit kernels' tail)."""
     rng = np.random.default_rng(int(qt))
     be = max(block_elems(qt), 32)
     k_small, k_big = (5 * be, 8 * be) if be == 32 else (be, 3 * be)
     for rows, k, ns in [(37, k_small, (1, 3, 4, 8, 16, 33, 70)), (37, k_big, (1, 4, 33)),
-                        (301, k_big, (1, 5))]:
+                        (301, k_big, (1, 5)), (16, k_small, (2, 9))]:
         w = random_weight(qt, rows, k, rng)
+        if wide == "r16":
+            w.flags.writeable = False
+        before = mm.packed_bytes()
         for n in ns:
             x = rng.standard_normal((n, k)).astype(np.float32)
             x[0, :7] *= 20.0  # uneven block magnitudes
             out = np.full((n, rows), np.nan, np.float32)
-            mm.matmul(w, int(qt), x, out, _wide=wide)
+            mm.matmul(w, int(qt), x, out, _wide=None if wide == "r16" else wide)
             check_product(qt, w, x, out)
+        grew = mm.packed_bytes() - before
+        assert grew == ((rows + 15) // 16 * 16 * w.shape[1] if wide == "r16" else 0)
+
+
+def r16_reference(qt: T, w: np.ndarray) -> np.ndarray:
+    """The r16 layout built from its description (matmul's comment above _r16_dec), in numpy:
+    per group of 16 rows and block column, d[16] fp16, then dword lane r = row r's 4 bytes of
+    each quant vector, then (Q5_0) the 5th-bit masks. [ceil(rows/16)*16, row_bytes] u8."""
+    bb = {T.Q4_0: 18, T.Q5_0: 22, T.Q8_0: 34}[qt]
+    rows, rb = w.shape
+    nb = rb // bb
+    ng = (rows + 15) // 16
+    blk = np.zeros((ng * 16, nb, bb), np.uint8)
+    blk[:rows] = w.reshape(rows, nb, bb)
+    blk = blk.reshape(ng, 16, nb, bb).transpose(0, 2, 1, 3)  # [group, b, row r, block bytes]
+    d = blk[..., 0:2].reshape(ng, nb, 32)
+    qs = blk[..., bb - (32 if qt == T.Q8_0 else 16):]  # [g, b, r, 16 or 32]
+    vecs = qs.reshape(ng, nb, 16, -1, 4).transpose(0, 1, 3, 2, 4).reshape(ng, nb, -1)
+    parts = [d, vecs]
+    if qt == T.Q5_0:
+        qh = blk[..., 2:6].copy().view("<u4")[..., 0]  # [g, b, r]
+        bits = (qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1  # [g, b, r, element]
+        bits = bits.reshape(ng, nb, 16, 8, 4).transpose(0, 1, 3, 2, 4)  # [g, b, J, r, i]
+        masks = np.packbits(bits.reshape(ng, nb, 8, 64).astype(np.uint8), axis=-1,
+                            bitorder="little")
+        parts.append(masks.reshape(ng, nb, 64))
+    return np.concatenate(parts, axis=-1).reshape(ng * 16, rb)
+
+
+@pytest.mark.parametrize("qt", [T.Q4_0, T.Q5_0, T.Q8_0], ids=lambda t: t.name)
+def test_repack_r16_layout(qt: T) -> None:
+    """repack_r16 builds exactly the documented layout (zero padding rows included)."""
+    rng = np.random.default_rng(30)
+    for rows in (16, 37):
+        w = random_weight(qt, rows, 96, rng)
+        np.testing.assert_array_equal(mm.repack_r16(w, int(qt)), r16_reference(qt, w))
+    with pytest.raises(ValueError, match="r16"):
+        mm.repack_r16(random_weight(T.Q4_K, 4, 256, rng), int(T.Q4_K))
+
+
+@pytest.mark.skipif(not mm.r16_types(), reason="no AVX-512 VNNI: no repacking")
+def test_r16_cache_is_per_array_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only weight is repacked once and its copy dropped with it; writable weights and
+    weights over the size cap stay row-major (and still give the right products)."""
+    import gc
+
+    rng = np.random.default_rng(31)
+    qt = T.Q5_0
+    x = rng.standard_normal((4, 128)).astype(np.float32)
+    out = np.empty((4, 40), np.float32)
+    base = mm.packed_bytes()
+    w = random_weight(qt, 40, 128, rng)
+    mm.matmul(w, int(qt), x, out)  # writable: not repacked
+    assert mm.packed_bytes() == base
+    w.flags.writeable = False
+    mm.matmul(w, int(qt), x, out)
+    mm.matmul(w, int(qt), x, out)
+    check_product(qt, w, x, out)
+    assert mm.packed_bytes() == base + 48 * w.shape[1]  # 40 rows -> 3 groups of 16, once
+    del w
+    gc.collect()
+    assert mm.packed_bytes() == base
+    monkeypatch.setattr(mm, "_R16_MAX_WEIGHT", 1000)
+    w = random_weight(qt, 40, 128, rng)
+    w.flags.writeable = False
+    mm.matmul(w, int(qt), x, out)
+    check_product(qt, w, x, out)
+    assert mm.packed_bytes() == base
 
 
 @pytest.mark.parametrize("qt", [T.F32, T.F16, T.BF16], ids=lambda t: t.name)
@@ -393,6 +469,9 @@ def test_simd_kernels_use_integer_dot_instructions() -> None:
     assert "vcvtph2ps" in asm and "vfmadd" in asm
     if FEATURES.wide:  # two blocks per 512-bit vpdpbusd
         assert re.search(r"vpdpbusd\s[^\n]*%zmm", mm.kernel_asm(int(T.Q5_0)))
+    if mm.r16_types():  # r16: one vpdpbusd per 4 weights x 16 rows, activation broadcast
+        assert re.search(r"vpdpbusd\s[^\n]*\{1to16\}[^\n]*%zmm",
+                         mm.kernel_asm(int(T.Q5_0), r16=True))
     asm = mm.kernel_asm(int(T.Q6_K))  # per-16 scales applied by vpmaddwd
     assert "vpmaddubsw" in asm and "vpmaddwd" in asm
 

@@ -20,6 +20,10 @@ Shapes: one loop structure serves all batch sizes.
 
 * N == 1 (decode): a matrix-vector product is bound by memory bandwidth; a prange over groups
   of rows streams every weight byte exactly once.
+* Read-only Q4_0 / Q5_0 / Q8_0 weights up to _R16_MAX_WEIGHT bytes (the layer weights of a
+  GGUF mmap) are, with AVX-512 VNNI, repacked once into groups of 16 interleaved rows (r16,
+  see repack_r16) whose kernels keep 16 rows' dot products in the 16 lanes of a vector: no
+  horizontal sums, ~5x fewer instructions than the row-major kernels below, for every N.
 * N > 1: activation rows go in tiles of 4 (the scratch is padded to a multiple of 4 rows). Each
   weight block is decoded once and applied to the 4 rows from registers, so a step with N = 4
   reads no more weight bytes than N = 1. Rows are processed in groups sized to stay in L1
@@ -35,7 +39,9 @@ path allocates nothing; pass `scratch=` to manage them yourself.
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -57,12 +63,15 @@ from localllm.kernels.cpu.quant_act import (
 from localllm.kernels.cpu.simd import (
     USE_VNNI,
     add8,
+    add8x64,
     add32,
+    add32x16,
     and8,
     bytes_i16x16,
     cat8x2,
     cvtf,
     cvtf16,
+    dot_bcast64,
     dot_ss,
     dot_ss_sc,
     dot_us,
@@ -83,6 +92,7 @@ from localllm.kernels.cpu.simd import (
     ld_bits32,
     ld_f16,
     ld_f16x8,
+    ld_f16x16,
     ld_f32x2_spread,
     ld_f32x4_dup,
     ld_f32x4_dup2,
@@ -103,7 +113,10 @@ from localllm.kernels.cpu.simd import (
     mul16,
     mul32,
     mulf,
+    nib_hi64,
+    nib_lo64,
     or8,
+    or_bits64,
     shl8,
     shl32,
     splat2f,
@@ -111,19 +124,23 @@ from localllm.kernels.cpu.simd import (
     splat16,
     splat16x2,
     splatf,
+    splatf16,
     srl8,
     srl16,
+    st_f32x16,
     sub16,
     sub32,
     u8x8_i32x8,
     zero32,
+    zero32x16,
     zerof,
     zerof16,
 )
 
 __all__ = [
     "matmul", "matmul_portable", "supported_types", "simd_types", "kernel_path", "kernel",
-    "kernel_asm", "Scratch", "make_scratch",
+    "kernel_asm", "Scratch", "make_scratch", "repack_r16", "r16_types", "packed_bytes",
+    "clear_packed",
 ]
 
 # GGML type ids (the numbers are part of the GGUF format).
@@ -898,7 +915,7 @@ def _dot4_iq4xs(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, 
 
 
 # ---------------------------------------------------------------- row-interleaved (r16)
-# For N > 1 with AVX-512 VNNI, Q4_0 / Q5_0 / Q8_0 weights are repacked once (repack_r16) into
+# With AVX-512 VNNI, Q4_0 / Q5_0 / Q8_0 weights are repacked once (repack_r16) into
 # groups of 16 rows (the last group zero-padded), stored block column by block column: the 16
 # blocks of column b of a group form one record of 16 x the block's bytes,
 #   d [16] fp16 | the quants as 64-byte vectors whose dword lane r holds row r's bytes:
@@ -909,8 +926,10 @@ def _dot4_iq4xs(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, 
 # Decoded, vector J holds elements 4J..4J+3 of all 16 rows, so one vpdpbusd with the
 # activation's bytes 4J..4J+3 broadcast ({1to16} memory operand) adds to 16 per-row sums: no
 # horizontal sums and no per-row scale shuffles, ~5x fewer instructions per weight than the
-# row-major 4-row kernels (which are compute-bound at N = 4). Numerics are those of the
-# row-major kernels (same integer dots and scale products; float summation order differs).
+# row-major 4-row kernels (which are compute-bound at N = 4): at N >= 4 the kernels run at
+# about one 512-bit vpdpbusd per cycle (64 multiply-adds, the core's limit), and at N = 1 the
+# decode is ~1.6x cheaper than the row-major one (measured on Zen 5). Numerics are those of
+# the row-major kernels (same integer dots and scale products; float summation order differs).
 
 _R16_BYTES = {Q4_0: 18 * 16, Q5_0: 22 * 16, Q8_0: 34 * 16}
 
@@ -941,14 +960,16 @@ def _r16_dec(qt, w, p):
 @njit
 def _r16_dot(u, xq, xo):
     """16 per-row integer dots of the decoded vectors u with the 32 activation bytes at xo."""
+    # two chains of four: vpdpbusd's latency (not its throughput) bounds one chain of eight
     i = dot_bcast64(zero32x16(), u[0], xq, xo)
-    i = dot_bcast64(i, u[1], xq, xo + 4)
+    j = dot_bcast64(zero32x16(), u[1], xq, xo + 4)
     i = dot_bcast64(i, u[2], xq, xo + 8)
-    i = dot_bcast64(i, u[3], xq, xo + 12)
+    j = dot_bcast64(j, u[3], xq, xo + 12)
     i = dot_bcast64(i, u[4], xq, xo + 16)
-    i = dot_bcast64(i, u[5], xq, xo + 20)
+    j = dot_bcast64(j, u[5], xq, xo + 20)
     i = dot_bcast64(i, u[6], xq, xo + 24)
-    return dot_bcast64(i, u[7], xq, xo + 28)
+    j = dot_bcast64(j, u[7], xq, xo + 28)
+    return add32x16(i, j)
 
 
 @njit
@@ -1002,10 +1023,27 @@ def _dot4_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act):
 
 
 @njit
+def _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out):
+    # N = 1: as _dot4_r16 for one activation row.
+    rec = 16 * _b32_bytes(qt)
+    cm = splatf16(_b32_cmul(qt))
+    for g in range(r0 // 16, (r1 + 15) // 16):
+        a0 = zerof16()
+        m0 = zerof16()
+        for b in range(nb):
+            p = (g * nb + b) * rec
+            dw = ld_f16x16(w, p)
+            a0 = fma16(a0, cvtf16(_r16_dot(_r16_dec(qt, w, p), xq, 32 * b)),
+                       mul16(dw, splatf16(xd[0, b])))
+            m0 = fma16(m0, dw, splatf16(xc[0, b]))
+        _store16(out, 0, 1, 16 * g, r1, fma16(a0, m0, cm))
+
+
+@njit
 def _rows_r16(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xsp, outp, ldo, n_act):
     """out[:, r0:r1] from the r16 records at address wp (rows: the real row count; r0 a
-    multiple of 16); N = n_act > 1 activation rows in Q8_0 format (scratch as for _rows)."""
-    npad = (n_act + 3) // 4 * 4
+    multiple of 16); N = n_act activation rows in Q8_0 format (scratch as for _rows)."""
+    npad = 1 if n_act == 1 else (n_act + 3) // 4 * 4
     n_groups = (rows + 15) // 16
     w = carray(_p_u8(wp), (n_groups * 16 * rb,))
     xq = carray(_p_i8(xqp), (npad, k))
@@ -1013,6 +1051,9 @@ def _rows_r16(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xsp, outp, ldo, n_act):
     nb32 = k // 32
     xc = carray(_p_f32(xsp + 8 * npad * nb32), (npad, nb32))  # [xs | xs^T | xc | xc^T]
     out = carray(_p_f32(outp), (n_act, ldo))
+    if n_act == 1:
+        _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out)
+        return
     for n0 in range(0, n_act, 4):
         _dot4_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act)
 
@@ -1351,7 +1392,7 @@ def _k_q8_0_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, 
     _rows_r16(Q8_0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
 
 
-_KERNEL_PY_R16 = {Q4_0: _k_q4_0_r16, Q5_0: _k_q5_0_r16, Q8_0: _k_q8_0_r16}  # N > 1, repacked
+_KERNEL_PY_R16 = {Q4_0: _k_q4_0_r16, Q5_0: _k_q5_0_r16, Q8_0: _k_q8_0_r16}  # repacked
 _KERNEL_PY_WIDE = {  # the 32-weight block types with 512-bit kernels
     Q4_0: _k_q4_0, Q4_1: _k_q4_1, Q5_0: _k_q5_0, Q5_1: _k_q5_1, Q8_0: _k_q8_0,
     IQ4_NL: _k_iq4_nl,
@@ -1381,7 +1422,7 @@ def kernel(qtype: int, wide: bool | None = None, r16: bool = False):
     """The compiled C kernel (numba.cfunc) of a weight type, compiling it on first use (and
     caching it on disk). wide: use the 512-bit variant if the type has one (default: where
     cpu_features says `wide`; forcing it on a CPU without AVX-512 VNNI would crash). r16: the
-    kernel of the row-interleaved layout (repack_r16; AVX-512 VNNI only, N > 1 only)."""
+    kernel of the row-interleaved layout (repack_r16; AVX-512 VNNI only)."""
     py, variant = _kernel_py(int(qtype), wide, r16)
     key = (int(qtype), variant)
     k = _KERNELS.get(key)
@@ -1619,7 +1660,7 @@ def _get_scratch(n: int, k: int, kind: int) -> Scratch:
 
 _PORTABLE: bool = simd_disabled_by_env() or not FEATURES.simd
 _KV_IQ4NL = dequant._KVALUES_IQ4NL
-_KADDR: dict[int, int] = {}  # qtype -> address of its compiled row kernel
+_KADDR: dict[int, int] = {}  # qtype (-qtype: r16) -> address of its compiled row kernel
 
 
 def kernel_path() -> str:
@@ -1674,6 +1715,107 @@ def _bad_call(w_raw, qtype, x, out) -> Exception:
 _U8 = np.dtype(np.uint8)
 _F32 = np.dtype(np.float32)
 
+# ---------------------------------------------------------------- r16 repacking
+# A repacked copy is made the first time a weight is multiplied and kept while the
+# weight array lives, keyed by the array object's identity (weakref), so a model's QWeight
+# arrays are repacked once each. Only read-only arrays are repacked (GGUF mmap views are): a
+# writable one could change behind the cache, so it keeps the row-major kernels. Memory: one
+# extra copy of the repacked weights' bytes (the row-major file pages stay mapped for N = 1),
+# bounded: weights over _R16_MAX_WEIGHT bytes (output heads / tied embeddings: 178 MB for
+# Gemma 3's, where the row-major N = 4 product streams from DRAM and costs ~1.1x N = 1) and
+# anything past _R16_MAX_TOTAL bytes in all stay row-major. LOCALLLM_NO_REPACK=1 turns it off.
+_R16_MAX_WEIGHT = 32 << 20
+_R16_MAX_TOTAL = 256 << 20
+_packed_total = 0  # bytes in _PACKED
+
+_R16: bool = (not simd_disabled_by_env() and FEATURES.simd and FEATURES.wide
+              and os.environ.get("LOCALLLM_NO_REPACK", "").strip().lower()
+              in ("", "0", "false", "no"))
+_PACKED: dict[int, tuple[weakref.ref, np.ndarray]] = {}  # id(w_raw) -> (ref, r16 records)
+_PACK_LOCK = threading.Lock()
+
+
+def r16_types() -> tuple[int, ...]:
+    """Weight types that `matmul` repacks on this machine (empty without AVX-512 VNNI, on the
+    portable path, or with LOCALLLM_NO_REPACK=1)."""
+    return tuple(sorted(_R16_BYTES)) if _R16 else ()
+
+
+def repack_r16(w_raw: np.ndarray, qtype: int) -> np.ndarray:
+    """The row-interleaved copy of a Q4_0 / Q5_0 / Q8_0 weight [rows, row_bytes] u8: returns
+    [ceil(rows/16) * 16, row_bytes] u8 holding the r16 records (layout in the comment above
+    _r16_dec; padding rows are zero). Any CPU can build it; only AVX-512 VNNI kernels read it."""
+    qt = int(qtype)
+    if qt not in _R16_BYTES:
+        raise ValueError(f"no r16 layout for GGML type {qt} ({dequant.qtype_name(qt)})")
+    rows, rb = w_raw.shape
+    bb = _R16_BYTES[qt] // 16
+    if rb % bb:
+        raise ValueError(f"rows of {rb} bytes are not whole {dequant.qtype_name(qt)} blocks")
+    n_groups = (rows + 15) // 16
+    dst = np.zeros((n_groups, rb // bb, 16 * bb), np.uint8)  # [groups, nb, record]
+    src = np.ascontiguousarray(w_raw)
+    if src.flags.writeable:  # one compiled signature (read-only mmap views)
+        src = src.view()
+        src.flags.writeable = False
+    if rows:
+        _repack_r16(qt, src, dst)
+    return dst.reshape(n_groups * 16, rb)
+
+
+def _packed(w_raw: np.ndarray, qt: int) -> np.ndarray | None:
+    """The cached r16 copy of w_raw (made on first use), or None where it is not repacked."""
+    global _packed_total
+    key = id(w_raw)
+    e = _PACKED.get(key)
+    if e is not None and e[0]() is w_raw:
+        return e[1]
+    nbytes = w_raw.nbytes
+    if nbytes > _R16_MAX_WEIGHT or _packed_total + nbytes > _R16_MAX_TOTAL:
+        return None
+    p = repack_r16(w_raw, qt)
+
+    def drop(ref: weakref.ref, key: int = key) -> None:
+        global _packed_total
+        with _PACK_LOCK:
+            cur = _PACKED.get(key)
+            if cur is not None and cur[0] is ref:
+                del _PACKED[key]
+                _packed_total -= cur[1].nbytes
+
+    with _PACK_LOCK:
+        old = _PACKED.get(key)  # a dead array's entry whose id was reused
+        if old is not None:
+            _packed_total -= old[1].nbytes
+        _PACKED[key] = (weakref.ref(w_raw, drop), p)
+        _packed_total += p.nbytes
+    return p
+
+
+def prepare(w_raw: np.ndarray, qtype: int) -> bool:
+    """Make now the r16 copy `matmul` would make at the first product of this weight array
+    (same array object). True if the weight will be served from a repacked copy, so its
+    row-major bytes are no longer read."""
+    qt = int(qtype)
+    if not (_R16 and qt in _R16_BYTES and not w_raw.flags.writeable
+            and w_raw.flags.c_contiguous):
+        return False
+    return _packed(w_raw, qt) is not None
+
+
+def packed_bytes() -> int:
+    """Bytes held by the cached r16 copies (the memory cost of repacking)."""
+    return _packed_total
+
+
+def clear_packed() -> None:
+    """Drop the cached r16 copies (they are rebuilt on the next product)."""
+    global _packed_total
+    with _PACK_LOCK:
+        _PACKED.clear()
+        _packed_total = 0
+
+
 
 def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
            scratch: Scratch | None = None, *, _wide: bool | None = None) -> None:
@@ -1702,6 +1844,10 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
     if n == 0 or rows == 0:
         return
     be, _, kind = spec
+    packed = None
+    if (_R16 and qtype in _R16_BYTES and _wide is None
+            and not w_raw.flags.writeable and w_raw.flags.c_contiguous):
+        packed = _packed(w_raw, qtype)
     if not x.flags.c_contiguous:
         x = np.ascontiguousarray(x)
     if not w_raw.flags.c_contiguous:
@@ -1727,7 +1873,11 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
                              "(make_scratch(..., portable=True))")
         matmul_portable(w_raw, qt, x, out, s)
         return
-    if _wide is None:
+    if packed is not None:
+        fn = _KADDR.get(-qt)
+        if fn is None:
+            fn = _KADDR[-qt] = kernel(qt, r16=True).address
+    elif _wide is None:
         fn = _KADDR.get(qt)
         if fn is None:
             fn = _KADDR[qt] = kernel(qt).address
@@ -1738,6 +1888,9 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
         group = max(1, rows // 64)  # ~64 tasks: fine-grained enough to balance 2..16 threads
     else:
         group = max(1, min(_GROUP_BYTES // rb, rows // 16))
+    if packed is not None:  # tasks of whole 16-row groups
+        group = max(16, group // 16 * 16)
+        w_raw = packed
     quantized = False
     if n >= 8 and kind <= ACT_Q8_K:
         # Many rows: quantize them in parallel first (a shared, separately compiled kernel).
@@ -1748,4 +1901,4 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
         quantized = True
     a = s.addrs
     _mm_simd(fn, kind, w_raw, x, out, a[0], a[1], a[2], a[3], a[4], a[5], nb, group, par,
-             quantized)
+             quantized, rows)

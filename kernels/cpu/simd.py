@@ -1108,3 +1108,18 @@ __all__ += [
     "nib_lo64", "nib_hi64", "add8x64", "or_bits64", "zero32x16", "dot_bcast64", "ld_f16x16",
     "splatf16", "st_f32x16",
 ]
+
+
+@intrinsic
+def add32x16(typingctx, a, b):
+    """Lanewise a + b of two I32x16."""
+    if a != I32x16 or b != I32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], args[1])
+
+    return I32x16(I32x16, I32x16), codegen
+
+
+__all__ += ["add32x16"]
