@@ -271,19 +271,32 @@ def _gelu_f16_table() -> np.ndarray:
 _GELU_F16 = _gelu_f16_table()
 
 
+@njit(cache=True, inline="always")
+def _gelu_ggml_span(g, u, o, table, lo, hi):
+    for i in range(lo, hi):
+        x = g[i]
+        if x <= -10.0:
+            o[i] = 0.0
+        elif x >= 10.0:
+            o[i] = x * u[i]
+        else:
+            o[i] = table[f32_to_f16_bits(x)] * u[i]
+
+
+_GELU_CHUNK = 16384
+
+
 @njit(cache=True, parallel=True)
-def _gelu_ggml_mul(g, u, o, table):
+def _gelu_ggml_mul_par(g, u, o, table):
     n = g.shape[0]
-    chunk = 16384  # small calls (decode) stay on one thread
-    for c in prange((n + chunk - 1) // chunk):
-        for i in range(c * chunk, min(n, (c + 1) * chunk)):
-            x = g[i]
-            if x <= -10.0:
-                o[i] = 0.0
-            elif x >= 10.0:
-                o[i] = x * u[i]
-            else:
-                o[i] = table[f32_to_f16_bits(x)] * u[i]
+    for c in prange((n + _GELU_CHUNK - 1) // _GELU_CHUNK):
+        _gelu_ggml_span(g, u, o, table, c * _GELU_CHUNK, min(n, (c + 1) * _GELU_CHUNK))
+
+
+@njit(cache=True)
+def _gelu_ggml_mul(g, u, o, table):
+    # decode-sized calls: a parallel region costs more (~20 us) than the work
+    _gelu_ggml_span(g, u, o, table, 0, g.shape[0])
 
 
 def gelu_tanh_mul_ggml(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
@@ -296,7 +309,8 @@ def gelu_tanh_mul_ggml(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> Non
     if gate.shape != up.shape or gate.shape != out.shape:
         raise ValueError(f"shape mismatch: gate {gate.shape}, up {up.shape}, out {out.shape}")
     g = gate.reshape(-1)
-    _gelu_ggml_mul(g, up.reshape(-1), out.reshape(-1), _GELU_F16)
+    kernel = _gelu_ggml_mul_par if g.shape[0] > 2 * _GELU_CHUNK else _gelu_ggml_mul
+    kernel(g, up.reshape(-1), out.reshape(-1), _GELU_F16)
 
 
 def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
