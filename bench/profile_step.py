@@ -1,0 +1,102 @@
+"""Where one forward step's time goes, by operation.
+
+    python bench/profile_step.py [--tokens 64] [--prefill 512]
+
+Wraps the engine's kernels with timers (adds ~5 us per call) and reports per-token decode
+time, or one prefill of --prefill tokens, split into output head, layer matmuls, attention,
+KV stores, norms, rope, activation and the Python glue in between.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+
+import numpy as np
+
+import localllm.kv_cache as kvm
+import localllm.models.base as base
+from localllm.batch import Batch
+from localllm.default_model import resolve_model
+from localllm.engine import Engine
+
+
+def instrument(times: dict, counts: collections.Counter) -> None:
+    mm = base.matmul
+
+    def timed_matmul(raw, qt, x, out):  # noqa: ANN001
+        t = time.perf_counter()
+        mm(raw, qt, x, out)
+        key = "matmul: output head" if raw.shape[0] >= 100_000 else "matmul: layers"
+        times[key] += time.perf_counter() - t
+        counts[key] += 1
+
+    base.matmul = timed_matmul
+
+    def wrap(obj, name: str, label: str) -> None:  # noqa: ANN001
+        f = getattr(obj, name)
+
+        def g(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            t = time.perf_counter()
+            r = f(*a, **k)
+            times[label] += time.perf_counter() - t
+            counts[label] += 1
+            return r
+
+        setattr(obj, name, g)
+
+    for name in ("rms_norm", "rms_norm_heads", "rope_tables", "rope_apply"):
+        wrap(base.ops, name, name)
+    for key, fn in list(base.ACTIVATIONS.items()):
+        def timed(*a, _fn=fn, _key=key):  # noqa: ANN002, ANN202
+            t = time.perf_counter()
+            _fn(*a)
+            times[f"activation {_key}"] += time.perf_counter() - t
+            counts[f"activation {_key}"] += 1
+        base.ACTIVATIONS[key] = timed
+    wrap(kvm.KVCache, "store", "kv store")
+    wrap(kvm.KVCache, "attend", "attention")
+    wrap(base.DecoderModel, "embed", "embedding rows")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prefill", type=int, default=0, help="profile one prefill instead")
+    ap.add_argument("-t", "--threads", type=int, default=None)
+    a = ap.parse_args()
+    engine = Engine(resolve_model(None), n_ctx=max(1024, a.prefill + 8), n_threads=a.threads)
+    times: dict[str, float] = collections.defaultdict(float)
+    counts: collections.Counter = collections.Counter()
+    instrument(times, counts)
+    rng = np.random.default_rng(0)
+    for _ in range(2):  # the first round warms up
+        times.clear()
+        counts.clear()
+        engine.kv.clear(0)
+        if a.prefill:
+            toks = rng.integers(0, engine.cfg.n_vocab, a.prefill).tolist()
+            t0 = time.perf_counter()
+            engine.step(Batch.for_sequence(toks, 0, 0, "last"))
+            per, unit = time.perf_counter() - t0, "prefill"
+            n = 1
+        else:
+            engine.prefill([2, 818, 5279, 529, 7001, 563])
+            t0 = time.perf_counter()
+            for _ in range(a.tokens):
+                engine.decode(5)
+            n = a.tokens
+            per, unit = (time.perf_counter() - t0) / n, "token"
+    print(f"{per * 1000:.2f} ms per {unit}")
+    acc = 0.0
+    for k, v in sorted(times.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:28s} {v / n * 1000:8.3f} ms  ({counts[k] // n} calls)")
+        acc += v / n
+    print(f"  {'other (Python glue)':28s} {(per - acc) * 1000:8.3f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
