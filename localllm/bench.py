@@ -162,7 +162,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
         print(f"| {name} | {size_mib:.2f} MiB | {params:.2f} M | CPU (numba) | {r.threads} "
               f"| {test} | {unit} |")
     print(f"\nKV cache (K {kv.k_type}, V {kv.v_type}): {kv.nbytes() / 2**20:.1f} MiB for "
-          f"{kv.n_ctx} tokens; {kv.bytes_per_token() / 1024:.1f} KiB/token in full layers; "
+          f"{kv.n_ctx} tokens; {kv.bytes_per_token() / 1024:.1f} KiB per token in all layers; "
           f"{kv.full_cache_nbytes() / 2**20:.1f} MiB without sliding-window rings")
     return 0
 

@@ -152,8 +152,8 @@ def _one_shot(engine, ids, ns, cfg, load_s, model_name) -> int:  # noqa: ANN001
         print(f"eval rate:            {st.eval_tps:.2f} tokens/s", file=err)
         print(f"done reason:          {final.done_reason}", file=err)
         print(f"kv cache:             {kv.nbytes() / 2**20:.1f} MiB for {kv.n_ctx} tokens, "
-              f"K {kv.k_type} / V {kv.v_type} ({kv.bytes_per_token() / 1024:.1f} KiB/token "
-              f"in full layers; {kv.full_cache_nbytes() / 2**20:.1f} MiB without "
+              f"K {kv.k_type} / V {kv.v_type} ({kv.bytes_per_token() / 1024:.1f} KiB per "
+              f"token in all layers; {kv.full_cache_nbytes() / 2**20:.1f} MiB without "
               "sliding-window rings)", file=err)
         if st.context_shifts:
             print(f"context shifts:       {st.context_shifts}", file=err)
