@@ -31,9 +31,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
+
+from localllm.kernels.cpu.halfbits import u32_as_f32 as _f32_from_bits
 
 __all__ = [
     "f16_round",
@@ -129,21 +129,6 @@ def quantize_row_q8_k(x, xq, xd, xbs, xb2) -> None:
         for j in range(8):
             xb2[b * 8 + j] = xbs[b * 16 + 2 * j] + xbs[b * 16 + 2 * j + 1]
         xd[b] = _F1 / iscale
-
-
-@intrinsic
-def _f32_from_bits(typingctx, bits):
-    """Reinterpret the low 32 bits of an integer as a float32 (Numba has no scalar view)."""
-    if not isinstance(bits, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        v = args[0]
-        if v.type.width > 32:
-            v = builder.trunc(v, ir.IntType(32))
-        return builder.bitcast(v, ir.FloatType())
-
-    return types.float32(bits), codegen
 
 
 @njit(cache=True)
