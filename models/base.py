@@ -161,6 +161,7 @@ class DecoderModel:
         self.output_norm = output_norm
         self.output = output
         self.rope_freq_factors = rope_freq_factors
+        self._scratch: dict[int, tuple[np.ndarray, ...]] = {}  # row count -> buffers
 
     # --- the forward pass -----------------------------------------------------------------
 
@@ -187,14 +188,7 @@ class DecoderModel:
         n = len(batch)
         H, Hkv, Dh, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
         x = self.embed(batch.tokens)  # [N, D] residual stream
-        h = np.empty_like(x)  # [N, D] normed input of a block
-        q = np.empty((n, H * Dh), np.float32)
-        k = np.empty((n, Hkv * Dh), np.float32)
-        v = np.empty((n, Hkv * Dv), np.float32)
-        attn = np.empty((n, H, Dv), np.float32)
-        o = np.empty((n, cfg.n_embd), np.float32)
-        gate = np.empty((n, cfg.n_ff), np.float32)
-        up = np.empty((n, cfg.n_ff), np.float32)
+        h, q, k, v, attn, o, gate, up = self._buffers(n)
         pos = batch.positions
         last = cfg.n_layer - 1
         # Storage rows for the new positions of each sequence (ring slots for windowed layers)
@@ -270,6 +264,26 @@ class DecoderModel:
         if not batch.want_logits.any():
             return np.empty((0, cfg.n_vocab), dtype=np.float32)
         return self.logits(x)
+
+    def _buffers(self, n: int) -> tuple[np.ndarray, ...]:
+        """Activation buffers for an n-row step, kept between calls (decode reuses the same
+        ones every token): h [N, D], q [N, H*Dh], k/v [N, Hkv*Dh|Dv], attn [N, H, Dv],
+        o [N, D], gate/up [N, F]. A few row counts are kept (decode, prefill chunk, ...)."""
+        bufs = self._scratch.get(n)
+        if bufs is None:
+            cfg = self.cfg
+            H, Hkv, Dh, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
+            f32 = np.float32
+            bufs = (
+                np.empty((n, cfg.n_embd), f32), np.empty((n, H * Dh), f32),
+                np.empty((n, Hkv * Dh), f32), np.empty((n, Hkv * Dv), f32),
+                np.empty((n, H, Dv), f32), np.empty((n, cfg.n_embd), f32),
+                np.empty((n, cfg.n_ff), f32), np.empty((n, cfg.n_ff), f32),
+            )
+            if len(self._scratch) >= 4:  # bounded: drop the oldest size
+                self._scratch.pop(next(iter(self._scratch)))
+            self._scratch[n] = bufs
+        return bufs
 
     def _attend(self, kv: KVCache, il: int, segments: list[tuple[int, int, int]],
                 q_rows: np.ndarray | None, q3: np.ndarray, pos: np.ndarray,
