@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import re
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -293,7 +294,9 @@ class Tokenizer:
         if "" in tokens:
             tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         self._tokens = tokens
-        self._scores = scores[:n].astype(np.float32).tolist()  # python floats: fast in the loop
+        # array('f'): 1 MB instead of 8 MB of float objects, and indexing it is as fast as a
+        # list's in the merge loop (it returns Python floats)
+        self._scores = array("f", scores[:n].astype(np.float32).tobytes())
         self._types = token_types[:n].astype(np.int32)  # [n_vocab]
         # later duplicates win, as in llama.cpp
         self._text_to_id = dict(zip(tokens, range(n), strict=True))
