@@ -200,3 +200,15 @@ def test_default_model_tensors(default_model) -> None:
             ref = _reference(np.asarray(t.data), int(t.type)).reshape(t.shape)
             _assert_bits_equal(got, ref)
     assert seen == {dq.Q8_0, dq.Q5_0, dq.Q4_K, dq.Q6_K, dq.F32}
+
+
+@pytest.mark.parametrize("qtype", dq.SUPPORTED_QTYPES, ids=dq.qtype_name)
+def test_numba_and_numpy_reference_codecs_agree(qtype: int) -> None:
+    """The engine's Numba dequantizers and the readable numpy ones in localllm.formats give
+    the same bits (both are also checked against gguf.quants separately)."""
+    from localllm.formats import dequantize as numpy_dequantize
+
+    rng = np.random.default_rng(1000 + qtype)
+    k = 512
+    raw = _random_blocks(rng, qtype, rows=7, k=k, sane_scales=True)
+    _assert_bits_equal(dq.dequantize(raw, qtype, (7, k)), numpy_dequantize(raw, qtype, (7, k)))
