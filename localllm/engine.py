@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +18,6 @@ from localllm.formats import GGUFFile, read_gguf
 from localllm.kv_cache import KVCache
 from localllm.models.base import DecoderModel, pack_weights
 from localllm.models.registry import load_model
-
-
-@dataclass
-class LoadStats:
-    load_s: float = 0.0
-    file_bytes: int = 0
 
 
 def set_threads(n: int | None) -> int:
@@ -58,7 +51,6 @@ class Engine:
         self.cfg = self.model.cfg
         from localllm.tokenizer import Tokenizer
 
-        st = self.path.stat()
         self.tokenizer = Tokenizer.from_metadata(self.metadata)
         n_ctx = n_ctx or min(4096, self.cfg.n_ctx_train)
         if n_ctx <= 0:
@@ -71,7 +63,7 @@ class Engine:
             v_type=v_type, n_batch=self.n_batch,
         )
         self.last_reuse_note: str | None = None
-        self.load_stats = LoadStats(time.perf_counter() - t0, st.st_size)
+        self.load_s = time.perf_counter() - t0
         self._template = None
 
     @property

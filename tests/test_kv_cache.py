@@ -155,3 +155,24 @@ def test_without_context_shift_generation_stops_with_length(gemma_path: Path) ->
     events = list(generate(e, _toks(e, 10, seed=8), Sampler(SamplerConfig(temperature=0)),
                            ignore_eos=True))
     assert events[-1].done_reason == "length" and len(events[-1].tokens) == 16 - 10 + 1
+
+
+@pytest.mark.parametrize("kv_type,tol", [("f16", 1e-3), ("q8_0", 1e-2), ("q4_0", 0.15)])
+def test_stored_rows_read_back_through_rotation(kv_type: str, tol: float) -> None:
+    """Quantized K/V are stored Hadamard-rotated; reading them back undoes the rotation."""
+    rng = np.random.default_rng(9)
+    k = rng.standard_normal((6, 2, 128)).astype(np.float32)
+    v = rng.standard_normal((6, 2, 128)).astype(np.float32)
+    k[:, :, 5] *= 30  # an outlier channel: what the rotation spreads out
+    kv = KVCache(2, 32, 2, 128, k_type=kv_type, layer_window=[4, 0], n_batch=2)
+    assert (kv.k_rot, kv.v_rot) == ((0, 0) if kv_type == "f16" else (128, 64))
+    pos = np.arange(6, dtype=np.int64)
+    for layer in (0, 1):
+        for a in range(0, 6, 2):  # the ring layer takes at most n_batch rows at once
+            rows = kv.place(0, pos[a:a + 2])
+            kv.store(layer, 0, rows, k[a:a + 2], v[a:a + 2])
+    for layer, got_pos in ((0, pos[-4:]), (1, pos)):
+        gk, gv = kv.load(layer, 0, got_pos)
+        # relative RMS error; a rotation left in place would make it ~1.4
+        for got, want in ((gk, k[got_pos]), (gv, v[got_pos])):
+            assert np.linalg.norm(got - want) / np.linalg.norm(want) < tol
