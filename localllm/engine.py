@@ -7,7 +7,6 @@ entered from two Python threads at once); front doors talk to it through queues.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +40,6 @@ class Engine:
         kv_type: str = "f16",
         v_type: str | None = None,
     ) -> None:
-        t0 = time.perf_counter()
         self.path = Path(model_path)
         self.n_threads = set_threads(n_threads)
         self.gf: GGUFFile = read_gguf(self.path)
@@ -63,7 +61,6 @@ class Engine:
             v_type=v_type, n_batch=self.n_batch,
         )
         self.last_reuse_note: str | None = None
-        self.load_s = time.perf_counter() - t0
         self._template = None
 
     @property
@@ -117,6 +114,3 @@ class Engine:
         self.step(Batch.for_sequence([0] * n, 0, slot, "last"))
         self.step(Batch.for_sequence([0], 0, slot, "last"))
         self.kv.clear(slot)
-
-    def kv_bytes(self) -> int:
-        return self.kv.nbytes()

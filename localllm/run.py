@@ -131,7 +131,7 @@ def _one_shot(engine, ids, ns, cfg, load_s, model_name) -> int:  # noqa: ANN001
                 "eval_count": st.eval_tokens,
                 "eval_s": st.eval_s,
                 "tokens_per_s": st.eval_tps,
-                "kv_cache_bytes": engine.kv_bytes(),
+                "kv_cache_bytes": engine.kv.nbytes(),
                 "peak_rss_bytes": peak_rss_bytes(),
             },
         }, ensure_ascii=False))
