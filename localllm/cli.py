@@ -40,6 +40,14 @@ def _add_sampling_opts(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None, help="random seed (same seed + settings = same output)")
 
 
+def _add_spec_opts(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (lossless: the same output, faster)")
+    g.add_argument("--speculate", choices=("auto", "off"), default="auto",
+                   help="auto (default): n-gram prompt lookup, or --draft-model, with an adaptive draft length; off: plain decoding")
+    g.add_argument("--draft-model", default=None, metavar="PATH", help="a smaller GGUF with the same vocabulary to draft with")
+    g.add_argument("--draft-max", type=int, default=8, metavar="K", help="most tokens drafted per step (default 8)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="localllm",
@@ -65,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, stats)")
     _add_model_opts(p)
     _add_sampling_opts(p)
+    _add_spec_opts(p)
 
     p = sub.add_parser("show", help="describe a model file")
     p.add_argument("model", nargs="?", default=None)

@@ -1,8 +1,15 @@
-"""The generation loop: prompt tokens in, a stream of events out.
+"""The generation loop in two layers: tokens, then text.
+
+- `generate_tokens()` is the token loop: prefill, then per step sample one token or, with
+  speculation, verify k drafted tokens in one (k+1)-row engine step and roll the KV cache
+  back past the first rejected draft; context shift when the context fills. It yields
+  `TokenStep`s (token and the logits it was sampled from) and never sees text.
+- `generate()` adds text: the streaming detokenizer, end-of-generation tokens, stop strings
+  (holding back any text that might be the start of one, so a stop string never leaks into
+  the stream), limits and stats; it yields `Event`s that front doors only format.
 
 Boundaries: the engine returns logits, the sampler turns logits into a token, the
-detokenizer turns tokens into text, and this loop turns text into events — holding back any
-text that might be the start of a stop string so a stop string never leaks into the stream.
+detokenizer turns tokens into text.
 """
 
 from __future__ import annotations
@@ -12,9 +19,20 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from localllm.batch import Batch
 from localllm.detokenizer import StreamDetokenizer
 from localllm.errors import PromptTooLongError
 from localllm.sampling import Sampler
+from localllm.speculative import (
+    DraftPolicy,
+    Drafter,
+    SpecOptions,
+    StepCosts,
+    make_drafter,
+    sample_and_accept,
+)
 
 if TYPE_CHECKING:
     from localllm.engine import Engine
@@ -29,6 +47,9 @@ class GenerationStats:
     eval_s: float = 0.0
     total_s: float = 0.0
     context_shifts: int = 0
+    draft_tokens: int = 0  # tokens proposed by the drafter and verified
+    draft_accepted: int = 0  # of those, accepted
+    steps: int = 0  # engine steps after the prompt
 
     @property
     def prompt_tps(self) -> float:
@@ -37,6 +58,10 @@ class GenerationStats:
     @property
     def eval_tps(self) -> float:
         return self.eval_tokens / self.eval_s if self.eval_s > 0 else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.draft_accepted / self.draft_tokens if self.draft_tokens else 0.0
 
 
 @dataclass
@@ -49,7 +74,14 @@ class Event:
     tokens: list[int] = field(default_factory=list)  # all generated ids, on the final event
 
 
-def _held_back(text: str, stops: Sequence[str]) -> int:
+@dataclass
+class TokenStep:
+    token: int
+    logits: np.ndarray  # [V] the target's logits the token was sampled from (no copy)
+    drafted: bool = False  # a draft token the target accepted
+
+
+def held_back(text: str, stops: Sequence[str]) -> int:
     """How many trailing characters of `text` could begin a stop string."""
     keep = 0
     for s in stops:
@@ -58,6 +90,83 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
                 keep = max(keep, k)
                 break
     return keep
+
+
+_held_back = held_back  # the name the tests and older callers use
+
+
+def generate_tokens(
+    engine: Engine,
+    prompt_tokens: list[int],
+    sampler: Sampler,
+    stats: GenerationStats,
+    max_tokens: int = -1,
+    slot: int = 0,
+    context_shift: bool = False,
+    n_keep: int = 0,
+    drafter: Drafter | None = None,
+    policy: DraftPolicy | None = None,
+    ignore_eos: bool = False,
+) -> Iterator[TokenStep]:
+    """Prefill the prompt and yield sampled tokens until the caller stops iterating, the
+    context is full (no context_shift), max_tokens are out, or after an end-of-generation
+    token. With a drafter, each step verifies up to policy.choose() drafted tokens;
+    the output is the same tokens as without one (see localllm.speculative)."""
+    eog = frozenset() if ignore_eos else frozenset(engine.tokenizer.eog_ids)
+    n_ctx = engine.n_ctx
+    t0 = time.perf_counter()
+    logits, stats.prompt_eval_tokens = engine.prefill(prompt_tokens, slot)
+    stats.prompt_eval_s = time.perf_counter() - t0
+
+    history = list(prompt_tokens)
+    token = sampler(logits[-1], history)
+    history.append(token)
+    yield TokenStep(token, logits[-1])
+    if drafter is not None:
+        drafter.reset(history)
+        policy = policy or DraftPolicy(8)
+    n_out = 1
+    while token not in eog and (max_tokens < 0 or n_out < max_tokens):
+        pos = engine.kv.n_past(slot)
+        if pos >= n_ctx:
+            if not context_shift:
+                return
+            rows = _shift_context(engine, slot, token, n_keep)[None, :]
+            stats.context_shifts += 1
+            draft: list[int] = []
+        else:
+            draft = []
+            if drafter is not None:
+                room = min(n_ctx - pos - 1, engine.n_batch - 1)
+                if max_tokens >= 0:
+                    room = min(room, max_tokens - n_out - 1)
+                k = policy.choose(room)
+                draft = drafter.propose(k)[:k] if k > 0 else []
+            t = time.perf_counter()
+            if draft:
+                rows = engine.step(Batch.for_sequence([token, *draft], pos, slot, "all"))
+            else:
+                rows = engine.decode(token, slot)[None, :]
+            if policy is not None:
+                policy.costs.observe(len(draft) + 1, time.perf_counter() - t)
+        stats.steps += 1
+        before = len(history)
+        accepted = sample_and_accept(sampler, rows, draft, history, eog)
+        if draft:
+            stats.draft_tokens += len(draft)
+            stats.draft_accepted += accepted
+            policy.update(len(draft), accepted)
+            if accepted < len(draft):  # drop the rejected drafts' K/V (rings included)
+                engine.kv.truncate(slot, pos + 1 + accepted)
+        new = history[before:]
+        if drafter is not None:
+            drafter.extend(new)
+        for i, tok in enumerate(new):
+            n_out += 1
+            yield TokenStep(tok, rows[i], drafted=i < accepted)
+            if max_tokens >= 0 and n_out >= max_tokens:
+                return
+        token = new[-1]
 
 
 def generate(
@@ -71,6 +180,9 @@ def generate(
     ignore_eos: bool = False,
     context_shift: bool = False,
     n_keep: int = 0,
+    spec: SpecOptions | None = None,
+    drafter: Drafter | None = None,
+    step_costs: StepCosts | None = None,
 ) -> Iterator[Event]:
     """Yield text events, then one final event with done=True, done_reason and stats.
 
@@ -78,6 +190,9 @@ def generate(
     PromptTooLongError unless truncate=True (then only its end is kept). When the context
     fills up: done_reason "length", or with context_shift=True keep BOS + the first n_keep
     tokens, drop the older half of the rest and go on (positions renumbered).
+    spec: speculative decoding options (default: SpecOptions(), n-gram drafting with an
+    adaptive length); or pass a ready `drafter` (e.g. a draft model kept across calls).
+    step_costs: the engine's learned step timings, shared across calls.
     """
     stats = GenerationStats(prompt_tokens=len(prompt_tokens))
     t_start = time.perf_counter()
@@ -86,29 +201,31 @@ def generate(
         if not truncate:
             raise PromptTooLongError(len(prompt_tokens), n_ctx)
         prompt_tokens = prompt_tokens[-(n_ctx // 2) :]
+    if max_tokens == 0:
+        yield Event(done=True, done_reason="length", stats=stats)
+        return
+    spec = spec or SpecOptions()
+    if drafter is None:
+        drafter = make_drafter(spec, engine)
+    policy = DraftPolicy(spec.draft_max, step_costs) if drafter is not None else None
     stops = [s for s in stop if s]
-    tok = engine.tokenizer
-    eog = set(tok.eog_ids)
-
-    t0 = time.perf_counter()
-    logits, stats.prompt_eval_tokens = engine.prefill(prompt_tokens, slot)
-    logits = logits[-1]
-    stats.prompt_eval_s = time.perf_counter() - t0
-
-    history = list(prompt_tokens)
+    eog = engine.tokenizer.eog_ids
     generated: list[int] = []
-    detok = StreamDetokenizer(tok)
+    detok = StreamDetokenizer(engine.tokenizer)
     pending = ""  # text not yet emitted (may be the start of a stop string)
     reason = "length"
     hit_stop_string = False
-    t_eval = time.perf_counter()
-    while max_tokens < 0 or len(generated) < max_tokens:
-        token = sampler(logits, history)
+    t_eval = None
+    steps = generate_tokens(engine, prompt_tokens, sampler, stats, max_tokens, slot,
+                            context_shift, n_keep, drafter, policy, ignore_eos)
+    for step in steps:
+        if t_eval is None:
+            t_eval = time.perf_counter()
+        token = step.token
         if token in eog and not ignore_eos:
             reason = "stop"
             break
         generated.append(token)
-        history.append(token)
         stats.eval_tokens += 1
         pending += detok.push(token)
         hit = _first_stop(pending, stops)
@@ -119,23 +236,12 @@ def generate(
             reason = "stop"
             hit_stop_string = True
             break
-        safe = len(pending) - _held_back(pending, stops)
+        safe = len(pending) - held_back(pending, stops)
         if safe > 0:
             yield Event(text=pending[:safe], token=token)
             pending = pending[safe:]
-        if max_tokens >= 0 and len(generated) >= max_tokens:
-            break
-        if engine.kv.n_past(slot) >= n_ctx:
-            if not context_shift:
-                reason = "length"
-                break
-            logits = _shift_context(engine, slot, token, n_keep)
-            stats.context_shifts += 1
-            continue
-        logits = engine.decode(token, slot)
-    else:
-        reason = "length"
-    stats.eval_s = time.perf_counter() - t_eval
+    steps.close()
+    stats.eval_s = time.perf_counter() - t_eval if t_eval is not None else 0.0
     if not hit_stop_string:
         tail = pending + detok.flush()
         hit = _first_stop(tail, stops)

@@ -12,6 +12,7 @@ import time
 
 from localllm.default_model import looks_like_model, resolve_model
 from localllm.sampling import Sampler, SamplerConfig
+from localllm.speculative import SpecOptions
 
 
 def sampler_config(ns: argparse.Namespace) -> SamplerConfig:
@@ -27,6 +28,12 @@ def sampler_config(ns: argparse.Namespace) -> SamplerConfig:
         repeat_last_n=ns.repeat_last_n,
         seed=ns.seed,
     )
+
+
+def spec_options(ns: argparse.Namespace) -> SpecOptions:
+    opts = SpecOptions(mode=ns.speculate, draft_model=ns.draft_model, draft_max=ns.draft_max)
+    opts.validate()
+    return opts
 
 
 def _model_and_prompt(args: list[str]) -> tuple[str | None, str | None]:
@@ -49,6 +56,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
     model_arg, prompt = _model_and_prompt(ns.args)
     cfg = sampler_config(ns)
     cfg.validate()
+    spec = spec_options(ns)
+    if spec.draft_model:
+        spec.draft_model = str(resolve_model(spec.draft_model))
     if ns.num_predict < -1:
         raise ValueError("-n/--num-predict must be -1 (no limit) or >= 0")
     path = resolve_model(model_arg)
@@ -65,6 +75,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
     engine = Engine(path, n_ctx=ns.ctx, n_threads=ns.threads, kv_type=ns.kv_type,
                     v_type=ns.kv_type_v)
     ensure_kernels_compiled(engine)
+    from localllm.speculative import StepCosts, make_drafter
+
+    ns.spec, ns.drafter = spec, make_drafter(spec, engine)  # one drafter (and draft model) for the process
+    ns.step_costs = StepCosts()
     load_s = time.perf_counter() - t0
     if interactive:
         return _chat_loop(engine, ns, cfg)
@@ -99,6 +113,7 @@ def _one_shot(engine, ids, ns, cfg, load_s, model_name) -> int:  # noqa: ANN001
             engine, ids, sampler, max_tokens=ns.num_predict, stop=ns.stop,
             truncate=ns.truncate, ignore_eos=ns.ignore_eos,
             context_shift=ns.context_shift, n_keep=ns.keep,
+            spec=ns.spec, drafter=ns.drafter, step_costs=ns.step_costs,
         ):
             if ev.done:
                 final = ev
@@ -131,6 +146,8 @@ def _one_shot(engine, ids, ns, cfg, load_s, model_name) -> int:  # noqa: ANN001
                 "eval_count": st.eval_tokens,
                 "eval_s": st.eval_s,
                 "tokens_per_s": st.eval_tps,
+                "draft_tokens": st.draft_tokens,
+                "draft_accepted": st.draft_accepted,
                 "kv_cache_bytes": engine.kv.nbytes(),
                 "peak_rss_bytes": peak_rss_bytes(),
             },
@@ -150,6 +167,12 @@ def _one_shot(engine, ids, ns, cfg, load_s, model_name) -> int:  # noqa: ANN001
         print(f"eval count:           {st.eval_tokens} token(s)", file=err)
         print(f"eval duration:        {_fmt_s(st.eval_s)}", file=err)
         print(f"eval rate:            {st.eval_tps:.2f} tokens/s", file=err)
+        if st.draft_tokens:
+            print(f"draft tokens:         {st.draft_tokens} drafted, {st.draft_accepted} "
+                  f"accepted ({100 * st.acceptance:.1f}%), {st.steps} steps for "
+                  f"{st.eval_tokens} tokens", file=err)
+        elif ns.drafter is None:
+            print("speculation:          off", file=err)
         print(f"done reason:          {final.done_reason}", file=err)
         print(f"kv cache:             {kv.nbytes() / 2**20:.1f} MiB for {kv.n_ctx} tokens, "
               f"K {kv.k_type} / V {kv.v_type} ({kv.bytes_per_token() / 1024:.1f} KiB per "
@@ -190,7 +213,9 @@ def _chat_loop(engine, ns, cfg) -> int:  # noqa: ANN001
         try:
             for ev in generate(engine, ids, sampler, max_tokens=ns.num_predict, stop=ns.stop,
                                truncate=True, ignore_eos=ns.ignore_eos,
-                               context_shift=ns.context_shift, n_keep=ns.keep):
+                               context_shift=ns.context_shift, n_keep=ns.keep,
+                               spec=ns.spec, drafter=ns.drafter,
+                               step_costs=ns.step_costs):
                 if ev.text:
                     reply.append(ev.text)
                     sys.stdout.write(ev.text)

@@ -39,6 +39,7 @@ class ScriptedEngine:
         self.tokenizer = FakeTokenizer()
         self.n_ctx = n_ctx
         self.kv = FakeKV()
+        self.n_batch = 1  # one row per step: nothing to draft into
         self.i = 0
 
     def _next_logits(self) -> np.ndarray:
