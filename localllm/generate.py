@@ -26,8 +26,8 @@ from localllm.detokenizer import StreamDetokenizer
 from localllm.errors import PromptTooLongError
 from localllm.sampling import Sampler
 from localllm.speculative import (
-    DraftPolicy,
     Drafter,
+    DraftPolicy,
     SpecOptions,
     StepCosts,
     make_drafter,

@@ -230,11 +230,15 @@ class StepCosts:
         self.t[n_rows] = seconds if old is None else old + self.alpha * (seconds - old)
 
     def relative(self, n_rows: int) -> float:
-        """cost(n) / cost(1)."""
-        base = self.t.get(1)
-        if base is None or n_rows not in self.t:
+        """cost(n) / cost(1). An unseen count is scaled from the nearest seen one by the
+        prior's shape, so learned and prior figures are never mixed raw."""
+        if not self.t:
             return _prior(n_rows)
-        return max(self.t[n_rows] / base, 1.0)
+        near = min(self.t, key=lambda m: (abs(m - n_rows), m))
+        t_n = self.t[near] * _prior(n_rows) / _prior(near)
+        near1 = min(self.t, key=lambda m: (abs(m - 1), m))
+        t_1 = self.t[near1] * _prior(1) / _prior(near1)
+        return max(t_n / t_1, 1.0)
 
 
 class DraftPolicy:
@@ -255,17 +259,18 @@ class DraftPolicy:
 
     def choose(self, available: int, other_rows: int = 0) -> int:
         """Draft length for a step; available = what the drafter and limits allow,
-        other_rows = rows other sequences put in the same step (their cost is paid anyway,
-        and drafts on top of a large batch cost more than on top of one row)."""
+        other_rows = rows other sequences put in the same step. With other rows the goal is
+        the step's total throughput: drafts that slow the step slow every other user."""
         kmax = min(self.draft_max, available, self.cap)
         if kmax <= 0:
             return 0
         a = min(self.rate, 0.98)
-        base = self.costs.relative(other_rows + 1)
-        best_k, best = 0, 1.0  # plain decoding: one token for one unit of cost
+        R = other_rows
+        best_k = 0
+        best = (R + 1) / self.costs.relative(R + 1)  # plain decoding
         for k in range(1, kmax + 1):
-            rel = self.costs.relative(other_rows + 1 + k) / base
-            gain = (1 - a ** (k + 1)) / (1 - a) / rel
+            expected = (1 - a ** (k + 1)) / (1 - a)  # tokens this sequence emits
+            gain = (R + expected) / self.costs.relative(R + 1 + k)
             if gain > best * 1.02:  # a margin: never draft for a break-even guess
                 best_k, best = k, gain
         return best_k
