@@ -328,3 +328,55 @@ def test_kv_after_rollbacks_equals_a_never_speculated_cache(gemma: Engine) -> No
             assert np.array_equal(kv.ring_pos[w][0][live], plain_pos[w][live])
             assert np.array_equal(kv.k[il][0][live], plain_k[il][live])
             assert np.array_equal(kv.v[il][0][live], plain_v[il][live])
+
+
+# --- draft models and bad input ---------------------------------------------------------------
+
+
+def test_draft_model_of_the_same_vocabulary_is_lossless(tmp_path: Path, tiny_engine: Engine) -> None:
+    from localllm.speculative import make_drafter
+
+    draft_path = tmp_path / "draft.gguf"
+    write_tiny_model(draft_path, "llama", seed=4, n_layer=1)  # same vocabulary, other weights
+    drafter = make_drafter(SpecOptions(draft_model=str(draft_path)), tiny_engine)
+    prompt = [1, 9, 10, 11, 12]
+    for temp in (0.0, 1.0):
+        cfg = SamplerConfig(temperature=temp, top_k=0, top_p=1.0, min_p=0.0, seed=5)
+        tiny_engine.kv.clear(0)
+        plain = _tokens(tiny_engine, prompt, Sampler(cfg), 20, spec=OFF)
+        tiny_engine.kv.clear(0)
+        spec = _tokens(tiny_engine, prompt, Sampler(cfg), 20, drafter=drafter,
+                       spec=SpecOptions(draft_max=4))
+        assert spec == plain
+
+
+def test_draft_model_with_another_vocabulary_is_refused(tmp_path: Path,
+                                                        tiny_engine: Engine) -> None:
+    from localllm.speculative import make_drafter
+
+    other = tmp_path / "qwen.gguf"
+    write_tiny_model(other, "qwen2", seed=1)
+    with pytest.raises(SpeculationError, match="vocabulary"):
+        make_drafter(SpecOptions(draft_model=str(other)), tiny_engine)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--draft-max", "0"], "draft-max"),
+    (["--draft-max", "-2"], "draft-max"),
+    (["--draft-model", "no-such-model.gguf"], "no-such-model"),
+    (["--draft-model", "OTHER"], "vocabulary"),
+])
+def test_cli_bad_speculation_options_are_one_error_line(tmp_path: Path, args: list[str],
+                                                        message: str) -> None:
+    import subprocess
+    import sys
+
+    target, other = tmp_path / "t.gguf", tmp_path / "o.gguf"
+    write_tiny_model(target, "llama", seed=1)
+    write_tiny_model(other, "qwen2", seed=1)
+    args = [str(other) if a == "OTHER" else a for a in args]
+    r = subprocess.run([sys.executable, "-m", "localllm.cli", "run", str(target), "hello",
+                        "-n", "4", *args], capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and message in err[0], r.stderr
