@@ -41,6 +41,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from localllm.formats.gguf import GGUFError
+from localllm.formats.qtypes import QK_K, layouts
 
 __all__ = [
     "QK_K",
@@ -53,32 +54,14 @@ __all__ = [
     "row_nbytes",
 ]
 
-QK_K = 256  # elements in a K-quant super-block
-_K_SCALE_SIZE = 12  # bytes of packed 6-bit (scale, min) pairs in Q4_K / Q5_K
 
 
 class QuantError(GGUFError, ValueError):
     """Unsupported quant type, or data whose size does not fit the requested type and shape."""
 
 
-# (elements per block, bytes per block), spelled out from the block structs
-_LAYOUTS: dict[T, tuple[int, int]] = {
-    T.F32: (1, 4),
-    T.F16: (1, 2),
-    T.BF16: (1, 2),
-    T.Q4_0: (32, 2 + 16),
-    T.Q4_1: (32, 2 + 2 + 16),
-    T.Q5_0: (32, 2 + 4 + 16),
-    T.Q5_1: (32, 2 + 2 + 4 + 16),
-    T.Q8_0: (32, 2 + 32),
-    T.Q2_K: (QK_K, QK_K // 16 + QK_K // 4 + 2 + 2),
-    T.Q3_K: (QK_K, QK_K // 8 + QK_K // 4 + 12 + 2),
-    T.Q4_K: (QK_K, 2 + 2 + _K_SCALE_SIZE + QK_K // 2),
-    T.Q5_K: (QK_K, 2 + 2 + _K_SCALE_SIZE + QK_K // 8 + QK_K // 2),
-    T.Q6_K: (QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),
-    T.IQ4_NL: (32, 2 + 16),
-    T.IQ4_XS: (QK_K, 2 + 2 + QK_K // 64 + QK_K // 2),
-}
+# (elements per block, bytes per block) of each type, from the one table of types
+_LAYOUTS: dict[T, tuple[int, int]] = {T(i): lay for i, lay in layouts().items()}
 
 # IQ4_NL / IQ4_XS non-linear 4-bit code book (kvalues_iq4nl)
 _IQ4_VALUES = np.array(

@@ -27,54 +27,18 @@ import numba
 import numpy as np
 from numba import njit
 
+from localllm.formats.qtypes import BY_NAME, GGML_NAMES, QK_K, layouts
 from localllm.kernels.cpu.halfbits import u32_as_f32 as _bitcast_u32_f32
 
-QK_K = 256  # elements per k-quant super-block
-
-# GGML type ids (ggml.h `enum ggml_type`; the numbers are part of the GGUF file format).
-F32 = 0
-F16 = 1
-Q4_0 = 2
-Q4_1 = 3
-Q5_0 = 6
-Q5_1 = 7
-Q8_0 = 8
-Q2_K = 10
-Q3_K = 11
-Q4_K = 12
-Q5_K = 13
-Q6_K = 14
-IQ4_NL = 20
-IQ4_XS = 23
-BF16 = 30
+# GGML type ids, block layouts and names: the one table in formats/qtypes.py.
+_ID = {name: q.id for name, q in BY_NAME.items()}
+F32, F16, BF16 = _ID["F32"], _ID["F16"], _ID["BF16"]
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = _ID["Q4_0"], _ID["Q4_1"], _ID["Q5_0"], _ID["Q5_1"], _ID["Q8_0"]
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = _ID["Q2_K"], _ID["Q3_K"], _ID["Q4_K"], _ID["Q5_K"], _ID["Q6_K"]
+IQ4_NL, IQ4_XS = _ID["IQ4_NL"], _ID["IQ4_XS"]
 
 # qtype -> (elements per block, bytes per block), for the types this module decodes.
-_LAYOUTS: dict[int, tuple[int, int]] = {
-    F32: (1, 4),
-    F16: (1, 2),
-    BF16: (1, 2),
-    Q4_0: (32, 2 + 16),
-    Q4_1: (32, 2 + 2 + 16),
-    Q5_0: (32, 2 + 4 + 16),
-    Q5_1: (32, 2 + 2 + 4 + 16),
-    Q8_0: (32, 2 + 32),
-    Q2_K: (QK_K, QK_K // 16 + QK_K // 4 + 2 + 2),
-    Q3_K: (QK_K, QK_K // 8 + QK_K // 4 + 12 + 2),
-    Q4_K: (QK_K, 2 + 2 + 12 + QK_K // 2),
-    Q5_K: (QK_K, 2 + 2 + 12 + QK_K // 8 + QK_K // 2),
-    Q6_K: (QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),
-    IQ4_NL: (32, 2 + 16),
-    IQ4_XS: (QK_K, 2 + 2 + QK_K // 64 + QK_K // 2),
-}
-
-# Names of every GGML type id, so that an unsupported one is reported by name.
-_GGML_NAMES: dict[int, str] = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1",
-    10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS",
-    17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S",
-    23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M",
-    30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4",
-}
+_LAYOUTS: dict[int, tuple[int, int]] = layouts()
 
 SUPPORTED_QTYPES: tuple[int, ...] = tuple(sorted(_LAYOUTS))
 
@@ -93,7 +57,7 @@ _KVALUES_IQ4NL = np.array(
 
 def qtype_name(qtype: int) -> str:
     """Human-readable name of a GGML type id (for error messages)."""
-    return _GGML_NAMES.get(int(qtype), f"unknown type {int(qtype)}")
+    return GGML_NAMES.get(int(qtype), f"unknown type {int(qtype)}")
 
 
 def block_layout(qtype: int) -> tuple[int, int]:
