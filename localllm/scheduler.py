@@ -1,0 +1,437 @@
+"""The scheduler: many sequences, one `Engine.step` at a time (continuous batching).
+
+One engine thread owns the Engine and makes every kernel call (Numba's workqueue layer must
+not be entered from two threads). Front doors (HTTP server, chat) call `submit()` from any
+thread and read a `Handle`'s events; `Handle.cancel()` (a client that left) frees the slot
+before the next step.
+
+Each step builds ONE batch from every active sequence:
+- decoding sequences: their last token, plus up to k drafted tokens (n-gram speculation,
+  `DraftPolicy` told how many rows the others put in the step), verified with
+  `sample_and_accept` exactly as `generate_tokens` does; the KV of rejected drafts is dropped;
+- prefilling sequences: a chunk of their pending prompt, all prefills together taking at most
+  `prefill_chunk` rows per step, oldest first. A long prompt thus costs the other streams a
+  bounded extra per step instead of freezing them until it is done.
+
+Admission is FIFO into a bounded wait queue (`max_queue`; beyond it `QueueFullError`, which the
+server turns into 503 + Retry-After). A request that reaches the head of the queue takes the
+free slot whose cached tokens share the longest prefix with its prompt (ties: least recently
+used), so a shared system prompt or the earlier turns of a chat are not evaluated again; only
+the suffix is prefilled and `stats.prompt_eval_tokens` counts just that. Sliding-window rings
+are honoured through `KVCache.reusable_prefix` (a ring that lost the window recomputes).
+
+Text handling (detokenizer, stop strings held back until they cannot match, end-of-generation
+tokens) mirrors `generate()`, so a request gives the same `Event`s through either path; with
+batch-invariant logits, the same tokens too.
+
+Not here: context shift (a sequence that fills the context ends with done_reason "length").
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from localllm.batch import Batch
+from localllm.detokenizer import StreamDetokenizer
+from localllm.errors import PromptTooLongError
+from localllm.generate import Event, GenerationStats, _first_stop, held_back
+from localllm.sampling import Sampler, SamplerConfig
+from localllm.speculative import (
+    DraftPolicy,
+    NgramDrafter,
+    SpecOptions,
+    StepCosts,
+    sample_and_accept,
+)
+
+if TYPE_CHECKING:
+    from localllm.engine import Engine
+
+
+class QueueFullError(RuntimeError):
+    """The wait queue is at its bound; retry later (HTTP 503 + Retry-After)."""
+
+
+class SchedulerClosedError(RuntimeError):
+    """The scheduler is shutting down and takes no new requests."""
+
+
+@dataclass
+class Request:
+    prompt: list[int]  # token ids, BOS included when the model wants one
+    sampling: SamplerConfig = field(default_factory=SamplerConfig)
+    max_tokens: int = -1  # < 0: until end-of-generation or the context is full
+    stop: Sequence[str] = ()
+    ignore_eos: bool = False
+    truncate: bool = False  # keep only the end of a prompt longer than the context
+    speculate: bool = True  # n-gram drafting (lossless)
+    draft_max: int | None = None  # None: the scheduler's
+
+
+class Handle:
+    """A submitted request: events arrive in order, the last one has done=True. Iterating
+    re-raises an error the engine thread hit for this request."""
+
+    def __init__(self, rid: int, sink: Callable[[Event | BaseException], None] | None) -> None:
+        self.id = rid
+        self._q: queue.Queue[Event | BaseException] = queue.Queue()
+        self._sink = sink or self._q.put
+        self.cancelled = threading.Event()
+        self.finished = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop generating; the slot is freed at the engine's next step."""
+        self.cancelled.set()
+
+    def _emit(self, ev: Event | BaseException) -> None:
+        if isinstance(ev, BaseException) or ev.done:
+            self.finished.set()
+        self._sink(ev)
+
+    def __iter__(self) -> Iterator[Event]:
+        """Events (only when no sink was given at submit)."""
+        while True:
+            ev = self._q.get()
+            if isinstance(ev, BaseException):
+                raise ev
+            yield ev
+            if ev.done:
+                return
+
+    def result(self) -> Event:
+        """Wait for the end; the final event with all text joined into `text`."""
+        parts = []
+        for ev in self:
+            if ev.done:
+                ev.text = "".join(parts) + ev.text
+                return ev
+            parts.append(ev.text)
+        raise RuntimeError("stream ended without a final event")  # pragma: no cover
+
+
+class _Seq:
+    """One request being served: its slot, where its prompt stands, its text pipeline."""
+
+    def __init__(self, req: Request, handle: Handle, engine: Engine, slot: int, keep: int,
+                 spec: SpecOptions, costs: StepCosts, t_submit: float) -> None:
+        self.req, self.handle, self.slot = req, handle, slot
+        self.prompt = req.prompt
+        self.pos = keep  # next position to evaluate
+        self.pending = req.prompt[keep:]  # prompt tokens not yet evaluated
+        self.history: list[int] = list(req.prompt)
+        self.sampler = Sampler(req.sampling)
+        self.eog = frozenset() if req.ignore_eos else frozenset(engine.tokenizer.eog_ids)
+        self.stops = [s for s in req.stop if s]
+        self.detok = StreamDetokenizer(engine.tokenizer)
+        self.text_pending = ""
+        self.stops_hit = False
+        self.generated: list[int] = []
+        self.last: int | None = None  # last sampled token, not yet in the cache
+        self.stats = GenerationStats(prompt_tokens=len(req.prompt),
+                                     prompt_eval_tokens=len(self.pending))
+        self.t_submit = t_submit
+        self.t_start = time.perf_counter()
+        self.t_eval: float | None = None
+        draft_max = req.draft_max or spec.draft_max
+        use_spec = req.speculate and spec.enabled and draft_max > 0
+        self.drafter = NgramDrafter(spec.ngram_min, spec.ngram_max) if use_spec else None
+        self.policy = DraftPolicy(draft_max, costs) if use_spec else None
+        self.draft: list[int] = []  # drafted rows in the current step
+
+    # --- text --------------------------------------------------------------------------------
+
+    def push(self, token: int) -> str | None:
+        """Take one sampled token; emit text; return a done_reason when the sequence ends."""
+        if self.t_eval is None:
+            self.t_eval = time.perf_counter()
+        if token in self.eog:
+            return "stop"
+        self.generated.append(token)
+        self.stats.eval_tokens += 1
+        self.text_pending += self.detok.push(token)
+        hit = _first_stop(self.text_pending, self.stops)
+        if hit is not None:
+            if hit:
+                self.handle._emit(Event(text=self.text_pending[:hit]))
+            self.text_pending = ""
+            self.stops_hit = True
+            return "stop"
+        safe = len(self.text_pending) - held_back(self.text_pending, self.stops)
+        if safe > 0:
+            self.handle._emit(Event(text=self.text_pending[:safe], token=token))
+            self.text_pending = self.text_pending[safe:]
+        if 0 <= self.req.max_tokens <= len(self.generated):
+            return "length"
+        return None
+
+    def finish(self, reason: str) -> None:
+        if not self.stops_hit:
+            tail = self.text_pending + self.detok.flush()
+            hit = _first_stop(tail, self.stops)
+            if hit is not None:
+                tail, reason = tail[:hit], "stop"
+            if tail:
+                self.handle._emit(Event(text=tail))
+        now = time.perf_counter()
+        self.stats.eval_s = now - self.t_eval if self.t_eval is not None else 0.0
+        self.stats.total_s = now - self.t_submit
+        self.handle._emit(Event(done=True, done_reason=reason, stats=self.stats,
+                                tokens=list(self.generated)))
+
+
+class Scheduler:
+    """Continuous batching over one Engine with `engine.kv.n_slots` sequence slots.
+
+    prefill_chunk: most prompt rows per step across all prefilling sequences (default: the
+    engine's n_batch). max_queue: most requests waiting for a slot. spec: speculation
+    options (n-gram drafting; `mode="off"` disables)."""
+
+    def __init__(self, engine: Engine, max_queue: int = 64, prefill_chunk: int | None = None,
+                 spec: SpecOptions | None = None) -> None:
+        self.engine = engine
+        self.n_slots = engine.kv.n_slots
+        self.max_queue = max(0, max_queue)
+        self.prefill_chunk = max(1, min(prefill_chunk or engine.n_batch, engine.n_batch))
+        self.spec = spec or SpecOptions()
+        self.spec.validate()
+        self.costs = StepCosts()
+        self._ids = itertools.count(1)
+        self._lock = threading.Condition()
+        self._waiting: deque[tuple[Request, Handle, float]] = deque()
+        self._active: dict[int, _Seq] = {}  # slot -> sequence
+        self._last_used = [0.0] * self.n_slots
+        self._closing = False
+        self.counters = {"requests": 0, "completed": 0, "cancelled": 0, "rejected": 0,
+                         "prompt_tokens": 0, "prompt_eval_tokens": 0, "generated_tokens": 0,
+                         "draft_tokens": 0, "draft_accepted": 0, "steps": 0}
+        self._thread = threading.Thread(target=self._run, name="localllm-engine", daemon=True)
+        self._thread.start()
+
+    # --- callers' side (any thread) -------------------------------------------------------------
+
+    def submit(self, req: Request,
+               sink: Callable[[Event | BaseException], None] | None = None) -> Handle:
+        """Queue a request. Raises PromptTooLongError (prompt does not fit and truncate is
+        off), ValueError (empty prompt, bad sampling options), QueueFullError,
+        SchedulerClosedError. sink: called on the engine thread with each Event (or an
+        exception), instead of the handle's own queue; it must not block."""
+        n_ctx = self.engine.n_ctx
+        if not req.prompt:
+            raise ValueError("nothing to evaluate: the prompt is empty")
+        if len(req.prompt) >= n_ctx:
+            if not req.truncate:
+                raise PromptTooLongError(len(req.prompt), n_ctx)
+            req.prompt = req.prompt[-(n_ctx // 2):]
+        req.sampling.validate()
+        vocab = self.engine.cfg.n_vocab
+        if min(req.prompt) < 0 or max(req.prompt) >= vocab:
+            raise ValueError(f"token ids must be in 0..{vocab - 1}")
+        with self._lock:
+            if self._closing:
+                raise SchedulerClosedError("the server is shutting down")
+            free = self.n_slots - len(self._active)
+            if len(self._waiting) >= self.max_queue + free:
+                self.counters["rejected"] += 1
+                raise QueueFullError(
+                    f"all {self.n_slots} slots are busy and {len(self._waiting)} requests are "
+                    "waiting; retry later")
+            handle = Handle(next(self._ids), sink)
+            self._waiting.append((req, handle, time.perf_counter()))
+            self.counters["requests"] += 1
+            self._lock.notify()
+        return handle
+
+    def generate(self, req: Request) -> Iterator[Event]:
+        """submit() and iterate; leaving the loop early cancels the request."""
+        handle = self.submit(req)
+        try:
+            yield from handle
+        finally:
+            handle.cancel()
+
+    def status(self) -> dict[str, int]:
+        with self._lock:
+            return {"slots": self.n_slots, "slots_busy": len(self._active),
+                    "queue": len(self._waiting), **self.counters}
+
+    def slot_tokens(self, slot: int) -> int:
+        """Tokens cached in a slot (for tests and /metrics)."""
+        return self.engine.kv.n_past(slot)
+
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._active and not self._waiting
+
+    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop taking requests; with drain, finish the admitted ones first, else cancel all."""
+        with self._lock:
+            self._closing = True
+            if not drain:
+                for _, h, _ in self._waiting:
+                    h.cancel()
+                for s in self._active.values():
+                    s.handle.cancel()
+            self._lock.notify()
+        self._thread.join(timeout)
+
+    # --- engine thread --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._active and not self._waiting and not self._closing:
+                    self._lock.wait()
+                if self._closing and not self._active and not self._waiting:
+                    return
+                self._admit()
+            try:
+                self._step()
+            except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the thread
+                with self._lock:
+                    seqs = list(self._active.values())
+                    self._active.clear()
+                for s in seqs:
+                    self.engine.kv.clear(s.slot)
+                    s.handle._emit(e)
+
+    def _admit(self) -> None:
+        """Under the lock: cancelled waiters leave; queue heads take free slots in order."""
+        kept = deque()
+        for req, h, t in self._waiting:
+            if h.cancelled.is_set():
+                self.counters["cancelled"] += 1
+                h._emit(Event(done=True, done_reason="cancelled", stats=GenerationStats()))
+            else:
+                kept.append((req, h, t))
+        self._waiting = kept
+        kv = self.engine.kv
+        while self._waiting and len(self._active) < self.n_slots:
+            req, h, t = self._waiting.popleft()
+            free = [s for s in range(self.n_slots) if s not in self._active]
+            # Longest shared prefix first, then least recently used.
+            slot = max(free, key=lambda s: (kv.common_prefix(s, req.prompt), -self._last_used[s]))
+            keep = kv.common_prefix(slot, req.prompt)
+            if keep == len(req.prompt):  # all cached: re-evaluate the last token for logits
+                keep -= 1
+            keep, _ = kv.reusable_prefix(slot, keep)
+            kv.truncate(slot, keep)
+            seq = _Seq(req, h, self.engine, slot, keep, self.spec, self.costs, t)
+            self._active[slot] = seq
+            self.counters["prompt_tokens"] += len(req.prompt)
+            self.counters["prompt_eval_tokens"] += len(seq.pending)
+
+    def _end(self, seq: _Seq, reason: str) -> None:
+        with self._lock:
+            self._active.pop(seq.slot, None)
+            self._last_used[seq.slot] = time.perf_counter()
+            self.counters["completed" if reason != "cancelled" else "cancelled"] += 1
+            self.counters["generated_tokens"] += seq.stats.eval_tokens
+            self.counters["draft_tokens"] += seq.stats.draft_tokens
+            self.counters["draft_accepted"] += seq.stats.draft_accepted
+        # The slot keeps what it cached (prompt + generated tokens but the last): a later
+        # request that continues this conversation starts from there.
+        seq.finish(reason)
+
+    def _step(self) -> None:
+        eng = self.engine
+        seqs = sorted(self._active.values(), key=lambda s: s.t_submit)
+        for s in seqs:
+            if s.handle.cancelled.is_set():
+                self._end(s, "cancelled")
+        seqs = [s for s in seqs if not s.handle.cancelled.is_set()]
+        if not seqs:
+            return
+        decoding = [s for s in seqs if not s.pending]
+        prefilling = [s for s in seqs if s.pending]
+        parts: list[Batch] = []
+        plan: list[tuple[_Seq, int, int]] = []  # (seq, logits rows, prompt rows; 0: decode)
+        # Prefill chunks first decide their size (bounded), then drafts see the row count.
+        budget = self.prefill_chunk
+        chunks: list[tuple[_Seq, list[int]]] = []
+        for s in prefilling:
+            if budget <= 0:
+                break
+            chunk = s.pending[:budget]
+            budget -= len(chunk)
+            chunks.append((s, chunk))
+        n_rows = len(decoding) + sum(len(c) for _, c in chunks)
+        for s in decoding:
+            draft: list[int] = []
+            if s.drafter is not None:
+                room = min(eng.n_ctx - s.pos - 1, eng.n_batch - 1)
+                if s.req.max_tokens >= 0:
+                    room = min(room, s.req.max_tokens - len(s.generated) - 1)
+                k = s.policy.choose(room, n_rows - 1)
+                draft = s.drafter.propose(k)[:k] if k > 0 else []
+            s.draft = draft
+            n_rows += len(draft)
+            parts.append(Batch.for_sequence([s.last, *draft], s.pos, s.slot,
+                                            "all" if draft else "last"))
+            plan.append((s, len(draft) + 1, 0))
+        for s, chunk in chunks:
+            last = len(chunk) == len(s.pending)
+            parts.append(Batch.for_sequence(chunk, s.pos, s.slot, "last" if last else "none"))
+            plan.append((s, 1 if last else 0, len(chunk)))
+        batch = Batch.concat(parts)
+        t = time.perf_counter()
+        logits = eng.step(batch)  # [rows wanted, V]
+        dt = time.perf_counter() - t
+        self.costs.observe(len(batch), dt)
+        self.counters["steps"] += 1
+        row = 0
+        for s, n, n_prompt in plan:
+            rows = logits[row : row + n]
+            row += n
+            if n_prompt:
+                self._after_prefill(s, n_prompt, rows, dt)
+            else:
+                self._after_decode(s, rows, dt)
+
+    def _after_prefill(self, s: _Seq, chunk: int, rows: np.ndarray, dt: float) -> None:
+        s.pos += chunk
+        s.pending = s.pending[chunk:]
+        s.stats.prompt_eval_s += dt
+        if s.pending:
+            return
+        token = s.sampler(rows[0], s.history)
+        s.history.append(token)
+        if s.drafter is not None:
+            s.drafter.reset(s.history)
+        self._emit_tokens(s, [token])
+
+    def _after_decode(self, s: _Seq, rows: np.ndarray, dt: float) -> None:
+        draft = s.draft
+        before = len(s.history)
+        accepted = sample_and_accept(s.sampler, rows, draft, s.history, s.eog)
+        s.stats.steps += 1
+        # The cache now holds s.last and the drafts; keep s.last and the accepted drafts.
+        s.pos += 1 + accepted
+        if draft:
+            s.stats.draft_tokens += len(draft)
+            s.stats.draft_accepted += accepted
+            s.policy.update(len(draft), accepted)
+            if accepted < len(draft):
+                self.engine.kv.truncate(s.slot, s.pos)
+        new = s.history[before:]
+        if s.drafter is not None:
+            s.drafter.extend(new)
+        self._emit_tokens(s, new)
+
+    def _emit_tokens(self, s: _Seq, new: list[int]) -> None:
+        for tok in new:
+            reason = s.push(tok)
+            if reason is not None:
+                self._end(s, reason)
+                return
+        s.last = new[-1]
+        if s.pos >= self.engine.n_ctx:  # no room to evaluate the last token
+            self._end(s, "length")
