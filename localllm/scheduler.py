@@ -16,7 +16,8 @@ Each step builds ONE batch from every active sequence:
 Admission is FIFO into a bounded wait queue (`max_queue`; beyond it `QueueFullError`, which the
 server turns into 503 + Retry-After). A request that reaches the head of the queue takes the
 free slot whose cached tokens share the longest prefix with its prompt (ties: least recently
-used), so a shared system prompt or the earlier turns of a chat are not evaluated again; only
+used; a prefix counts when it is at least half of the prompt or of the slot's cache, so a
+common BOS does not evict a long conversation), so a shared system prompt or the earlier turns of a chat are not evaluated again; only
 the suffix is prefilled and `stats.prompt_eval_tokens` counts just that. Sliding-window rings
 are honoured through `KVCache.reusable_prefix` (a ring that lost the window recomputes).
 
@@ -317,8 +318,8 @@ class Scheduler:
         while self._waiting and len(self._active) < self.n_slots:
             req, h, t = self._waiting.popleft()
             free = [s for s in range(self.n_slots) if s not in self._active]
-            # Longest shared prefix first, then least recently used.
-            slot = max(free, key=lambda s: (kv.common_prefix(s, req.prompt), -self._last_used[s]))
+            slot = max(free, key=lambda s: (self._useful_prefix(s, req.prompt),
+                                            -self._last_used[s]))
             keep = kv.common_prefix(slot, req.prompt)
             if keep == len(req.prompt):  # all cached: re-evaluate the last token for logits
                 keep -= 1
@@ -328,6 +329,14 @@ class Scheduler:
             self._active[slot] = seq
             self.counters["prompt_tokens"] += len(req.prompt)
             self.counters["prompt_eval_tokens"] += len(seq.pending)
+
+    def _useful_prefix(self, slot: int, prompt: list[int]) -> int:
+        """The shared prefix, counted only when it is at least half of the prompt or of what
+        the slot holds: a BOS or a few common tokens must not make a request overwrite a
+        long cached conversation when an idle or older slot would do (then LRU decides)."""
+        kv = self.engine.kv
+        n = kv.common_prefix(slot, prompt)
+        return n if 2 * n >= min(len(prompt), kv.n_past(slot)) and n > 0 else 0
 
     def _end(self, seq: _Seq, reason: str) -> None:
         with self._lock:

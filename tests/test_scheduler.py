@@ -1,0 +1,148 @@
+"""The scheduler on a tiny random llama: many sequences in one step give the tokens each
+gives alone (greedy and seeded), a long prompt is prefilled in chunks while another stream
+goes on, slots are reused by longest prefix, cancellation frees the slot, the wait queue
+is bounded and over-long prompts are refused.
+
+Token equality with `generate()` relies on the engine giving a row the same logits whatever
+else is in the batch (batch invariance); the tiny f32 model's logits are well separated, so
+greedy ids agree even where float sums differ in the last bits."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from tiny_models import write_tiny_model
+
+from localllm.engine import Engine
+from localllm.errors import PromptTooLongError
+from localllm.generate import generate
+from localllm.sampling import Sampler, SamplerConfig
+from localllm.scheduler import QueueFullError, Request, Scheduler
+
+GREEDY = SamplerConfig(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    path = tmp_path_factory.mktemp("sched") / "tiny.gguf"
+    write_tiny_model(path, "llama", seed=3)
+    return Engine(path, n_ctx=256, n_slots=4, n_batch=32)
+
+
+@pytest.fixture
+def sched(engine: Engine):  # noqa: ANN201
+    for s in range(engine.kv.n_slots):
+        engine.kv.clear(s)
+    sch = Scheduler(engine, max_queue=8, prefill_chunk=8)
+    yield sch
+    sch.close(drain=False, timeout=30)
+
+
+def _prompts(engine: Engine) -> list[list[int]]:
+    enc = engine.tokenizer.encode
+    return [enc(t, add_special=True) for t in
+            ["hello world the", "a b c d e f a b c", "once upon a time " * 6, "x"]]
+
+
+def _alone(engine: Engine, prompt: list[int], cfg: SamplerConfig, n: int) -> list[int]:
+    engine.kv.clear(0)
+    return list(generate(engine, prompt, Sampler(cfg), max_tokens=n))[-1].tokens
+
+
+def test_batched_equals_alone_greedy_and_seeded(engine: Engine) -> None:
+    prompts = _prompts(engine)
+    cfgs = [GREEDY, SamplerConfig(temperature=0.9, seed=7), GREEDY,
+            SamplerConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0, seed=11)]
+    want = [_alone(engine, p, c, 24) for p, c in zip(prompts, cfgs)]
+    for s in range(engine.kv.n_slots):
+        engine.kv.clear(s)
+    sch = Scheduler(engine, prefill_chunk=8)
+    try:
+        handles = [sch.submit(Request(p, SamplerConfig(**vars(c)), max_tokens=24))
+                   for p, c in zip(prompts, cfgs)]
+        got = [h.result() for h in handles]
+    finally:
+        sch.close()
+    assert [g.tokens for g in got] == want
+    assert all(g.done_reason == "length" and g.stats.eval_tokens == 24 for g in got)
+    assert sch.status()["steps"] < sum(len(w) for w in want)  # sequences shared steps
+
+
+def test_long_prompt_is_chunked_and_interleaved(engine: Engine, sched: Scheduler) -> None:
+    order: list[str] = []  # appended on the engine thread, in emission order
+    short = sched.submit(Request([1, 5, 6, 7], GREEDY, max_tokens=12, ignore_eos=True),
+                         sink=lambda ev: order.append("s"))
+    long_prompt = [1] + [10 + (i % 50) for i in range(120)]
+    done = threading.Event()
+
+    def on_long(ev) -> None:  # noqa: ANN001
+        order.append("L")
+        if getattr(ev, "done", True):
+            done.set()
+
+    sched.submit(Request(long_prompt, GREEDY, max_tokens=2, ignore_eos=True), sink=on_long)
+    assert done.wait(60) and short.finished.wait(60)
+    # 121 prompt tokens in chunks of <= 8 rows take >= 15 steps: the short stream emitted
+    # tokens meanwhile instead of waiting for the whole prefill.
+    assert order.index("L") >= 5
+
+
+def test_prefix_cache_evaluates_only_the_new_suffix(engine: Engine, sched: Scheduler) -> None:
+    a = [1] + list(range(20, 60))
+    b = [1] + list(range(100, 130))
+    first = sched.submit(Request(a, GREEDY, max_tokens=1)).result()
+    assert first.stats.prompt_eval_tokens == len(a)
+    sched.submit(Request(b, GREEDY, max_tokens=1)).result()
+    # a follow-up of `a` finds a's slot (not b's, not an empty one): only the suffix runs
+    extra = [70, 71, 72]
+    again = sched.submit(Request(a + extra, GREEDY, max_tokens=4)).result()
+    assert again.stats.prompt_eval_tokens == len(extra)
+    # a second chat turn: the previous prompt + answer + new text; the answer's last token
+    # was never evaluated, so it and the new text are all that runs
+    turn2 = a + extra + again.tokens + [80, 81]
+    t2 = sched.submit(Request(turn2, GREEDY, max_tokens=2)).result()
+    assert t2.stats.prompt_eval_tokens == 3
+    # the same prompt again: everything cached, the last token re-evaluated for its logits
+    same = sched.submit(Request(b, GREEDY, max_tokens=1)).result()
+    assert same.stats.prompt_eval_tokens == 1 and same.tokens == _alone(engine, b, GREEDY, 1)
+
+
+def test_cancel_frees_the_slot(engine: Engine, sched: Scheduler) -> None:
+    h = sched.submit(Request([1, 5, 6], GREEDY, max_tokens=200, ignore_eos=True))
+    events = iter(h)
+    next(events)
+    h.cancel()
+    final = [e for e in events][-1]
+    assert final.done and final.done_reason == "cancelled" and final.stats.eval_tokens < 200
+    # mid-prefill: a long prompt cancelled at once never finishes its prompt
+    h2 = sched.submit(Request([1] + [9] * 200, GREEDY, max_tokens=5))
+    h2.cancel()
+    final2 = h2.result()
+    assert final2.done_reason == "cancelled" and final2.tokens == []
+    assert sched.status()["slots_busy"] == 0 and sched.idle()
+
+
+def test_queue_bound_and_errors(engine: Engine) -> None:
+    for s in range(engine.kv.n_slots):
+        engine.kv.clear(s)
+    sch = Scheduler(engine, max_queue=1)
+    try:
+        endless = [sch.submit(Request([1, 4], GREEDY, max_tokens=240, ignore_eos=True))
+                   for _ in range(4)]  # all four slots
+        waiting = sch.submit(Request([1, 5], GREEDY, max_tokens=3))
+        with pytest.raises(QueueFullError):
+            sch.submit(Request([1, 6], GREEDY, max_tokens=3))
+        assert sch.status()["rejected"] == 1
+        for h in endless:
+            h.cancel()
+        assert waiting.result().done_reason == "length"
+        with pytest.raises(PromptTooLongError, match="too many"):
+            sch.submit(Request([1] * 300, GREEDY))
+        cut = sch.submit(Request([1] * 300, GREEDY, max_tokens=2, truncate=True)).result()
+        assert cut.stats.prompt_tokens == 128
+        with pytest.raises(ValueError, match="empty"):
+            sch.submit(Request([], GREEDY))
+    finally:
+        sch.close(drain=False, timeout=30)
+    assert sch.idle()
