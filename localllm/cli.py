@@ -1,4 +1,4 @@
-"""`localllm` command line: run, show, tokenize, perplexity, bench.
+"""`localllm` command line: run, show, tokenize, perplexity, bench, serve.
 
 Every user mistake (missing or broken file, unknown architecture, prompt too long, bad
 option) ends as one `error: ...` line on stderr and a non-zero exit, never a traceback.
@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     from localllm.bench import add_parser as add_bench
 
     add_bench(sub)
+
+    from localllm.server.app import add_parser as add_serve
+
+    add_serve(sub)
     return parser
 
 
@@ -167,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_ERROR
     try:
-        if ns.command in ("run", "perplexity", "bench"):
+        if ns.command in ("run", "perplexity", "bench", "serve"):
             from localllm.warmup import skip_numba_blas_probe
 
             skip_numba_blas_probe()
@@ -187,6 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from localllm.bench import cmd_bench
 
             return cmd_bench(ns)
+        if ns.command == "serve":
+            from localllm.server.app import cmd_serve
+
+            return cmd_serve(ns)
         parser.error(f"unknown command {ns.command}")
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

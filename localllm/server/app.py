@@ -1,0 +1,159 @@
+"""The ASGI app (Starlette) and `localllm serve` (uvicorn).
+
+Handlers are plain async functions `(request, state) -> Response`; one wrapper per route turns
+`ApiError` into the route family's error shape (Ollama or OpenAI), checks the optional API
+key, and logs (never sends) the traceback of a real server bug. Unknown paths and wrong
+methods are JSON 404/405 too. Binding beyond loopback needs `--host` and prints a warning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from localllm.server import ollama, openai_api
+from localllm.server.common import ApiError, ClientGone, ServerState
+
+Handler = Callable[[HttpRequest, ServerState], Awaitable[Response]]
+
+
+def error_response(openai: bool, status: int, message: str,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    headers = dict(headers or {})
+    if status == 501:
+        headers["x-should-retry"] = "false"  # a missing feature: retrying cannot help
+    if openai:
+        kind = {400: "invalid_request_error", 401: "authentication_error",
+                404: "not_found_error"}.get(status, "api_error")
+        body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    else:
+        body = {"error": message}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _wrap(fn: Handler, state: ServerState, openai: bool) -> Callable[[HttpRequest], Awaitable[Response]]:
+    async def endpoint(request: HttpRequest) -> Response:
+        try:
+            if state.api_key is not None and request.url.path != "/":
+                if request.headers.get("authorization", "") != f"Bearer {state.api_key}":
+                    raise ApiError(401, "missing or wrong API key (Authorization: Bearer ...)")
+            return await fn(request, state)
+        except ApiError as e:
+            return error_response(openai, e.status, e.message, e.headers)
+        except ClientGone:
+            return Response(status_code=499)  # nobody is listening
+        except Exception as e:  # noqa: BLE001 - a bug of ours: log it, answer without details
+            traceback.print_exc(file=sys.stderr)
+            return error_response(openai, 500, f"internal server error: {type(e).__name__}")
+
+    return endpoint
+
+
+def build_app(state: ServerState) -> Starlette:
+    o, oa = ollama, openai_api
+    table: list[tuple[str, Handler, list[str]]] = [
+        ("/", o.root, ["GET"]),
+        ("/api/version", o.version, ["GET"]),
+        ("/api/generate", o.generate, ["POST"]),
+        ("/api/chat", o.chat, ["POST"]),
+        ("/api/tags", o.tags, ["GET"]),
+        ("/api/show", o.show, ["POST"]),
+        ("/api/ps", o.ps, ["GET"]),
+        ("/api/pull", o.pull, ["POST"]),
+        ("/api/embed", o.not_supported, ["POST"]),
+        ("/api/embeddings", o.not_supported, ["POST"]),
+        ("/api/create", o.not_supported, ["POST"]),
+        ("/api/copy", o.not_supported, ["POST"]),
+        ("/api/delete", o.not_supported, ["DELETE"]),
+        ("/api/push", o.not_supported, ["POST"]),
+        ("/v1/chat/completions", oa.chat_completions, ["POST"]),
+        ("/v1/completions", oa.completions, ["POST"]),
+        ("/v1/models", oa.models, ["GET"]),
+        ("/v1/models/{model:path}", oa.model, ["GET"]),
+        ("/v1/embeddings", o.not_supported, ["POST"]),
+    ]
+    routes = [Route(path, _wrap(fn, state, path.startswith("/v1/")), methods=methods)
+              for path, fn, methods in table]
+
+    async def http_error(request: HttpRequest, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        msg = {404: f"{request.url.path} not found", 405: "method not allowed"}.get(
+            status, getattr(exc, "detail", "error"))
+        return error_response(request.url.path.startswith("/v1/"), status, msg)
+
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app.state.localllm = state
+    return app
+
+
+# --- `localllm serve` ------------------------------------------------------------------------
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from localllm.kv_cache import KV_TYPES
+
+    p = sub.add_parser("serve", help="serve the Ollama API and OpenAI /v1 over HTTP")
+    p.add_argument("model", nargs="?", default=None, help="model path (default: the built-in model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    p.add_argument("--port", type=int, default=11434, help="port (default 11434, Ollama's)")
+    p.add_argument("--parallel", "-np", type=int, default=4, help="sequence slots served at once (default 4)")
+    p.add_argument("-c", "--ctx", type=int, default=None, help="context size per slot (default: 4096 or the model's)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--kv-type", "-ctk", choices=KV_TYPES, default="f16", help="KV cache type (default f16)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 503 (default 64)")
+    p.add_argument("--prefill-chunk", type=int, default=None, help="most prompt rows per engine step (default: the batch size, 512)")
+    p.add_argument("--name", default=None, help="the model's name over HTTP (default: from the file name)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--speculate", choices=("auto", "off"), default="auto", help="n-gram speculative decoding (lossless)")
+    p.add_argument("--draft-max", type=int, default=8, metavar="K", help="most tokens drafted per step (default 8)")
+
+
+def make_state(ns: argparse.Namespace) -> ServerState:
+    from pathlib import Path
+
+    from localllm.default_model import resolve_model
+    from localllm.engine import Engine
+    from localllm.scheduler import Scheduler
+    from localllm.server.common import default_name
+    from localllm.speculative import SpecOptions
+
+    if ns.parallel < 1:
+        raise ValueError(f"--parallel must be at least 1, got {ns.parallel}")
+    if ns.max_queue < 0:
+        raise ValueError(f"--max-queue must be >= 0, got {ns.max_queue}")
+    path = Path(resolve_model(ns.model))
+    engine = Engine(path, n_ctx=ns.ctx, n_threads=ns.threads, n_slots=ns.parallel,
+                    kv_type=ns.kv_type)
+    engine.warmup()
+    spec = SpecOptions(mode=ns.speculate, draft_max=ns.draft_max)
+    sched = Scheduler(engine, max_queue=ns.max_queue, prefill_chunk=ns.prefill_chunk, spec=spec)
+    name = ns.name or default_name(path)
+    if ":" not in name:
+        name += ":latest"
+    return ServerState(engine, sched, name, api_key=ns.api_key)
+
+
+def cmd_serve(ns: argparse.Namespace) -> int:
+    import uvicorn
+
+    if not 0 < ns.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {ns.port}")
+    if ns.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: listening on {ns.host}: other machines can reach this server"
+              + ("" if ns.api_key else " (no --api-key set)"), file=sys.stderr)
+    state = make_state(ns)
+    print(f"localllm serve: {state.name} on http://{ns.host}:{ns.port} "
+          f"({state.scheduler.n_slots} slots x {state.engine.n_ctx} tokens)", file=sys.stderr)
+    # uvicorn handles SIGINT/SIGTERM: it stops accepting and lets open responses finish.
+    uvicorn.run(build_app(state), host=ns.host, port=ns.port, log_level="warning",
+                timeout_graceful_shutdown=30)
+    state.scheduler.close(drain=False, timeout=10)
+    return 0

@@ -1,0 +1,352 @@
+"""What both API dialects share: the loaded model, request validation, option mapping, prompt
+building, and the bridge from the scheduler's engine thread to an asyncio handler.
+
+Every check on client input raises `ApiError(status, message)`; the app turns it into the
+dialect's JSON error (Ollama `{"error": ...}`, OpenAI `{"error": {"message": ...}}`). Nothing
+a client sends may reach a 500: types are checked here before any value is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request as HttpRequest
+
+from localllm.generate import Event
+from localllm.sampling import SamplerConfig
+from localllm.scheduler import Handle, QueueFullError, Request, Scheduler, SchedulerClosedError
+
+if TYPE_CHECKING:
+    from localllm.engine import Engine
+
+OLLAMA_VERSION = "0.6.5"  # what /api/version answers: tools gate features on >= 0.5
+DEFAULT_BODY_LIMIT = 8 << 20
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+@dataclass
+class ServerState:
+    """The one loaded model and its scheduler (one model at a time)."""
+
+    engine: Engine
+    scheduler: Scheduler
+    name: str  # the model's name over HTTP, e.g. "smollm2-135m-instruct:latest"
+    api_key: str | None = None
+    body_limit: int = DEFAULT_BODY_LIMIT
+    loaded_at: float = field(default_factory=time.time)
+    _digest: str | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.engine.path
+
+    def resolve(self, model: Any, required: bool = True) -> str:
+        """The served name for a client's model name, or 404 as Ollama answers. A name is
+        only ever compared with ours, never turned into a path."""
+        if model is None or model == "":
+            if required:
+                raise ApiError(400, "model is required")
+            return self.name
+        if not isinstance(model, str):
+            raise ApiError(400, "model must be a string")
+        base, _, tag = model.partition(":")
+        ours, _, our_tag = self.name.partition(":")
+        if base == ours and (tag or "latest") == our_tag:
+            return self.name
+        raise ApiError(404, f"model '{model}' not found")
+
+    @property
+    def digest(self) -> str:
+        if self._digest is None:
+            h = hashlib.sha256()
+            with open(self.path, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+            self._digest = h.hexdigest()
+        return self._digest
+
+    def modified_at(self) -> str:
+        return rfc3339(self.path.stat().st_mtime)
+
+    def details(self) -> dict[str, Any]:
+        from localllm.describe import file_type_name
+
+        md = self.engine.metadata
+        arch = md.get("general.architecture") or ""
+        ftype = md.get("general.file_type")
+        n_params = sum(t.n_elements for t in self.engine.gf.tensors.values())
+        from localllm.describe import _param_label
+
+        return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
+                "parameter_size": _param_label(n_params),
+                "quantization_level": file_type_name(int(ftype)) if ftype is not None else ""}
+
+
+def default_name(path: Path) -> str:
+    """A file name as an Ollama-style model name: 'SmolLM2-135M.Q4_1.gguf' -> 'smollm2-135m.q4_1:latest'."""
+    return path.name.removesuffix(".gguf").lower().replace(":", "-") + ":latest"
+
+
+def rfc3339(t: float | None = None) -> str:
+    dt = datetime.fromtimestamp(time.time() if t is None else t, tz=timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def ns(seconds: float) -> int:
+    return int(seconds * 1e9)
+
+
+# --- request bodies --------------------------------------------------------------------------
+
+
+async def read_json(request: HttpRequest, limit: int) -> dict[str, Any]:
+    """The JSON object of a request body: 413 past `limit` bytes, 400 when missing,
+    malformed or not an object."""
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > limit:
+        raise ApiError(413, f"request body is larger than {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"request body is larger than {limit} bytes")
+    if not body.strip():
+        raise ApiError(400, "missing request body")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"invalid JSON in the request body: {e}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return data
+
+
+def get(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], default: Any = None,
+        where: str = "") -> Any:
+    """d[key] checked against a JSON type (bool is not a number here; an int is a float)."""
+    v = d.get(key, default)
+    if v is None:
+        return default
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    ok = isinstance(v, kinds) and not (isinstance(v, bool) and bool not in kinds)
+    if not ok and float in kinds and isinstance(v, int) and not isinstance(v, bool):
+        ok = True
+    if not ok:
+        names = "/".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+        raise ApiError(400, f"{where}{key!r} must be of type {names}, got {json.dumps(v)[:60]}")
+    return v
+
+
+_TYPE_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array",
+               dict: "object"}
+
+# Ollama option name -> (type, SamplerConfig field or request field)
+_FLOAT_OPTS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty",
+               "presence_penalty", "frequency_penalty")
+_INT_OPTS = ("top_k", "repeat_last_n", "seed", "num_predict", "num_ctx", "num_keep",
+             "num_batch", "num_thread", "num_gpu", "main_gpu", "draft_num_predict")
+
+
+@dataclass
+class GenOptions:
+    sampling: SamplerConfig
+    max_tokens: int = -1
+    stop: list[str] = field(default_factory=list)
+    draft_max: int | None = None
+    speculate: bool = True
+
+
+def ollama_defaults() -> SamplerConfig:
+    """Ollama's DefaultOptions(): temperature 0.8, top_k 40, top_p 0.9, no min_p."""
+    return SamplerConfig(temperature=0.8, top_k=40, top_p=0.9, min_p=0.0, typical_p=1.0,
+                         repeat_penalty=1.0, repeat_last_n=64)
+
+
+def parse_options(options: Any, base: SamplerConfig, n_ctx: int) -> GenOptions:
+    """Ollama `options` onto the sampler and limits. Unknown keys are ignored (as Ollama
+    does); known keys of the wrong type are a 400."""
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "'options' must be a JSON object")
+    cfg = SamplerConfig(**vars(base))
+    out = GenOptions(cfg)
+    w = "option "
+    for key in _FLOAT_OPTS:
+        if key in options and options[key] is not None:
+            setattr(cfg, key, float(get(options, key, float, where=w)))
+    for key in _INT_OPTS:
+        if key in options and options[key] is not None:
+            get(options, key, int, where=w)
+    if options.get("top_k") is not None:
+        cfg.top_k = int(options["top_k"])
+    if options.get("repeat_last_n") is not None:
+        n = int(options["repeat_last_n"])
+        cfg.repeat_last_n = n_ctx if n == -1 else n
+    if options.get("seed") is not None:
+        seed = int(options["seed"])
+        cfg.seed = None if seed < 0 else seed
+    if options.get("num_predict") is not None:
+        n = int(options["num_predict"])
+        out.max_tokens = -1 if n < 0 else n
+    if options.get("draft_num_predict") is not None:
+        n = int(options["draft_num_predict"])
+        out.speculate, out.draft_max = n > 0, (n if n > 0 else None)
+    if options.get("stop") is not None:
+        out.stop = parse_stop(options["stop"], "option 'stop'")
+    try:
+        cfg.validate()
+    except ValueError as e:
+        raise ApiError(400, f"invalid option: {e}") from None
+    return out
+
+
+def parse_stop(v: Any, what: str = "'stop'") -> list[str]:
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, list) and all(isinstance(s, str) for s in v):
+        return list(v)
+    raise ApiError(400, f"{what} must be a string or an array of strings")
+
+
+# --- prompts ---------------------------------------------------------------------------------
+
+
+def chat_prompt(engine: Engine, messages: list[dict[str, Any]], template: str | None = None) -> list[int]:
+    """Token ids of a conversation rendered with the model's chat template (or `template`,
+    a Jinja override) and an open assistant turn."""
+    from localllm.chat_template import ChatTemplate, TemplateError, encode_chat
+
+    try:
+        tmpl = engine.template if template is None else ChatTemplate(template, engine.tokenizer)
+        text = tmpl.render(messages, add_generation_prompt=True)
+    except TemplateError as e:
+        raise ApiError(400, str(e)) from None
+    return encode_chat(engine.tokenizer, text)
+
+
+def raw_prompt(engine: Engine, text: str) -> list[int]:
+    """A prompt sent as is: BOS as the vocabulary asks, special-token text kept literal."""
+    return engine.tokenizer.encode(text, add_special=True, parse_special=False)
+
+
+def check_messages(messages: Any, where: str = "messages") -> list[dict[str, Any]]:
+    """Messages as the template wants them: role and text content (OpenAI content parts of
+    type "text" joined)."""
+    if not isinstance(messages, list):
+        raise ApiError(400, f"'{where}' must be an array of messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ApiError(400, f"{where}[{i}] must be an object")
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise ApiError(400, f"{where}[{i}].role must be a non-empty string")
+        content = m.get("content", "")
+        if content is None:
+            content = ""
+        if isinstance(content, list):  # OpenAI content parts
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" \
+                        or not isinstance(part.get("text"), str):
+                    raise ApiError(400, f"{where}[{i}]: only text content parts are supported")
+                texts.append(part["text"])
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise ApiError(400, f"{where}[{i}].content must be a string")
+        if m.get("images"):
+            raise ApiError(400, "images are not supported: the model is text-only")
+        if m.get("tool_calls"):
+            raise ApiError(400, "tool calls are not supported yet")
+        out.append({"role": role.lower(), "content": content})
+    return out
+
+
+def unsupported(body: Mapping[str, Any], *keys: str) -> None:
+    """Fields we do not implement yet: a clear 400 rather than silently ignoring them."""
+    for key in keys:
+        v = body.get(key)
+        if v not in (None, False, [], {}, "", "text"):
+            raise ApiError(400, f"'{key}' is not supported by this server yet")
+
+
+# --- scheduler bridge ------------------------------------------------------------------------
+
+
+class Stream:
+    """A submitted request seen from asyncio: events from the engine thread arrive on an
+    asyncio queue; `cancel()` (client gone) frees the slot at the next engine step."""
+
+    def __init__(self, state: ServerState, req: Request) -> None:
+        loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+        self.t0 = time.perf_counter()
+        try:
+            self.handle: Handle = state.scheduler.submit(
+                req, sink=lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, ev))
+        except QueueFullError as e:
+            raise ApiError(503, str(e), {"Retry-After": "1"}) from None
+        except SchedulerClosedError as e:
+            raise ApiError(503, str(e), {"Retry-After": "5"}) from None
+        except ValueError as e:  # prompt too long, bad sampling values
+            raise ApiError(400, _http_message(e, state)) from None
+
+    def cancel(self) -> None:
+        self.handle.cancel()
+
+    async def next(self, request: HttpRequest | None = None) -> Event:
+        """The next event; with `request`, polls for a client that went away meanwhile
+        (non-streaming responses write nothing until the end, so this is how they notice)."""
+        while True:
+            try:
+                ev = await asyncio.wait_for(self.queue.get(), 0.25 if request else None)
+            except TimeoutError:
+                if request is not None and await request.is_disconnected():
+                    self.cancel()
+                    raise ClientGone() from None
+                continue
+            if isinstance(ev, BaseException):
+                raise ApiError(500, f"generation failed: {ev}")
+            return ev
+
+    async def collect(self, request: HttpRequest) -> tuple[str, Event]:
+        parts = []
+        try:
+            while True:
+                ev = await self.next(request)
+                if ev.done:
+                    return "".join(parts) + ev.text, ev
+                parts.append(ev.text)
+        except BaseException:
+            self.cancel()
+            raise
+
+
+class ClientGone(Exception):
+    """The client disconnected; nothing is sent."""
+
+
+def _http_message(e: ValueError, state: ServerState) -> str:
+    from localllm.errors import PromptTooLongError
+
+    if isinstance(e, PromptTooLongError):
+        return (f"the prompt is {e.n_prompt} tokens but the context holds {e.n_ctx}: "
+                f"{e.n_prompt - e.n_ctx + 1} tokens too many (start the server with a larger "
+                "-c/--ctx, or send \"truncate\": true to keep only the end of the prompt)")
+    return str(e)

@@ -1,0 +1,241 @@
+"""Ollama's native API (/api/*): generate and chat (NDJSON streams by default), model info.
+
+Field names, nanosecond durations, `done_reason` and the final chunk's metrics follow
+Ollama's `api/types.go`; intermediate chunks carry no metric keys (Go's omitempty). An error
+before the first byte is a real status with `{"error": ...}`; after it, one last NDJSON line
+`{"error": ...}` (the Python client raises on it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from localllm.generate import Event
+from localllm.scheduler import Request
+from localllm.server.common import (
+    OLLAMA_VERSION,
+    ApiError,
+    ServerState,
+    Stream,
+    chat_prompt,
+    check_messages,
+    get,
+    ns,
+    ollama_defaults,
+    parse_options,
+    raw_prompt,
+    read_json,
+    rfc3339,
+    unsupported,
+)
+
+NDJSON = "application/x-ndjson"
+FAR_FUTURE = "2318-01-01T00:00:00Z"  # expires_at of a model that never unloads
+
+
+def _metrics(ev: Event, t0: float) -> dict[str, Any]:
+    st = ev.stats
+    return {"total_duration": ns(time.perf_counter() - t0), "load_duration": 0,
+            "prompt_eval_count": st.prompt_eval_tokens, "prompt_eval_duration": ns(st.prompt_eval_s),
+            "eval_count": st.eval_tokens, "eval_duration": ns(st.eval_s)}
+
+
+def _common(body: dict[str, Any], state: ServerState) -> tuple[str, Any, bool]:
+    model = state.resolve(body.get("model"))
+    stream = get(body, "stream", bool, True)
+    get(body, "keep_alive", (int, float, str))
+    unsupported(body, "format", "tools", "images", "suffix")
+    if get(body, "logprobs", bool, False):
+        raise ApiError(400, "'logprobs' is not supported by this server yet")
+    get(body, "think", (bool, str))  # models here do not think: answered normally
+    return model, body.get("options"), stream
+
+
+def _request(state: ServerState, prompt: list[int], options: Any, truncate: bool) -> Request:
+    o = parse_options(options, ollama_defaults(), state.engine.n_ctx)
+    return Request(prompt, o.sampling, max_tokens=o.max_tokens, stop=o.stop, truncate=truncate,
+                   speculate=o.speculate, draft_max=o.draft_max)
+
+
+async def generate(request: HttpRequest, state: ServerState) -> Response:
+    body = await read_json(request, state.body_limit)
+    model, options, stream = _common(body, state)
+    prompt = get(body, "prompt", str, "")
+    system = get(body, "system", str)
+    template = get(body, "template", str)
+    context = get(body, "context", list)
+    raw = get(body, "raw", bool, False)
+    truncate = get(body, "truncate", bool, False)
+    if raw and (template or system or context):
+        raise ApiError(400, "raw mode does not support template, system, or context")
+    if not prompt and not context:  # load probe: the model is loaded
+        return JSONResponse({"model": model, "created_at": rfc3339(), "response": "",
+                             "done": True, "done_reason": "load"})
+    eng = state.engine
+    if raw:
+        ids = raw_prompt(eng, prompt)
+    else:
+        msgs = ([{"role": "system", "content": system}] if system else []) + \
+            [{"role": "user", "content": prompt}]
+        ids = chat_prompt(eng, msgs, template)
+    if context:
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in context):
+            raise ApiError(400, "'context' must be an array of token ids")
+        bos = eng.tokenizer.bos_id
+        ids = list(context) + (ids[1:] if ids and ids[0] == bos else ids)
+    req = _request(state, ids, options, truncate)
+    s = Stream(state, req)
+    prompt_ids = req.prompt  # after truncation, if it was asked for
+
+    def final(ev: Event, text: str) -> dict[str, Any]:
+        out = {"model": model, "created_at": rfc3339(), "response": text, "done": True,
+               "done_reason": ev.done_reason, **_metrics(ev, s.t0)}
+        if not raw:
+            out["context"] = prompt_ids + ev.tokens
+        return out
+
+    if not stream:
+        text, ev = await s.collect(request)
+        return JSONResponse(final(ev, text))
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            while True:
+                ev = await s.next()
+                if ev.done:
+                    yield _line(final(ev, ev.text))
+                    return
+                if ev.text:
+                    yield _line({"model": model, "created_at": rfc3339(), "response": ev.text,
+                                 "done": False})
+        except ApiError as e:
+            yield _line({"error": e.message})
+        finally:
+            s.cancel()  # a client that left: free the slot at the next step
+
+    return StreamingResponse(chunks(), media_type=NDJSON)
+
+
+async def chat(request: HttpRequest, state: ServerState) -> Response:
+    body = await read_json(request, state.body_limit)
+    model, options, stream = _common(body, state)
+    messages = check_messages(body.get("messages", []))
+    truncate = get(body, "truncate", bool, False)
+    if not messages:
+        return JSONResponse({"model": model, "created_at": rfc3339(),
+                             "message": {"role": "assistant", "content": ""},
+                             "done": True, "done_reason": "load"})
+    ids = chat_prompt(state.engine, messages)
+    s = Stream(state, _request(state, ids, options, truncate))
+
+    def final(ev: Event, text: str) -> dict[str, Any]:
+        return {"model": model, "created_at": rfc3339(),
+                "message": {"role": "assistant", "content": text}, "done": True,
+                "done_reason": ev.done_reason, **_metrics(ev, s.t0)}
+
+    if not stream:
+        text, ev = await s.collect(request)
+        return JSONResponse(final(ev, text))
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            while True:
+                ev = await s.next()
+                if ev.done:
+                    yield _line(final(ev, ev.text))
+                    return
+                if ev.text:
+                    yield _line({"model": model, "created_at": rfc3339(),
+                                 "message": {"role": "assistant", "content": ev.text},
+                                 "done": False})
+        except ApiError as e:
+            yield _line({"error": e.message})
+        finally:
+            s.cancel()
+
+    return StreamingResponse(chunks(), media_type=NDJSON)
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
+
+
+def _entry(state: ServerState) -> dict[str, Any]:
+    return {"name": state.name, "model": state.name, "modified_at": state.modified_at(),
+            "size": state.path.stat().st_size, "digest": state.digest,
+            "details": state.details()}
+
+
+async def tags(request: HttpRequest, state: ServerState) -> Response:
+    return JSONResponse({"models": [_entry(state)]})
+
+
+async def ps(request: HttpRequest, state: ServerState) -> Response:
+    e = _entry(state)
+    e.pop("modified_at")
+    e.update(expires_at=FAR_FUTURE, size_vram=0, context_length=state.engine.n_ctx)
+    return JSONResponse({"models": [e]})
+
+
+async def show(request: HttpRequest, state: ServerState) -> Response:
+    body = await read_json(request, state.body_limit)
+    state.resolve(body.get("model", body.get("name")))
+    verbose = get(body, "verbose", bool, False)
+    md = state.engine.metadata
+    info: dict[str, Any] = {}
+    for k, v in md.items():
+        if k == "tokenizer.chat_template":
+            continue
+        v = _jsonable(v)
+        if isinstance(v, list) and len(v) > 16 and not verbose:
+            v = []
+        info[k] = v
+    tmpl = md.get("tokenizer.chat_template")
+    if isinstance(tmpl, (bytes, bytearray)):
+        tmpl = bytes(tmpl).decode("utf-8", "replace")
+    return JSONResponse({
+        "modelfile": f"FROM {state.path.name}\n", "parameters": "", "template": tmpl or "",
+        "system": "", "license": str(md.get("general.license", "")), "details": state.details(),
+        "model_info": info, "capabilities": ["completion"], "modified_at": state.modified_at(),
+    })
+
+
+def _jsonable(v: Any) -> Any:
+    import numpy as np
+
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v).decode("utf-8", "replace")
+    if isinstance(v, list):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+async def version(request: HttpRequest, state: ServerState) -> Response:
+    return JSONResponse({"version": OLLAMA_VERSION})
+
+
+async def root(request: HttpRequest, state: ServerState) -> Response:
+    return PlainTextResponse("Ollama is running")
+
+
+async def pull(request: HttpRequest, state: ServerState) -> Response:
+    """Nothing is downloaded: the served model is already here; any other name is a 404."""
+    body = await read_json(request, state.body_limit)
+    state.resolve(body.get("model", body.get("name")))
+    if get(body, "stream", bool, True):
+        return Response(_line({"status": "success"}), media_type=NDJSON)
+    return JSONResponse({"status": "success"})
+
+
+async def not_supported(request: HttpRequest, state: ServerState) -> Response:
+    raise ApiError(501, f"{request.url.path} is not supported by this server yet")

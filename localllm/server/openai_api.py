@@ -1,0 +1,186 @@
+"""OpenAI-compatible routes (/v1/*), mapped as Ollama maps them: temperature and top_p default
+to 1.0 when absent, `max_tokens`/`max_completion_tokens` -> num_predict, `stream` defaults to
+false. Streams are Server-Sent Events: the role in the first delta, content deltas, an
+empty-delta chunk with finish_reason, a usage chunk with `choices: []` when
+`stream_options.include_usage`, then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from localllm.generate import Event
+from localllm.sampling import SamplerConfig
+from localllm.scheduler import Request
+from localllm.server.common import (
+    ApiError,
+    ServerState,
+    Stream,
+    chat_prompt,
+    check_messages,
+    get,
+    parse_stop,
+    raw_prompt,
+    read_json,
+    unsupported,
+)
+
+FINGERPRINT = "fp_localllm"
+
+
+def _sampling(body: dict[str, Any]) -> tuple[SamplerConfig, int, list[str]]:
+    cfg = SamplerConfig(temperature=float(get(body, "temperature", float, 1.0)),
+                        top_p=float(get(body, "top_p", float, 1.0)), top_k=40, min_p=0.0,
+                        presence_penalty=float(get(body, "presence_penalty", float, 0.0)),
+                        frequency_penalty=float(get(body, "frequency_penalty", float, 0.0)),
+                        seed=get(body, "seed", int))
+    # non-standard but common (llama.cpp, vLLM accept them)
+    if body.get("top_k") is not None:
+        cfg.top_k = int(get(body, "top_k", int))
+    if body.get("min_p") is not None:
+        cfg.min_p = float(get(body, "min_p", float))
+    try:
+        cfg.validate()
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+    n_max = get(body, "max_completion_tokens", int, get(body, "max_tokens", int, -1))
+    if n_max is not None and n_max < 0 and n_max != -1:
+        raise ApiError(400, "max_tokens must be >= 0")
+    stop = parse_stop(body["stop"]) if body.get("stop") is not None else []
+    if len(stop) > 16:
+        raise ApiError(400, "at most 16 stop strings")
+    if get(body, "n", int, 1) != 1:
+        raise ApiError(400, "only n = 1 is supported")
+    unsupported(body, "tools", "logprobs", "top_logprobs", "logit_bias", "suffix")
+    rf = body.get("response_format")
+    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
+        raise ApiError(400, "'response_format' other than text is not supported by this server yet")
+    return cfg, n_max, stop
+
+
+def _usage(ev: Event) -> dict[str, int]:
+    p, c = ev.stats.prompt_tokens, ev.stats.eval_tokens
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    so = get(body, "stream_options", dict, {})
+    return bool(get(so, "include_usage", bool, False))
+
+
+def _sse(obj: Any) -> bytes:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+async def chat_completions(request: HttpRequest, state: ServerState) -> Response:
+    body = await read_json(request, state.body_limit)
+    model = state.resolve(body.get("model"))
+    messages = check_messages(body.get("messages"))
+    if not messages:
+        raise ApiError(400, "[] is too short - 'messages'")
+    cfg, n_max, stop = _sampling(body)
+    stream = get(body, "stream", bool, False)
+    include_usage = _include_usage(body)
+    ids = chat_prompt(state.engine, messages)
+    s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop))
+    rid, created = f"chatcmpl-{s.handle.id}", int(time.time())
+    head = {"id": rid, "created": created, "model": model, "system_fingerprint": FINGERPRINT}
+    if not stream:
+        text, ev = await s.collect(request)
+        return JSONResponse({**head, "object": "chat.completion", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text},
+             "finish_reason": ev.done_reason}], "usage": _usage(ev)})
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
+        return _sse({**head, "object": "chat.completion.chunk",
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            first = True
+            while True:
+                ev = await s.next()
+                if ev.done:
+                    if ev.text or first:
+                        yield chunk({"role": "assistant", "content": ev.text} if first
+                                    else {"content": ev.text}, None)
+                    yield chunk({}, ev.done_reason)
+                    if include_usage:
+                        yield _sse({**head, "object": "chat.completion.chunk", "choices": [],
+                                    "usage": _usage(ev)})
+                    yield b"data: [DONE]\n\n"
+                    return
+                if ev.text:
+                    yield chunk({"role": "assistant", "content": ev.text} if first
+                                else {"content": ev.text}, None)
+                    first = False
+        except ApiError as e:
+            yield _sse({"error": {"message": e.message, "type": "api_error"}})
+        finally:
+            s.cancel()
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def completions(request: HttpRequest, state: ServerState) -> Response:
+    body = await read_json(request, state.body_limit)
+    model = state.resolve(body.get("model"))
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise ApiError(400, "'prompt' must be a string")
+    if not prompt:
+        raise ApiError(400, "'prompt' must not be empty")
+    cfg, n_max, stop = _sampling(body)
+    stream = get(body, "stream", bool, False)
+    include_usage = _include_usage(body)
+    s = Stream(state, Request(raw_prompt(state.engine, prompt), cfg, max_tokens=n_max, stop=stop))
+    head = {"id": f"cmpl-{s.handle.id}", "object": "text_completion",
+            "created": int(time.time()), "model": model, "system_fingerprint": FINGERPRINT}
+    if not stream:
+        text, ev = await s.collect(request)
+        return JSONResponse({**head, "choices": [{"text": text, "index": 0, "logprobs": None,
+                                                  "finish_reason": ev.done_reason}],
+                             "usage": _usage(ev)})
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            while True:
+                ev = await s.next()
+                if ev.done:
+                    yield _sse({**head, "choices": [{"text": ev.text, "index": 0, "logprobs": None,
+                                                     "finish_reason": ev.done_reason}]})
+                    if include_usage:
+                        yield _sse({**head, "choices": [], "usage": _usage(ev)})
+                    yield b"data: [DONE]\n\n"
+                    return
+                if ev.text:
+                    yield _sse({**head, "choices": [{"text": ev.text, "index": 0,
+                                                     "logprobs": None, "finish_reason": None}]})
+        except ApiError as e:
+            yield _sse({"error": {"message": e.message, "type": "api_error"}})
+        finally:
+            s.cancel()
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _model_obj(state: ServerState) -> dict[str, Any]:
+    return {"id": state.name, "object": "model", "created": int(state.path.stat().st_mtime),
+            "owned_by": "library"}
+
+
+async def models(request: HttpRequest, state: ServerState) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_obj(state)]})
+
+
+async def model(request: HttpRequest, state: ServerState) -> Response:
+    state.resolve(request.path_params["model"])
+    return JSONResponse(_model_obj(state))
