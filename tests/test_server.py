@@ -1,0 +1,221 @@
+"""`localllm serve` through the official `ollama` and `openai` Python clients, against a
+uvicorn server on a free loopback port (SmolLM2-135M-Instruct, 4 slots): generate and chat,
+streaming and not, options, stop, model info, typed errors, malformed input (never a 5xx),
+seeded determinism alone and under concurrency, and disconnects that free their slots."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import ollama
+import openai
+import pytest
+import uvicorn
+
+from localllm.engine import Engine
+from localllm.scheduler import QueueFullError, Scheduler
+from localllm.server import ServerState, build_app
+from localllm.server.common import default_name
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path: Path):  # noqa: ANN201
+    engine = Engine(smollm2_path, n_ctx=512, n_slots=4, n_batch=64)
+    state = ServerState(engine, Scheduler(engine, max_queue=16), default_name(smollm2_path))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port,
+                                        log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    while not srv.started:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", state
+    srv.should_exit = True
+    thread.join(30)
+    state.scheduler.close(drain=False, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def oc(server) -> ollama.Client:  # noqa: ANN001
+    return ollama.Client(host=server[0])
+
+
+@pytest.fixture(scope="module")
+def ai(server) -> openai.OpenAI:  # noqa: ANN001
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="x", max_retries=0)
+
+
+def _model(server) -> str:  # noqa: ANN001
+    return server[1].name.removesuffix(":latest")
+
+
+GREEDY = {"temperature": 0, "num_predict": 12}
+
+
+def _wait_idle(state: ServerState) -> None:
+    for _ in range(600):  # polls for the condition, not a timing assertion
+        if state.scheduler.idle():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"slots still busy: {state.scheduler.status()}")
+
+
+def test_generate_and_chat_streaming_and_not(server, oc) -> None:  # noqa: ANN001
+    m = _model(server)
+    r = oc.generate(model=m, prompt="What is the capital of France?", options=GREEDY)
+    assert r.done and r.done_reason == "length" and r.eval_count == 12 and r.response
+    assert r.prompt_eval_count > 0 and r.total_duration > 0 and r.context
+    parts = list(oc.generate(model=m, prompt="What is the capital of France?", options=GREEDY,
+                             stream=True))
+    assert "".join(p.response for p in parts) == r.response
+    assert parts[-1].done and not any(p.done for p in parts[:-1])
+    # the same prompt again is all cached but its last token
+    assert parts[-1].prompt_eval_count == 1
+
+    msgs = [{"role": "user", "content": "Say hello."}]
+    c = oc.chat(model=m, messages=msgs, options=GREEDY)
+    assert c.message.role == "assistant" and c.message.content and c.done_reason == "length"
+    chunks = list(oc.chat(model=m, messages=msgs, options=GREEDY, stream=True))
+    assert "".join(ch.message.content for ch in chunks) == c.message.content
+    # a second turn evaluates only the new part, not the history
+    msgs2 = msgs + [{"role": "assistant", "content": c.message.content},
+                    {"role": "user", "content": "Again."}]
+    c2 = oc.chat(model=m, messages=msgs2, options=GREEDY)
+    assert 0 < c2.prompt_eval_count < len(server[1].engine.kv.tokens[0]) // 2 + 20
+
+
+def test_stop_and_options(server, oc) -> None:  # noqa: ANN001
+    m = _model(server)
+    full = oc.generate(model=m, prompt="Count: 1, 2, 3,", raw=True,
+                       options={"temperature": 0, "num_predict": 16}).response
+    assert "," in full
+    cut = oc.generate(model=m, prompt="Count: 1, 2, 3,", raw=True,
+                      options={"temperature": 0, "num_predict": 16, "stop": [","]})
+    assert cut.response == full[: full.index(",")] and cut.done_reason == "stop"
+    a = oc.generate(model=m, prompt="Tell a story.", options={"seed": 3, "num_predict": 10})
+    b = oc.generate(model=m, prompt="Tell a story.", options={"seed": 3, "num_predict": 10})
+    assert a.response == b.response
+
+
+def test_model_info(server, oc) -> None:  # noqa: ANN001
+    m = _model(server)
+    (entry,) = oc.list().models
+    assert entry.model == server[1].name and entry.details.family == "llama"
+    assert entry.details.quantization_level == "Q4_1" and len(entry.digest) == 64
+    info = oc.show(m)
+    assert info.modelinfo["general.architecture"] == "llama" and "im_start" in info.template
+    assert oc.ps().models[0].context_length == 512
+    assert oc.pull(m).status == "success"
+    base = server[0]
+    assert httpx.get(base + "/").text == "Ollama is running"
+    assert httpx.get(base + "/api/version").json()["version"] >= "0.5"
+    with pytest.raises(ollama.ResponseError) as e:
+        oc.show("missing-model")
+    assert e.value.status_code == 404
+
+
+def test_openai_chat_completions_and_models(server, ai) -> None:  # noqa: ANN001
+    m = _model(server)
+    msgs = [{"role": "user", "content": "Name a colour."}]
+    r = ai.chat.completions.create(model=m, messages=msgs, max_tokens=8, temperature=0)
+    text = r.choices[0].message.content
+    assert r.object == "chat.completion" and text and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 8 and r.usage.total_tokens == r.usage.prompt_tokens + 8
+    stream = ai.chat.completions.create(model=m, messages=msgs, max_tokens=8, temperature=0,
+                                        stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 8
+    comp = ai.completions.create(model=m, prompt="The sky is", max_tokens=5, temperature=0)
+    assert comp.choices[0].text and comp.usage.completion_tokens == 5
+    assert [x.id for x in ai.models.list().data] == [server[1].name]
+    assert ai.models.retrieve(server[1].name).id == server[1].name
+    with pytest.raises(openai.NotFoundError, match="not found"):
+        ai.chat.completions.create(model="nope", messages=msgs)
+    with pytest.raises(openai.BadRequestError, match="too short"):
+        ai.chat.completions.create(model=m, messages=[])
+    with pytest.raises(openai.BadRequestError, match="too many"):
+        ai.completions.create(model=m, prompt="word " * 600, max_tokens=1)
+
+
+@pytest.mark.parametrize("path,body,status,needle", [
+    ("/api/generate", b"{not json", 400, "invalid JSON"),
+    ("/api/generate", b"", 400, "missing request body"),
+    ("/api/generate", b"[1, 2]", 400, "JSON object"),
+    ("/api/generate", {"model": "zzz", "prompt": "x"}, 404, "not found"),
+    ("/api/generate", {"model": "M", "prompt": 5}, 400, "'prompt' must be of type string"),
+    ("/api/generate", {"model": "M", "prompt": "x", "options": {"top_k": "many"}}, 400, "top_k"),
+    ("/api/generate", {"model": "M", "prompt": "x", "options": [1]}, 400, "options"),
+    ("/api/generate", {"model": "M", "prompt": "x", "raw": True, "system": "s"}, 400, "raw mode"),
+    ("/api/generate", {"model": "M", "prompt": "x", "options": {"repeat_penalty": -1}}, 400,
+     "repeat_penalty"),
+    ("/api/chat", {"model": "M", "messages": "hi"}, 400, "array"),
+    ("/api/chat", {"model": "M", "messages": [{"content": "x"}]}, 400, "role"),
+    ("/api/chat", {"model": "M", "messages": [{"role": "user", "content": "x"}],
+                   "format": "json"}, 400, "not supported"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "x"}]}, 400, "model is required"),
+    ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": "x"}],
+                              "n": 2}, 400, "n = 1"),
+    ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": "x"}],
+                              "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"model": "M", "prompt": {"a": 1}}, 400, "prompt"),
+])
+def test_malformed_requests_are_4xx(server, path, body, status, needle) -> None:  # noqa: ANN001
+    if isinstance(body, dict):
+        body = json.dumps(body).replace('"M"', json.dumps(_model(server))).encode()
+    r = httpx.post(server[0] + path, content=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert needle in (err["message"] if isinstance(err, dict) else err)
+
+
+def test_method_route_and_queue_errors(server, monkeypatch) -> None:  # noqa: ANN001
+    base, state = server
+    assert httpx.get(base + "/api/chat").status_code == 405
+    assert httpx.get(base + "/api/nothing").json() == {"error": "/api/nothing not found"}
+    big = b"{" + b" " * (state.body_limit + 10) + b"}"
+    assert httpx.post(base + "/api/chat", content=big).status_code == 413
+
+    def full(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise QueueFullError("all slots are busy")
+
+    monkeypatch.setattr(state.scheduler, "submit", full)
+    r = httpx.post(base + "/api/generate", json={"model": _model(server), "prompt": "x"})
+    assert r.status_code == 503 and r.headers["retry-after"] and "busy" in r.json()["error"]
+
+
+def test_seeded_output_same_alone_and_concurrent(server, oc) -> None:  # noqa: ANN001
+    """Batch invariance: a request's text does not depend on what else is in the batch."""
+    m = _model(server)
+
+    def ask(i: int) -> str:
+        return oc.generate(model=m, prompt=f"Write about topic {i % 3}.",
+                           options={"seed": 42 + i % 3, "num_predict": 16}).response
+
+    alone = [ask(i) for i in range(3)]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(ask, range(8)))
+    assert together == [alone[i % 3] for i in range(8)]
+    _wait_idle(server[1])
+
+
+def test_disconnects_free_their_slots(server) -> None:  # noqa: ANN001
+    base, state = server
+    body = {"model": _model(server), "prompt": "Write a long essay about the sea.",
+            "options": {"num_predict": 400}}
+    with httpx.stream("POST", base + "/api/generate", json=body) as r:
+        lines = r.iter_lines()
+        assert json.loads(next(lines))["done"] is False
+    with pytest.raises(httpx.ReadTimeout):  # non-streaming: the client gives up
+        httpx.post(base + "/api/generate", json={**body, "stream": False}, timeout=0.5)
+    _wait_idle(state)
+    assert state.scheduler.status()["cancelled"] >= 2
