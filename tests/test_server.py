@@ -211,11 +211,13 @@ def test_seeded_output_same_alone_and_concurrent(server, oc) -> None:  # noqa: A
 def test_disconnects_free_their_slots(server) -> None:  # noqa: ANN001
     base, state = server
     body = {"model": _model(server), "prompt": "Write a long essay about the sea.",
-            "options": {"num_predict": 400}}
+            "options": {"num_predict": 400, "temperature": 0}}  # greedy: a long answer
+    _wait_idle(state)
+    before = state.scheduler.status()["cancelled"]
     with httpx.stream("POST", base + "/api/generate", json=body) as r:
         lines = r.iter_lines()
         assert json.loads(next(lines))["done"] is False
     with pytest.raises(httpx.ReadTimeout):  # non-streaming: the client gives up
         httpx.post(base + "/api/generate", json={**body, "stream": False}, timeout=0.5)
     _wait_idle(state)
-    assert state.scheduler.status()["cancelled"] >= 2
+    assert state.scheduler.status()["cancelled"] == before + 2
