@@ -57,6 +57,31 @@ def _wrap(fn: Handler, state: ServerState, openai: bool) -> Callable[[HttpReques
     return endpoint
 
 
+async def metrics(request: HttpRequest, state: ServerState) -> Response:
+    """Prometheus text: requests, tokens, queue depth, slot use, draft acceptance."""
+    st = state.scheduler.status()
+    help_ = {
+        "requests": ("counter", "requests admitted to the queue"),
+        "completed": ("counter", "requests that finished (stop or length)"),
+        "cancelled": ("counter", "requests cancelled (client gone)"),
+        "rejected": ("counter", "requests refused because the queue was full"),
+        "prompt_tokens": ("counter", "prompt tokens received"),
+        "prompt_eval_tokens": ("counter", "prompt tokens evaluated (the rest came from the prefix cache)"),
+        "generated_tokens": ("counter", "tokens generated"),
+        "draft_tokens": ("counter", "speculative draft tokens verified"),
+        "draft_accepted": ("counter", "speculative draft tokens accepted"),
+        "steps": ("counter", "engine steps"),
+        "queue": ("gauge", "requests waiting for a slot"),
+        "slots_busy": ("gauge", "slots serving a request"),
+        "slots": ("gauge", "sequence slots"),
+    }
+    lines = []
+    for key, (kind, text) in help_.items():
+        name = f"localllm_{key}" + ("_total" if kind == "counter" else "")
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {st[key]}"]
+    return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+
 def build_app(state: ServerState) -> Starlette:
     o, oa = ollama, openai_api
     table: list[tuple[str, Handler, list[str]]] = [
@@ -79,6 +104,7 @@ def build_app(state: ServerState) -> Starlette:
         ("/v1/models", oa.models, ["GET"]),
         ("/v1/models/{model:path}", oa.model, ["GET"]),
         ("/v1/embeddings", o.not_supported, ["POST"]),
+        ("/metrics", metrics, ["GET"]),
     ]
     routes = [Route(path, _wrap(fn, state, path.startswith("/v1/")), methods=methods)
               for path, fn, methods in table]
