@@ -1,0 +1,180 @@
+"""Aggregate decode throughput and latency of `localllm serve` under 1, 2, 4, 8 concurrent
+streams, and time to first token of a second chat turn with and without the prefix cache.
+
+    python bench/serve_load.py [MODEL] [--clients 1 2 4 8] [--requests 3] [--tokens 64]
+                               [--parallel 8] [-c 2048] [--url http://127.0.0.1:11434]
+
+Without --url a server is started in this process on a free loopback port (the scheduler
+and engine run in their own thread, as under `localllm serve`); with --url the load goes to
+a running server (ours or another Ollama-compatible one, e.g. for a side-by-side). Each
+client sends `--requests` streaming /api/generate requests one after another, greedy, with
+`--tokens` tokens each and distinct prompts (no prefix sharing between clients).
+
+Reported per concurrency: aggregate tok/s (generated tokens of all clients / wall time),
+speed-up over one stream, p50/p95 time to first token and inter-token latency, and RSS
+before and after (in-process server only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+
+def start_server(args: argparse.Namespace) -> tuple[str, object]:
+    import uvicorn
+
+    from localllm.server.app import build_app, make_state
+
+    ns = argparse.Namespace(model=args.model, ctx=args.ctx, threads=args.threads,
+                            parallel=args.parallel, kv_type="f16", max_queue=64,
+                            prefill_chunk=None, name=None, api_key=None, speculate=args.speculate,
+                            draft_max=8)
+    state = make_state(ns)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port,
+                                        log_level="warning"))
+    threading.Thread(target=srv.run, daemon=True).start()
+    while not srv.started:
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{port}", state
+
+
+def one_request(url: str, model: str, prompt: str, tokens: int) -> dict[str, object]:
+    body = {"model": model, "prompt": prompt, "raw": True,
+            "options": {"temperature": 0, "num_predict": tokens}}
+    t0 = time.perf_counter()
+    stamps: list[float] = []
+    final: dict = {}
+    with httpx.stream("POST", url + "/api/generate", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            obj = json.loads(line)
+            if "error" in obj:
+                raise RuntimeError(obj["error"])
+            if obj.get("response"):
+                stamps.append(time.perf_counter())
+            if obj["done"]:
+                final = obj
+    return {"ttft": stamps[0] - t0 if stamps else float("nan"),
+            "itl": [b - a for a, b in zip(stamps, stamps[1:], strict=False)],
+            "tokens": int(final.get("eval_count", 0))}
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def run_load(url: str, model: str, clients: int, requests: int, tokens: int) -> dict:
+    def client(i: int) -> list[dict]:
+        return [one_request(url, model, f"Client {i}, request {j}. Once upon a time, in a "
+                            f"town called {chr(65 + i)}{j}ville, there lived", tokens)
+                for j in range(requests)]
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        results = [r for rs in pool.map(client, range(clients)) for r in rs]
+    wall = time.perf_counter() - t0
+    n = sum(r["tokens"] for r in results)
+    itl = [x for r in results for x in r["itl"]]
+    ttft = [r["ttft"] for r in results]
+    return {"clients": clients, "tokens": n, "wall_s": wall, "tok_s": n / wall,
+            "ttft_p50": pct(ttft, 0.5), "ttft_p95": pct(ttft, 0.95),
+            "itl_p50": pct(itl, 0.5), "itl_p95": pct(itl, 0.95)}
+
+
+def second_turn_ttft(url: str, model: str, cached: bool) -> float:
+    """TTFT of turn 2 of a chat with a long system prompt. cached: the history is sent as
+    the server generated it (its slot holds it). Not cached: the same-length history behind a
+    different system prompt, so no slot shares its prefix and all of it is evaluated."""
+    system = "You are a careful assistant. " * 40
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": "Hello!"}]
+    r = httpx.post(url + "/api/chat", json={"model": model, "messages": msgs, "stream": False,
+                                            "options": {"temperature": 0, "num_predict": 16}},
+                   timeout=600).json()
+    msgs += [r["message"], {"role": "user", "content": "Tell me more."}]
+    if not cached:  # a distinct first message: no slot shares the prefix
+        msgs[0] = {"role": "system", "content": "You are a thoughtful helper. " * 40}
+    t0 = time.perf_counter()
+    with httpx.stream("POST", url + "/api/chat", json={
+            "model": model, "messages": msgs,
+            "options": {"temperature": 0, "num_predict": 2}}, timeout=600) as resp:
+        for line in resp.iter_lines():
+            if json.loads(line).get("message", {}).get("content"):
+                return time.perf_counter() - t0
+    return float("nan")
+
+
+def rss_mib() -> float:
+    """Current resident set size (Linux), else the peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", default=None)
+    ap.add_argument("--url", default=None, help="load a running server instead")
+    ap.add_argument("--name", default=None, help="model name to send (with --url)")
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--requests", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("-c", "--ctx", type=int, default=2048)
+    ap.add_argument("-t", "--threads", type=int, default=None)
+    ap.add_argument("--speculate", choices=("auto", "off"), default="auto")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    if args.url:
+        url, model = args.url.rstrip("/"), args.name
+        if model is None:
+            model = httpx.get(url + "/api/tags").json()["models"][0]["name"]
+    else:
+        url, state = start_server(args)
+        model = state.name
+        print(f"server: {Path(state.path).name}, {args.parallel} slots x {args.ctx}", file=sys.stderr)
+    one_request(url, model, "Warm up.", 4)
+    rss0 = rss_mib()
+    rows = [run_load(url, model, c, args.requests, args.tokens) for c in args.clients]
+    base = rows[0]["tok_s"]
+    turn = {"cached": second_turn_ttft(url, model, True),
+            "uncached": second_turn_ttft(url, model, False)}
+    if args.json:
+        print(json.dumps({"loads": rows, "second_turn_ttft_s": turn,
+                          "rss_mib": [rss0, rss_mib()]}, indent=2))
+        return 0
+    print(f"{'clients':>7} {'tok/s':>8} {'x1':>6} {'TTFT p50':>9} {'p95':>7} {'ITL p50':>8} {'p95':>7}")
+    for r in rows:
+        print(f"{r['clients']:>7} {r['tok_s']:8.1f} {r['tok_s'] / base:6.2f} "
+              f"{r['ttft_p50'] * 1e3:7.0f}ms {r['ttft_p95'] * 1e3:5.0f}ms "
+              f"{r['itl_p50'] * 1e3:6.1f}ms {r['itl_p95'] * 1e3:5.1f}ms")
+    print(f"second chat turn TTFT: {turn['cached'] * 1e3:.0f} ms with the prefix cache, "
+          f"{turn['uncached'] * 1e3:.0f} ms without")
+    if not args.url:
+        print(f"RSS: {rss0:.0f} MiB after warm-up, {rss_mib():.0f} MiB after the load")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
