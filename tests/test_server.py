@@ -264,3 +264,25 @@ def test_load_with_disconnects_and_garbage(server) -> None:  # noqa: ANN001
     assert all(int(x.split()[1]) < 500 for x in results), results
     assert {x.split()[0] for x in results} == {"full", "leave", "garbage"}
     _wait_idle(state)
+
+
+def test_api_key(server) -> None:  # noqa: ANN001
+    from starlette.testclient import TestClient
+
+    base, state = server
+    keyed = ServerState(state.engine, state.scheduler, state.name, api_key="s3cret")
+    with TestClient(build_app(keyed)) as tc:
+        assert tc.get("/").status_code == 200  # the liveness probe stays open
+        r = tc.get("/v1/models")
+        assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+        assert tc.get("/api/tags", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_serve_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from localllm.cli import main
+
+    assert main(["serve", "--port", "0"]) == 1
+    assert main(["serve", str(tmp_path / "missing.gguf"), "--port", "1"]) == 1
+    assert main(["serve", "--parallel", "0", "--port", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("error: ") == 3 and "Traceback" not in err
