@@ -96,7 +96,10 @@ class Handle:
     def _emit(self, ev: Event | BaseException) -> None:
         if isinstance(ev, BaseException) or ev.done:
             self.finished.set()
-        self._sink(ev)
+        try:
+            self._sink(ev)
+        except Exception:  # noqa: BLE001 - the consumer is gone (its event loop closed)
+            self.cancelled.set()
 
     def __iter__(self) -> Iterator[Event]:
         """Events (only when no sink was given at submit)."""
@@ -123,13 +126,13 @@ class _Seq:
     """One request being served: its slot, where its prompt stands, its text pipeline."""
 
     def __init__(self, req: Request, handle: Handle, engine: Engine, slot: int, keep: int,
-                 spec: SpecOptions, costs: StepCosts, t_submit: float) -> None:
+                 spec: SpecOptions, costs: StepCosts, t_submit: float, sampler: Sampler) -> None:
         self.req, self.handle, self.slot = req, handle, slot
         self.prompt = req.prompt
         self.pos = keep  # next position to evaluate
         self.pending = req.prompt[keep:]  # prompt tokens not yet evaluated
         self.history: list[int] = list(req.prompt)
-        self.sampler = Sampler(req.sampling)
+        self.sampler = sampler
         self.eog = frozenset() if req.ignore_eos else frozenset(engine.tokenizer.eog_ids)
         self.stops = [s for s in req.stop if s]
         self.detok = StreamDetokenizer(engine.tokenizer)
@@ -207,7 +210,7 @@ class Scheduler:
         self.costs = StepCosts()
         self._ids = itertools.count(1)
         self._lock = threading.Condition()
-        self._waiting: deque[tuple[Request, Handle, float]] = deque()
+        self._waiting: deque[tuple[Request, Handle, float, Sampler]] = deque()
         self._active: dict[int, _Seq] = {}  # slot -> sequence
         self._last_used = [0.0] * self.n_slots
         self._closing = False
@@ -232,7 +235,7 @@ class Scheduler:
             if not req.truncate:
                 raise PromptTooLongError(len(req.prompt), n_ctx)
             req.prompt = req.prompt[-(n_ctx // 2):]
-        req.sampling.validate()
+        sampler = Sampler(req.sampling)  # here, so a bad value (a negative seed) is the caller's error
         vocab = self.engine.cfg.n_vocab
         if min(req.prompt) < 0 or max(req.prompt) >= vocab:
             raise ValueError(f"token ids must be in 0..{vocab - 1}")
@@ -246,7 +249,11 @@ class Scheduler:
                     f"all {self.n_slots} slots are busy and {len(self._waiting)} requests are "
                     "waiting; retry later")
             handle = Handle(next(self._ids), sink)
-            self._waiting.append((req, handle, time.perf_counter()))
+            if req.max_tokens == 0:  # nothing to generate: done before taking a slot
+                handle._emit(Event(done=True, done_reason="length",
+                                   stats=GenerationStats(prompt_tokens=len(req.prompt))))
+                return handle
+            self._waiting.append((req, handle, time.perf_counter(), sampler))
             self.counters["requests"] += 1
             self._lock.notify()
         return handle
@@ -277,7 +284,7 @@ class Scheduler:
         with self._lock:
             self._closing = True
             if not drain:
-                for _, h, _ in self._waiting:
+                for _, h, _, _ in self._waiting:
                     h.cancel()
                 for s in self._active.values():
                     s.handle.cancel()
@@ -293,8 +300,9 @@ class Scheduler:
                     self._lock.wait()
                 if self._closing and not self._active and not self._waiting:
                     return
-                self._admit()
             try:
+                with self._lock:
+                    self._admit()
                 self._step()
             except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the thread
                 with self._lock:
@@ -307,28 +315,36 @@ class Scheduler:
     def _admit(self) -> None:
         """Under the lock: cancelled waiters leave; queue heads take free slots in order."""
         kept = deque()
-        for req, h, t in self._waiting:
+        for item in self._waiting:
+            h = item[1]
             if h.cancelled.is_set():
                 self.counters["cancelled"] += 1
                 h._emit(Event(done=True, done_reason="cancelled", stats=GenerationStats()))
             else:
-                kept.append((req, h, t))
+                kept.append(item)
         self._waiting = kept
-        kv = self.engine.kv
         while self._waiting and len(self._active) < self.n_slots:
-            req, h, t = self._waiting.popleft()
-            free = [s for s in range(self.n_slots) if s not in self._active]
-            slot = max(free, key=lambda s: (self._useful_prefix(s, req.prompt),
-                                            -self._last_used[s]))
-            keep = kv.common_prefix(slot, req.prompt)
-            if keep == len(req.prompt):  # all cached: re-evaluate the last token for logits
-                keep -= 1
-            keep, _ = kv.reusable_prefix(slot, keep)
-            kv.truncate(slot, keep)
-            seq = _Seq(req, h, self.engine, slot, keep, self.spec, self.costs, t)
-            self._active[slot] = seq
-            self.counters["prompt_tokens"] += len(req.prompt)
-            self.counters["prompt_eval_tokens"] += len(seq.pending)
+            req, h, t, sampler = self._waiting.popleft()
+            try:
+                self._place(req, h, t, sampler)
+            except Exception as e:  # noqa: BLE001 - fails this request only
+                h._emit(e)
+
+    def _place(self, req: Request, h: Handle, t: float, sampler: Sampler) -> None:
+        """Under the lock: give a request the best free slot and start its prefill."""
+        kv = self.engine.kv
+        free = [s for s in range(self.n_slots) if s not in self._active]
+        slot = max(free, key=lambda s: (self._useful_prefix(s, req.prompt),
+                                        -self._last_used[s]))
+        keep = kv.common_prefix(slot, req.prompt)
+        if keep == len(req.prompt):  # all cached: re-evaluate the last token for logits
+            keep -= 1
+        keep, _ = kv.reusable_prefix(slot, keep)
+        kv.truncate(slot, keep)
+        seq = _Seq(req, h, self.engine, slot, keep, self.spec, self.costs, t, sampler)
+        self._active[slot] = seq
+        self.counters["prompt_tokens"] += len(req.prompt)
+        self.counters["prompt_eval_tokens"] += len(seq.pending)
 
     def _useful_prefix(self, slot: int, prompt: list[int]) -> int:
         """The shared prefix, counted only when it is at least half of the prompt or of what

@@ -54,13 +54,13 @@ def test_batched_equals_alone_greedy_and_seeded(engine: Engine) -> None:
     prompts = _prompts(engine)
     cfgs = [GREEDY, SamplerConfig(temperature=0.9, seed=7), GREEDY,
             SamplerConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0, seed=11)]
-    want = [_alone(engine, p, c, 24) for p, c in zip(prompts, cfgs)]
+    want = [_alone(engine, p, c, 24) for p, c in zip(prompts, cfgs, strict=True)]
     for s in range(engine.kv.n_slots):
         engine.kv.clear(s)
     sch = Scheduler(engine, prefill_chunk=8)
     try:
         handles = [sch.submit(Request(p, SamplerConfig(**vars(c)), max_tokens=24))
-                   for p, c in zip(prompts, cfgs)]
+                   for p, c in zip(prompts, cfgs, strict=True)]
         got = [h.result() for h in handles]
     finally:
         sch.close()
@@ -141,6 +141,9 @@ def test_queue_bound_and_errors(engine: Engine) -> None:
             sch.submit(Request([1] * 300, GREEDY))
         cut = sch.submit(Request([1] * 300, GREEDY, max_tokens=2, truncate=True)).result()
         assert cut.stats.prompt_tokens == 128
+        assert sch.submit(Request([1, 2], GREEDY, max_tokens=0)).result().tokens == []
+        with pytest.raises(ValueError, match="non-negative"):
+            sch.submit(Request([1, 2], SamplerConfig(seed=-3)))
         with pytest.raises(ValueError, match="empty"):
             sch.submit(Request([], GREEDY))
     finally:

@@ -102,6 +102,8 @@ def test_stop_and_options(server, oc) -> None:  # noqa: ANN001
     cut = oc.generate(model=m, prompt="Count: 1, 2, 3,", raw=True,
                       options={"temperature": 0, "num_predict": 16, "stop": [","]})
     assert cut.response == full[: full.index(",")] and cut.done_reason == "stop"
+    none = oc.generate(model=m, prompt="Hi", options={"num_predict": 0})
+    assert none.response == "" and none.done_reason == "length" and none.eval_count == 0
     a = oc.generate(model=m, prompt="Tell a story.", options={"seed": 3, "num_predict": 10})
     b = oc.generate(model=m, prompt="Tell a story.", options={"seed": 3, "num_predict": 10})
     assert a.response == b.response
@@ -172,11 +174,15 @@ def test_openai_chat_completions_and_models(server, ai) -> None:  # noqa: ANN001
     ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": "x"}],
                               "temperature": "hot"}, 400, "temperature"),
     ("/v1/completions", {"model": "M", "prompt": {"a": 1}}, 400, "prompt"),
+    ("/api/generate", b'{"model": "M", "prompt": "x", "options": {"top_p": NaN}}', 400,
+     "NaN is not a valid JSON number"),
+    ("/api/generate", b"[" * 100000 + b"]" * 100000, 400, "nested too deeply"),
 ])
 def test_malformed_requests_are_4xx(server, path, body, status, needle) -> None:  # noqa: ANN001
     if isinstance(body, dict):
-        body = json.dumps(body).replace('"M"', json.dumps(_model(server))).encode()
-    r = httpx.post(server[0] + path, content=body)
+        body = json.dumps(body).encode()
+    body = body.replace(b'"M"', json.dumps(_model(server)).encode())
+    r = httpx.post(server[0] + path, content=body, timeout=120)
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert needle in (err["message"] if isinstance(err, dict) else err)
@@ -187,13 +193,14 @@ def test_method_route_and_queue_errors(server, monkeypatch) -> None:  # noqa: AN
     assert httpx.get(base + "/api/chat").status_code == 405
     assert httpx.get(base + "/api/nothing").json() == {"error": "/api/nothing not found"}
     big = b"{" + b" " * (state.body_limit + 10) + b"}"
-    assert httpx.post(base + "/api/chat", content=big).status_code == 413
+    assert httpx.post(base + "/api/chat", content=big, timeout=120).status_code == 413
 
     def full(*a, **k):  # noqa: ANN002, ANN003, ANN202
         raise QueueFullError("all slots are busy")
 
     monkeypatch.setattr(state.scheduler, "submit", full)
-    r = httpx.post(base + "/api/generate", json={"model": _model(server), "prompt": "x"})
+    r = httpx.post(base + "/api/generate", json={"model": _model(server), "prompt": "x"},
+                   timeout=120)
     assert r.status_code == 503 and r.headers["retry-after"] and "busy" in r.json()["error"]
 
 
@@ -218,11 +225,12 @@ def test_disconnects_free_their_slots(server) -> None:  # noqa: ANN001
             "options": {"num_predict": 400, "temperature": 0}}  # greedy: a long answer
     _wait_idle(state)
     before = state.scheduler.status()["cancelled"]
-    with httpx.stream("POST", base + "/api/generate", json=body) as r:
+    with httpx.stream("POST", base + "/api/generate", json=body, timeout=120) as r:
         lines = r.iter_lines()
         assert json.loads(next(lines))["done"] is False
     with pytest.raises(httpx.ReadTimeout):  # non-streaming: the client gives up
-        httpx.post(base + "/api/generate", json={**body, "stream": False}, timeout=0.5)
+        httpx.post(base + "/api/generate", json={**body, "stream": False},
+                   timeout=httpx.Timeout(120, read=0.5))
     _wait_idle(state)
     assert state.scheduler.status()["cancelled"] == before + 2
 
@@ -242,7 +250,8 @@ def test_load_with_disconnects_and_garbage(server) -> None:  # noqa: ANN001
         for j in range(3):
             kind = rnd.choice(["full", "full", "leave", "garbage"])
             if kind == "garbage":
-                r = httpx.post(base + "/api/chat", content=rnd.choice([b"{", b"[]", b'{"model": 1}']))
+                r = httpx.post(base + "/api/chat", content=rnd.choice([b"{", b"[]", b'{"model": 1}']),
+                               timeout=120)
                 out.append(f"garbage {r.status_code}")
                 continue
             body = {"model": m, "prompt": f"Client {i} request {j}: say something.",

@@ -128,12 +128,19 @@ async def read_json(request: HttpRequest, limit: int) -> dict[str, Any]:
     if not body.strip():
         raise ApiError(400, "missing request body")
     try:
-        data = json.loads(body)
+        data = json.loads(body, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"invalid JSON in the request body: {e}") from None
+    except RecursionError:
+        raise ApiError(400, "invalid JSON in the request body: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return data
+
+
+def _no_constant(name: str) -> Any:
+    """NaN and Infinity are not JSON (Python's parser accepts them): refuse them."""
+    raise ValueError(f"{name} is not a valid JSON number")
 
 
 def get(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], default: Any = None,

@@ -40,6 +40,8 @@ def _sampling(body: dict[str, Any]) -> tuple[SamplerConfig, int, list[str]]:
                         presence_penalty=float(get(body, "presence_penalty", float, 0.0)),
                         frequency_penalty=float(get(body, "frequency_penalty", float, 0.0)),
                         seed=get(body, "seed", int))
+    if cfg.seed is not None and cfg.seed < 0:  # -1: random, as llama.cpp and Ollama read it
+        cfg.seed = None
     # non-standard but common (llama.cpp, vLLM accept them)
     if body.get("top_k") is not None:
         cfg.top_k = int(get(body, "top_k", int))
