@@ -149,3 +149,36 @@ def test_queue_bound_and_errors(engine: Engine) -> None:
     finally:
         sch.close(drain=False, timeout=30)
     assert sch.idle()
+
+
+def test_sliding_window_rings_batched_and_reused(tmp_path) -> None:  # noqa: ANN001
+    """gemma3 with an 8-token window and a ring cache (window + batch - 1 < context): chunked
+    prefills of prompts longer than the window, interleaved with other sequences' decode
+    rows and drafts, and a prefix reused from a ring, give the tokens of a run alone."""
+    path = tmp_path / "gemma3.gguf"
+    write_tiny_model(path, "gemma3", seed=5)
+    eng = Engine(path, n_ctx=128, n_slots=3, n_batch=16)
+    assert any(w > 0 for w in eng.kv.layer_window)  # rings in use
+    enc = eng.tokenizer.encode
+    prompts = [enc("the cat sat on the mat " * 4, add_special=True),
+               enc("one two three four five six seven eight nine ten", add_special=True),
+               enc("a b a b a b a b a b", add_special=True)]
+    want = [_alone(eng, p, GREEDY, 20) for p in prompts]
+    follow = prompts[1] + [7, 8, 9]
+    want_follow = _alone(eng, follow, GREEDY, 6)
+    for slot in range(eng.kv.n_slots):
+        eng.kv.clear(slot)
+    sch = Scheduler(eng, prefill_chunk=6)
+    try:
+        got = [h.result().tokens for h in [sch.submit(Request(p, GREEDY, max_tokens=20))
+                                           for p in prompts]]
+        # 20 tokens after it, the ring of prompt 1's slot lost the window before the prompt's
+        # end: the same prompt is recomputed (and says so), not served from stale entries
+        redo = sch.submit(Request(prompts[1], GREEDY, max_tokens=1)).result()
+        # now its window is in the ring: a follow-up evaluates only its new tokens
+        again = sch.submit(Request(follow, GREEDY, max_tokens=6)).result()
+    finally:
+        sch.close()
+    assert got == want
+    assert redo.stats.prompt_eval_tokens == len(prompts[1])
+    assert again.tokens == want_follow and again.stats.prompt_eval_tokens == 3
