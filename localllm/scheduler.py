@@ -294,6 +294,10 @@ class Scheduler:
     # --- engine thread --------------------------------------------------------------------------
 
     def _run(self) -> None:
+        from localllm.engine import set_threads
+
+        # Numba's thread count is per calling thread: apply the engine's (-t) here.
+        set_threads(self.engine.n_threads)
         while True:
             with self._lock:
                 while not self._active and not self._waiting and not self._closing:

@@ -303,7 +303,7 @@ class Stream:
     def __init__(self, state: ServerState, req: Request) -> None:
         loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
-        self.t0 = time.perf_counter()
+        self.t0 = self._checked = time.perf_counter()
         try:
             self.handle: Handle = state.scheduler.submit(
                 req, sink=lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, ev))
@@ -321,12 +321,15 @@ class Stream:
         """The next event; with `request`, polls for a client that went away meanwhile
         (non-streaming responses write nothing until the end, so this is how they notice)."""
         while True:
+            if request is not None and time.perf_counter() - self._checked > 0.25:
+                # every quarter second, whether or not events keep coming
+                self._checked = time.perf_counter()
+                if await request.is_disconnected():
+                    self.cancel()
+                    raise ClientGone()
             try:
                 ev = await asyncio.wait_for(self.queue.get(), 0.25 if request else None)
             except TimeoutError:
-                if request is not None and await request.is_disconnected():
-                    self.cancel()
-                    raise ClientGone() from None
                 continue
             if isinstance(ev, BaseException):
                 raise ApiError(500, f"generation failed: {ev}")

@@ -8,6 +8,7 @@ before the first byte is a real status with `{"error": ...}`; after it, one last
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -78,12 +79,13 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
         return JSONResponse({"model": model, "created_at": rfc3339(), "response": "",
                              "done": True, "done_reason": "load"})
     eng = state.engine
+    # Tokenizing a long prompt takes a while: off the event loop, which serves other streams.
     if raw:
-        ids = raw_prompt(eng, prompt)
+        ids = await asyncio.to_thread(raw_prompt, eng, prompt)
     else:
         msgs = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": prompt}]
-        ids = chat_prompt(eng, msgs, template)
+        ids = await asyncio.to_thread(chat_prompt, eng, msgs, template)
     if context:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in context):
             raise ApiError(400, "'context' must be an array of token ids")
@@ -131,7 +133,7 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
         return JSONResponse({"model": model, "created_at": rfc3339(),
                              "message": {"role": "assistant", "content": ""},
                              "done": True, "done_reason": "load"})
-    ids = chat_prompt(state.engine, messages)
+    ids = await asyncio.to_thread(chat_prompt, state.engine, messages)
     s = Stream(state, _request(state, ids, options, truncate))
 
     def final(ev: Event, text: str) -> dict[str, Any]:
@@ -166,18 +168,18 @@ def _line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
 
 
-def _entry(state: ServerState) -> dict[str, Any]:
+async def _entry(state: ServerState) -> dict[str, Any]:
+    digest = await asyncio.to_thread(lambda: state.digest)  # hashes the file once: GBs
     return {"name": state.name, "model": state.name, "modified_at": state.modified_at(),
-            "size": state.path.stat().st_size, "digest": state.digest,
-            "details": state.details()}
+            "size": state.path.stat().st_size, "digest": digest, "details": state.details()}
 
 
 async def tags(request: HttpRequest, state: ServerState) -> Response:
-    return JSONResponse({"models": [_entry(state)]})
+    return JSONResponse({"models": [await _entry(state)]})
 
 
 async def ps(request: HttpRequest, state: ServerState) -> Response:
-    e = _entry(state)
+    e = await _entry(state)
     e.pop("modified_at")
     e.update(expires_at=FAR_FUTURE, size_vram=0, context_length=state.engine.n_ctx)
     return JSONResponse({"models": [e]})

@@ -7,6 +7,7 @@ empty-delta chunk with finish_reason, a usage chunk with `choices: []` when
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -89,7 +90,7 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
     cfg, n_max, stop = _sampling(body)
     stream = get(body, "stream", bool, False)
     include_usage = _include_usage(body)
-    ids = chat_prompt(state.engine, messages)
+    ids = await asyncio.to_thread(chat_prompt, state.engine, messages)
     s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop))
     rid, created = f"chatcmpl-{s.handle.id}", int(time.time())
     head = {"id": rid, "created": created, "model": model, "system_fingerprint": FINGERPRINT}
@@ -143,7 +144,8 @@ async def completions(request: HttpRequest, state: ServerState) -> Response:
     cfg, n_max, stop = _sampling(body)
     stream = get(body, "stream", bool, False)
     include_usage = _include_usage(body)
-    s = Stream(state, Request(raw_prompt(state.engine, prompt), cfg, max_tokens=n_max, stop=stop))
+    ids = await asyncio.to_thread(raw_prompt, state.engine, prompt)
+    s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop))
     head = {"id": f"cmpl-{s.handle.id}", "object": "text_completion",
             "created": int(time.time()), "model": model, "system_fingerprint": FINGERPRINT}
     if not stream:
