@@ -28,8 +28,8 @@ from localllm.server.common import chat_prompt, default_name
 def server(smollm2_path: Path):  # noqa: ANN201
     # one kernel thread: the server, its clients and the engine share a small CI machine
     engine = Engine(smollm2_path, n_ctx=512, n_slots=4, n_batch=64, n_threads=1)
-    engine.warmup()
     state = ServerState(engine, Scheduler(engine, max_queue=16), default_name(smollm2_path))
+    state.scheduler.call(engine.warmup)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -158,9 +158,9 @@ def make_state(ns: argparse.Namespace) -> ServerState:
     path = Path(resolve_model(ns.model))
     engine = Engine(path, n_ctx=ns.ctx, n_threads=ns.threads, n_slots=ns.parallel,
                     kv_type=ns.kv_type)
-    engine.warmup()
     spec = SpecOptions(mode=ns.speculate, draft_max=ns.draft_max)
     sched = Scheduler(engine, max_queue=ns.max_queue, prefill_chunk=ns.prefill_chunk, spec=spec)
+    sched.call(engine.warmup)  # on the engine thread, where every kernel call belongs
     name = ns.name or default_name(path)
     if ":" not in name:
         name += ":latest"
