@@ -128,6 +128,7 @@ def test_queue_bound_and_errors(engine: Engine) -> None:
         engine.kv.clear(s)
     sch = Scheduler(engine, max_queue=1)
     try:
+        assert sch.call(lambda: threading.current_thread().name) == "localllm-engine"
         endless = [sch.submit(Request([1, 4], GREEDY, max_tokens=240, ignore_eos=True))
                    for _ in range(4)]  # all four slots
         waiting = sch.submit(Request([1, 5], GREEDY, max_tokens=3))
