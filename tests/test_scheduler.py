@@ -98,11 +98,11 @@ def test_prefix_cache_evaluates_only_the_new_suffix(engine: Engine, sched: Sched
     extra = [70, 71, 72]
     again = sched.submit(Request(a + extra, GREEDY, max_tokens=4)).result()
     assert again.stats.prompt_eval_tokens == len(extra)
-    # a second chat turn: the previous prompt + answer + new text; the answer's last token
-    # was never evaluated, so it and the new text are all that runs
+    # a second chat turn: the previous prompt + answer + new text; only the new text runs,
+    # and the answer's last token unless a verified draft already put it in the cache
     turn2 = a + extra + again.tokens + [80, 81]
     t2 = sched.submit(Request(turn2, GREEDY, max_tokens=2)).result()
-    assert t2.stats.prompt_eval_tokens == 3
+    assert t2.stats.prompt_eval_tokens in (2, 3)
     # the same prompt again: everything cached, the last token re-evaluated for its logits
     same = sched.submit(Request(b, GREEDY, max_tokens=1)).result()
     assert same.stats.prompt_eval_tokens == 1 and same.tokens == _alone(engine, b, GREEDY, 1)

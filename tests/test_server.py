@@ -106,6 +106,17 @@ def test_stop_and_options(server, oc) -> None:  # noqa: ANN001
     assert cut.response == full[: full.index(",")] and cut.done_reason == "stop"
     none = oc.generate(model=m, prompt="Hi", options={"num_predict": 0})
     assert none.response == "" and none.done_reason == "length" and none.eval_count == 0
+    # `context` continues a previous answer: its tokens come first, from the cache
+    first = oc.generate(model=m, prompt="Name a fruit.", options=GREEDY)
+    nxt = oc.generate(model=m, prompt="And then?", context=first.context, options=GREEDY)
+    n_new = len(nxt.context) - nxt.eval_count - len(first.context)
+    # the new tokens, and the answer's last one unless a verified draft put it in the cache
+    assert nxt.response and n_new <= nxt.prompt_eval_count <= n_new + 1
+    # an over-long prompt with truncate keeps its end (the client sends the field as JSON)
+    r = httpx.post(server[0] + "/api/generate", timeout=120, json={
+        "model": m, "prompt": "word " * 600, "raw": True, "truncate": True, "stream": False,
+        "options": {"num_predict": 2}}).json()
+    assert r["done"] and 0 < r["prompt_eval_count"] <= 256
     a = oc.generate(model=m, prompt="Tell a story.", options={"seed": 3, "num_predict": 10})
     b = oc.generate(model=m, prompt="Tell a story.", options={"seed": 3, "num_predict": 10})
     assert a.response == b.response
