@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from textual import work
+from textual.actions import SkipAction
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -154,6 +155,9 @@ class ChatApp(App[int]):
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
         Binding("escape", "stop", "Stop", priority=True),
+        # Ctrl+C stops a reply too (the habit from line chats); otherwise it keeps its usual
+        # meaning (copy the selection, or Textual's "how to quit" hint)
+        Binding("ctrl+c", "stop_reply", "Stop", show=False, priority=True),
         Binding("ctrl+n", "new_chat", "New chat", priority=True),
         Binding("ctrl+l", "clear_screen", "Clear", priority=True),
         Binding("ctrl+q", "quit", "Quit", priority=True),
@@ -201,7 +205,7 @@ class ChatApp(App[int]):
             await self.say(self.start_note, "warn")
         if self.conversation.messages:
             await self._show_conversation()
-        self.input.history = [m["content"] for m in self.conversation.messages
+        self.input.sent = [m["content"] for m in self.conversation.messages
                               if m["role"] == "user"]
         self.loading = self.backend.start()
         self._pump(self.loading)
@@ -407,6 +411,11 @@ class ChatApp(App[int]):
         await self._record(turn, "cancelled")
         turn.widget.set_stats("stopped", stopped=True)
 
+    async def action_stop_reply(self) -> None:
+        if self.turn is None or self.turn.finished:
+            raise SkipAction()
+        await self.action_stop()
+
     async def action_new_chat(self) -> None:
         await self._drop_turn()
         self.conversation.messages = []
@@ -490,7 +499,7 @@ class ChatApp(App[int]):
                                f"{self.info.name}.", "warn")
             conv.model = self.info.name
         await self._show_conversation()
-        self.input.history = [m["content"] for m in conv.messages if m["role"] == "user"]
+        self.input.sent = [m["content"] for m in conv.messages if m["role"] == "user"]
 
     async def _show_conversation(self) -> None:
         conv = self.conversation
@@ -568,26 +577,36 @@ def code_blocks(markdown: str) -> list[str]:
 
 
 def cmd_chat(ns: argparse.Namespace) -> int:
-    """Entry point of `localllm chat`: choose the model, then the app (or --no-tui)."""
+    """Entry point of `localllm chat`: choose the model, then the app, or the line chat with
+    --no-tui or when stdin is not a terminal (a pipe)."""
+    from localllm.run import sampler_config, spec_options
+    from localllm.tui.line_chat import line_chat
     from localllm.tui.model_choice import choose_model, fallback_to_base, pull_chat_model
 
+    if ns.num_predict < -1 or ns.num_predict == 0:
+        raise ValueError("-n/--num-predict must be -1 (no limit) or a positive number")
+    config = sampler_config(ns)
+    config.validate()
+    spec = spec_options(ns)
+    conversation = Conversation(system=ns.system or "", config=config, max_tokens=ns.num_predict)
+    if ns.load:
+        conversation = Conversation.load(resolve_chat_path(ns.load, for_writing=False))
+    tty = sys.stdin.isatty()
     choice = choose_model(ns.model)
     if choice.path is None:
-        if choice.can_pull and sys.stdin.isatty() and _ask_pull():
+        if choice.can_pull and tty and _ask_pull():
             choice.path = pull_chat_model()
         else:
             choice = fallback_to_base()
-    conversation = Conversation(system=ns.system or "", max_tokens=ns.num_predict)
-    from localllm.run import sampler_config
+    if spec.draft_model:
+        from localllm.default_model import resolve_model
 
-    conversation.config = sampler_config(ns)
-    conversation.config.validate()
-    if ns.load:
-        conversation = Conversation.load(resolve_chat_path(ns.load, for_writing=False))
+        spec.draft_model = str(resolve_model(spec.draft_model))
     opts = dict(n_ctx=ns.ctx, n_threads=ns.threads, kv_type=ns.kv_type, v_type=ns.kv_type_v)
-    if ns.no_tui:
-        return _line_chat(choice.path, choice.note, ns, opts)
-    app = ChatApp(choice.path, conversation=conversation, engine_opts=opts, note=choice.note)
+    backend = ChatBackend(choice.path, spec=spec, **opts)
+    if ns.no_tui or not tty:
+        return line_chat(backend, conversation, choice.note)
+    app = ChatApp(choice.path, conversation=conversation, note=choice.note, backend=backend)
     app.run()
     return app.return_code or 0
 
@@ -601,20 +620,3 @@ def _ask_pull() -> bool:
     except EOFError:
         return False
     return ans.strip().lower() in ("", "y", "yes")
-
-
-def _line_chat(path: Path, note: str | None, ns: argparse.Namespace, opts: dict) -> int:
-    """--no-tui: the line chat of `localllm run`, with the chosen (chat) model."""
-    from localllm.engine import Engine
-    from localllm.run import _chat_loop, sampler_config
-    from localllm.warmup import ensure_kernels_compiled
-
-    if note:
-        print(f"note: {note}", file=sys.stderr)
-    engine = Engine(path, **opts)
-    ensure_kernels_compiled(engine)
-    for key, value in (("raw", False), ("stop", []), ("ignore_eos", False),
-                       ("context_shift", False), ("keep", 0)):
-        if not hasattr(ns, key):
-            setattr(ns, key, value)
-    return _chat_loop(engine, ns, sampler_config(ns))

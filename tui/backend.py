@@ -31,6 +31,7 @@ from typing import Any
 
 from localllm.generate import Event, GenerationStats
 from localllm.sampling import SamplerConfig
+from localllm.speculative import SpecOptions
 
 SLOT = 0  # the chat uses one sequence slot: same slot every turn = prefix reuse
 PREFILL_CHUNK = 256  # tokens per progress/cancel checkpoint while a long prompt is evaluated
@@ -164,11 +165,17 @@ def drop_oldest_turns(messages: Sequence[dict], n: int) -> list[dict]:
 class ChatBackend:
     """Owns the engine thread. start() loads the model; chat() streams one reply.
 
-    Engine options (n_ctx, n_threads, kv_type, v_type, n_batch) are Engine's.
+    Engine options (n_ctx, n_threads, kv_type, v_type, n_batch) are Engine's. spec: the
+    speculative decoding options (default: n-gram drafting, lossless); one drafter and one
+    set of step timings serve every reply of a model.
     """
 
-    def __init__(self, model_path: str | Path, **engine_opts: Any) -> None:
+    def __init__(self, model_path: str | Path, spec: SpecOptions | None = None,
+                 **engine_opts: Any) -> None:
         self._engine_opts = engine_opts
+        self._spec = spec or SpecOptions()
+        self._drafter: Any = None  # engine thread only
+        self._costs: Any = None
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._first_path = Path(model_path)
@@ -235,12 +242,14 @@ class ChatBackend:
 
     def _load(self, job: _Job) -> None:
         from localllm.engine import Engine
+        from localllm.speculative import StepCosts, make_drafter
         from localllm.warmup import ensure_kernels_compiled
 
         t0 = time.perf_counter()
-        self.engine = None  # drop the old model (and its cache) before mapping the new one
+        self.engine = self._drafter = None  # drop the old model (and its cache) first
         eng = Engine(job.args["path"], **self._engine_opts)
         ensure_kernels_compiled(eng, progress=False)
+        self._drafter, self._costs = make_drafter(self._spec, eng), StepCosts()
         template = eng.template.name
         name = str(eng.metadata.get("general.name") or Path(job.args["path"]).stem)
         self.engine = eng
@@ -302,7 +311,8 @@ class ChatBackend:
                     h.put(Progress(end - cached, todo))
         pre_s = time.perf_counter() - t0
 
-        gen = generate(eng, ids, sampler, max_tokens=a["max_tokens"], stop=a["stop"], slot=SLOT)
+        gen = generate(eng, ids, sampler, max_tokens=a["max_tokens"], stop=a["stop"], slot=SLOT,
+                       spec=self._spec, drafter=self._drafter, step_costs=self._costs)
         t_gen = time.perf_counter()
         try:
             for ev in gen:

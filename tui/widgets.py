@@ -31,8 +31,8 @@ class ChatInput(TextArea):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus",
                          compact=True, **kwargs)  # type: ignore[arg-type]
-        self.history: list[str] = []
-        self._recall: int | None = None  # index into history while browsing it
+        self.sent: list[str] = []  # messages sent, for Up (TextArea.history is its undo)
+        self._recall: int | None = None  # index into self.sent while browsing it
         self._draft = ""
 
     async def _on_key(self, event: events.Key) -> None:
@@ -51,17 +51,17 @@ class ChatInput(TextArea):
         await super()._on_key(event)
 
     def remember(self, text: str) -> None:
-        if text and (not self.history or self.history[-1] != text):
-            self.history.append(text)
+        if text and (not self.sent or self.sent[-1] != text):
+            self.sent.append(text)
         self._recall = None
 
     def action_cursor_up(self, select: bool = False) -> None:
-        if not select and self.cursor_location[0] == 0 and self.history:
+        if not select and self.cursor_location[0] == 0 and self.sent:
             if self._recall is None:
-                self._draft, self._recall = self.text, len(self.history)
+                self._draft, self._recall = self.text, len(self.sent)
             if self._recall > 0:
                 self._recall -= 1
-                self._show(self.history[self._recall], at_end=False)
+                self._show(self.sent[self._recall], at_end=False)
             return
         super().action_cursor_up(select)
 
@@ -69,11 +69,11 @@ class ChatInput(TextArea):
         last_row = self.document.line_count - 1
         if not select and self._recall is not None and self.cursor_location[0] == last_row:
             self._recall += 1
-            if self._recall >= len(self.history):
+            if self._recall >= len(self.sent):
                 self._recall = None
                 self._show(self._draft, at_end=True)
             else:
-                self._show(self.history[self._recall], at_end=True)
+                self._show(self.sent[self._recall], at_end=True)
             return
         super().action_cursor_down(select)
 
