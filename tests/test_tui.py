@@ -85,7 +85,7 @@ def test_three_turns_commands_save_and_load(tiny_chat: Path, tmp_path: Path) -> 
         app = ChatApp(tiny_chat, conversation=greedy(), engine_opts={"n_ctx": 512})
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: app.info is not None, "the model")
-            assert "tiny-chat" in str(app.query_one(StatusBar).render())
+            assert "tiny-qwen2-chat │ ctx 0/512" in str(app.query_one(StatusBar).render())
 
             assert "System prompt set" in await command(pilot, app, "/system You are terse.")
             assert "temperature = 0.0" in await command(pilot, app, "/set temperature 0")
@@ -113,6 +113,16 @@ def test_three_turns_commands_save_and_load(tiny_chat: Path, tmp_path: Path) -> 
             assert len(app.view.query(UserMessage)) == 3
             status = str(app.query_one(StatusBar).render())
             assert "tok/s" in status and f"ctx {app.backend.context_used()}/512" in status
+
+            # Up on an empty input walks back through what was sent; Down comes back to the
+            # draft; Ctrl+J is a new line, not a send
+            await pilot.press("up", "up")
+            assert app.input.text == "Tell me more"
+            await pilot.press("down", "down")
+            assert app.input.text == ""
+            await pilot.press("a", "ctrl+j", "b")
+            assert app.input.text == "a\nb" and len(app.conversation.messages) == 6
+            app.input.clear()
 
             assert "Saved to" in await command(pilot, app, f"/save {saved}")
             await pilot.press("ctrl+n")
@@ -335,4 +345,10 @@ def test_text_merging_stats_line_and_code_blocks() -> None:
     line = format_reply_stats(st, "cancelled")
     assert line == ("10 tokens, 5.0 tok/s · prompt 5 evaluated + 25 cached, 10 tok/s · "
                     "drafted 6, accepted 4 · stopped")
+    from localllm.tui.widgets import StatusBar as Bar
+
+    bar = Bar()
+    bar.name_part, bar.facts = "SmolLM2-135M-Instruct.Q4_1", ["ctx 44/4096", "KV 90 MiB f16"]
+    assert bar.text_for(80) == "SmolLM2-135M-Instruct.Q4_1 │ ctx 44/4096 │ KV 90 MiB f16"
+    assert bar.text_for(40) == "SmolLM2-1… │ ctx 44/4096 │ KV 90 MiB f16"  # 40 wide
     assert code_blocks("text\n```py\nx = 1\n```\n\n    indented\n") == ["x = 1\n", "indented\n"]

@@ -546,23 +546,23 @@ class ChatApp(App[int]):
     # --- status --------------------------------------------------------------------------
 
     def update_status(self) -> None:
-        self.query_one(StatusBar).update(self.status_text())
+        self.query_one(StatusBar).show(*self.status_parts())
 
-    def status_text(self) -> str:
+    def status_parts(self) -> tuple[str, list[str]]:
+        """(model name, [context used, KV cache, last reply's speeds, speculation])."""
         info = self.info
         if info is None:
-            return f"{self.model_path.name} · loading ..."
+            return self.model_path.stem, ["loading ..."]
         used = self.backend.context_used()
         kv_type = info.k_type if info.k_type == info.v_type else f"{info.k_type}/{info.v_type}"
-        parts = [info.name[:28], f"ctx {used}/{info.n_ctx}",
-                 f"KV {info.kv_bytes / 2**20:.1f} MiB {kv_type}"]
+        facts = [f"ctx {used}/{info.n_ctx}", f"KV {info.kv_bytes / 2**20:.0f} MiB {kv_type}"]
         st = self.last_stats
         if st is not None and self.show_rates:
-            parts.append(f"pp {st.prompt_tps:.0f} tg {st.eval_tps:.1f} tok/s")
+            facts.append(f"pp {st.prompt_tps:.0f} tg {st.eval_tps:.1f} tok/s")
         drafted = getattr(st, "draft_tokens", 0) if st is not None else 0
         if drafted:
-            parts.append(f"spec {100 * getattr(st, 'draft_accepted', 0) / drafted:.0f}%")
-        return " │ ".join(parts)
+            facts.append(f"spec {100 * getattr(st, 'draft_accepted', 0) / drafted:.0f}%")
+        return info.name, facts
 
 
 def code_blocks(markdown: str) -> list[str]:

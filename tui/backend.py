@@ -251,7 +251,9 @@ class ChatBackend:
         ensure_kernels_compiled(eng, progress=False)
         self._drafter, self._costs = make_drafter(self._spec, eng), StepCosts()
         template = eng.template.name
-        name = str(eng.metadata.get("general.name") or Path(job.args["path"]).stem)
+        # the file's name: general.name is often a training-run label ("Smollm2 135M 8k
+        # Lc100K Mix1 Ep2") that says less than the file the user picked
+        name = Path(job.args["path"]).name.removesuffix(".gguf")
         self.engine = eng
         self.info = ModelInfo(
             path=Path(job.args["path"]), name=name, n_ctx=eng.n_ctx, kv_bytes=eng.kv.nbytes(),

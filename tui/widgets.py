@@ -150,7 +150,36 @@ class AssistantMessage(Vertical):
 
 
 class StatusBar(Static):
-    """One line: model, context used, KV cache, last reply's speeds, speculation."""
+    """One line: model, context used, KV cache, last reply's speeds, speculation.
+
+    The facts after the name are kept whole; the name gets what is left of the width (an
+    80-column terminal still shows every number)."""
+
+    SEP = " │ "
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__("", markup=False, **kwargs)  # type: ignore[arg-type]
+        self.name_part = ""
+        self.facts: list[str] = []
+
+    def show(self, name: str, facts: list[str]) -> None:
+        self.name_part, self.facts = name, facts
+        self.refresh()
+
+    def text_for(self, width: int) -> str:
+        rest = self.SEP.join(self.facts)
+        room = width - len(rest) - (len(self.SEP) if rest else 0)
+        name = self.name_part
+        if len(name) > room:
+            name = name[: max(room - 1, 0)] + "…" if room > 1 else ""
+        return self.SEP.join(p for p in (name, rest) if p)
+
+    def render(self) -> str:
+        width = self.content_size.width or 80
+        return self.text_for(width)
+
+    def on_resize(self) -> None:
+        self.refresh()
 
 
 class ConfirmScreen(ModalScreen[bool]):
