@@ -555,7 +555,8 @@ class ChatApp(App[int]):
             return self.model_path.stem, ["loading ..."]
         used = self.backend.context_used()
         kv_type = info.k_type if info.k_type == info.v_type else f"{info.k_type}/{info.v_type}"
-        facts = [f"ctx {used}/{info.n_ctx}", f"KV {info.kv_bytes / 2**20:.0f} MiB {kv_type}"]
+        mib = info.kv_bytes / 2**20
+        facts = [f"ctx {used}/{info.n_ctx}", f"KV {mib:.{1 if mib < 10 else 0}f} MiB {kv_type}"]
         st = self.last_stats
         if st is not None and self.show_rates:
             facts.append(f"pp {st.prompt_tps:.0f} tg {st.eval_tps:.1f} tok/s")

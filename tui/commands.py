@@ -17,29 +17,22 @@ from localllm.sampling import SamplerConfig
 HELP = """\
 **Keys**
 
-| key | |
-|---|---|
-| Enter | send |
-| Ctrl+J (Shift+Enter where the terminal tells it apart) | new line |
-| Up / Down (empty input, or first / last line) | earlier / later messages |
-| Esc | stop the reply now (what came so far stays, marked *stopped*) |
-| Ctrl+N | new chat (system prompt and settings kept) |
-| Ctrl+L | clear the screen (the conversation stays in context) |
-| Ctrl+Q | quit |
+- **Enter** send; **Ctrl+J** new line (also Shift+Enter where the terminal tells it apart)
+- **Up** / **Down** on the first / last line: earlier / later messages
+- **Esc** (or **Ctrl+C**) stop the reply now: what came so far stays, marked *stopped*
+- **Ctrl+N** new chat (system prompt and settings kept); **Ctrl+L** clear the screen
+  (the conversation stays in context); **Ctrl+Q** quit
 
 **Commands**
 
-| command | |
-|---|---|
-| `/system TEXT` | set the system prompt (`/system` alone shows it, `/system -` removes it) |
-| `/set KEY VALUE` | sampler setting: temperature, top_k, top_p, min_p, typical_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, max_tokens (`/set` alone lists them) |
-| `/model PATH` | load another .gguf (the conversation stays) |
-| `/save [FILE]` | save the conversation as JSON (bare names go to the chats folder) |
-| `/load FILE` | load a saved conversation |
-| `/copy [code] [FILE]` | copy the last reply (or its last code block) to the clipboard; with FILE also write it there |
-| `/help` | this help |
-
-Clicking a code block copies its code.
+- `/system TEXT` set the system prompt (`/system` shows it, `/system -` removes it)
+- `/set KEY VALUE` temperature, top_k, top_p, min_p, typical_p, repeat_penalty,
+  repeat_last_n, presence_penalty, frequency_penalty, seed, max_tokens (`/set` lists them)
+- `/model PATH` load another .gguf (the conversation stays)
+- `/save [FILE]`, `/load FILE` the conversation as JSON (bare names: the chats folder)
+- `/copy [code] [FILE]` the last reply (or its last code block) to the clipboard, and
+  to FILE if given; clicking a code block copies it too
+- `/new`, `/clear`, `/help`
 """
 
 COMMANDS = ("system", "set", "model", "save", "load", "copy", "help", "new", "clear")
