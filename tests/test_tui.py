@@ -352,3 +352,75 @@ def test_text_merging_stats_line_and_code_blocks() -> None:
     assert bar.text_for(80) == "SmolLM2-135M-Instruct.Q4_1 │ ctx 44/4096 │ KV 90 MiB f16"
     assert bar.text_for(40) == "SmolLM2-1… │ ctx 44/4096 │ KV 90 MiB f16"  # 40 wide
     assert code_blocks("text\n```py\nx = 1\n```\n\n    indented\n") == ["x = 1\n", "indented\n"]
+
+
+def test_model_choice_with_and_without_a_store(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """With no MODEL: $LOCALLLM_CHAT_MODEL, else the store's chat model (SmolLM2 first, found
+    by its name even when the file is a hash), else nothing (and can_pull when the store can
+    fetch one); the base model comes with a note saying it is not a chat model."""
+    import sys
+    import types
+    from dataclasses import dataclass
+
+    from localllm.tui import model_choice as mc
+
+    monkeypatch.delenv(mc.CHAT_MODEL_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "localllm.models_store", None)  # no store: ImportError
+    assert mc.choose_model(None) == mc.ModelChoice(None, can_pull=False)
+
+    @dataclass
+    class Entry:
+        path: Path
+        name: str
+        tag: str = "latest"
+        size: int = 0
+
+    blobs = []
+    for i in range(3):
+        blobs.append(tmp_path / f"sha256-{i:064x}")
+        blobs[-1].write_bytes(b"GGUF")
+    store = types.ModuleType("localllm.models_store")
+    listing: list[Entry] = [Entry(blobs[0], "gemma3-270m")]
+    store.list_models = lambda: list(listing)
+    store.pull = lambda name, progress=None: listing.append(Entry(blobs[2], name)) or listing[-1]
+    monkeypatch.setitem(sys.modules, "localllm.models_store", store)
+    assert mc.choose_model(None) == mc.ModelChoice(None, can_pull=True)
+    monkeypatch.setattr(mc, "_cli_has_pull", lambda: False)  # the store's own pull()
+    assert mc.pull_chat_model() == blobs[2] and listing[-1].name == "smollm2"
+    del listing[1:]
+    listing.append(Entry(blobs[1], "qwen2.5-0.5b-instruct"))
+    assert mc.choose_model(None).path == blobs[1]
+    listing.append(Entry(blobs[2], "smollm2", "135m-instruct-q4_1"))
+    assert mc.choose_model(None).path == blobs[2]  # the small chat model first
+
+    monkeypatch.setenv(mc.CHAT_MODEL_ENV, str(blobs[0]))
+    assert mc.choose_model(None).path == blobs[0]
+    assert mc.choose_model(str(blobs[1])) == mc.ModelChoice(blobs[1])
+
+    note = mc.base_note(Path("gemma-3-270m.gguf"))
+    assert "completion (base) model" in note and "localllm pull smollm2" in note
+
+
+def test_copy_gives_clean_text_and_model_errors_stay_in_the_chat(tiny_chat: Path,
+                                                                  tmp_path: Path) -> None:
+    """/copy puts the reply's own text on the clipboard (no borders, no padding); /copy code
+    FILE writes the last code block; a bad /model path is one line in the chat."""
+    reply = "Use slicing:\n\n```python\nitems = [1, 2, 3]\nprint(items[::-1])\n```\n\nDone."
+    conv = greedy()
+    conv.messages = [{"role": "user", "content": "reverse a list?"},
+                     {"role": "assistant", "content": reply}]
+
+    async def scenario() -> None:
+        app = ChatApp(tiny_chat, conversation=conv, engine_opts={"n_ctx": 256})
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.info is not None, "the model")
+            assert "Copied the last reply" in await command(pilot, app, "/copy")
+            assert app.clipboard == reply
+            out = tmp_path / "code.py"
+            assert "Written to" in await command(pilot, app, f"/copy code {out}")
+            assert out.read_text() == app.clipboard == "items = [1, 2, 3]\nprint(items[::-1])\n"
+            said = await command(pilot, app, f"/model {tmp_path / 'nope.gguf'}")
+            assert said.startswith("/model: ") and "nope.gguf" in said
+            assert app.info is not None and app.info.name == "tiny-qwen2-chat"
+
+    asyncio.run(scenario())

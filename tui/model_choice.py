@@ -46,22 +46,40 @@ def _store() -> Any | None:
 
 
 def _entry_path(entry: Any) -> Path | None:
-    """A store listing entry (a path, a dict or an object with .path) -> its file."""
+    """A store listing entry (an object with .path, a dict, or a path) -> its file."""
     if isinstance(entry, (str, os.PathLike)):
         return Path(entry)
     p = entry.get("path") if isinstance(entry, dict) else getattr(entry, "path", None)
     return Path(p) if p else None
 
 
+def _entry_names(entry: Any) -> list[str]:
+    """What an entry is called: name, tag and file name (a store may keep files as hashes)."""
+    if isinstance(entry, (str, os.PathLike)):
+        return [Path(entry).name]
+    get = entry.get if isinstance(entry, dict) else (lambda k: getattr(entry, k, None))
+    path = _entry_path(entry)
+    return [str(v) for v in (get("name"), get("tag")) if v] + ([path.name] if path else [])
+
+
+def _is_chat_entry(entry: Any) -> bool:
+    return any(n.lower().startswith(PULL_NAME) or looks_like_chat_model(n)
+               for n in _entry_names(entry))
+
+
 def _store_chat_model(store: Any) -> Path | None:
+    """The store's chat model (SmolLM2 first), or None."""
     try:
         entries = list(store.list_models())
     except Exception:  # noqa: BLE001 - a broken store must not stop the chat from opening
         return None
-    paths = [p for p in map(_entry_path, entries) if p is not None and p.is_file()]
-    chat = [p for p in paths if looks_like_chat_model(p.name)]
-    chat.sort(key=lambda p: (PULL_NAME not in p.name.lower(), p.name))
-    return chat[0] if chat else None
+    found = []
+    for e in entries:
+        path = _entry_path(e)
+        if path is not None and path.is_file() and _is_chat_entry(e):
+            names = " ".join(_entry_names(e)).lower()
+            found.append((PULL_NAME not in names, names, path))
+    return min(found)[2] if found else None
 
 
 def choose_model(model: str | None) -> ModelChoice:
@@ -85,17 +103,29 @@ def choose_model(model: str | None) -> ModelChoice:
 
 
 def pull_chat_model() -> Path:
-    """Fetch the small chat model through the store (it shows its own progress)."""
+    """Fetch the small chat model as `localllm pull smollm2` does (with its progress bar),
+    or through the store's pull() where this localllm has no such command."""
     store = _store()
     if store is None or not hasattr(store, "pull"):
         raise RuntimeError("this localllm has no model store to pull from")
-    got = store.pull(PULL_NAME)
-    path = _entry_path(got) if got is not None else None
-    if path is None or not path.is_file():
-        path = _store_chat_model(store)
+    if _cli_has_pull():
+        from localllm.cli import main
+
+        if main(["pull", PULL_NAME]) != 0:
+            raise RuntimeError(f"`localllm pull {PULL_NAME}` failed (see above)")
+    else:
+        store.pull(PULL_NAME)
+    path = _store_chat_model(store)
     if path is None:
         raise RuntimeError(f"`localllm pull {PULL_NAME}` finished but no chat model is listed")
     return path
+
+
+def _cli_has_pull() -> bool:
+    from localllm.cli import build_parser
+
+    return any(isinstance(a.choices, dict) and "pull" in a.choices
+               for a in build_parser()._actions)  # noqa: SLF001 - argparse has no public list
 
 
 def fallback_to_base() -> ModelChoice:
