@@ -233,6 +233,49 @@ def test_context_full_offers_to_drop_the_oldest_turns(tiny_chat: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_long_prompt_progress_cancel_and_resume(tiny_chat: Path) -> None:
+    """A long prompt is evaluated in chunks with Progress events; cancelling between chunks
+    ends the job at once, and asking again re-uses the chunks already evaluated."""
+    from localllm.tui.backend import PREFILL_CHUNK, Loaded, Progress
+
+    class CancelOnProgress(ChatBackend):
+        def _submit(self, kind: str, **args) -> Handle:  # noqa: ANN003
+            h = super()._submit(kind, **args)
+            put = h.put
+
+            def put_and_cancel(ev) -> None:  # noqa: ANN001
+                put(ev)
+                if isinstance(ev, Progress) and self.cancel_at_progress:
+                    h.cancel()  # on the engine thread, before its next chunk
+
+            h.put = put_and_cancel  # type: ignore[method-assign]
+            return h
+
+    backend = CancelOnProgress(tiny_chat, n_ctx=2048)
+    backend.cancel_at_progress = True
+    assert isinstance(next(iter(backend.start())), Loaded)
+    msgs = [{"role": "user", "content": " ".join(f"item {i}," for i in range(120))}]
+    try:
+        events = list(backend.chat(msgs, SamplerConfig(temperature=0.0), 4))
+        assert isinstance(events[0], Progress) and events[0].done == PREFILL_CHUNK
+        final = events[-1]
+        assert final.done_reason == "cancelled" and final.stats.eval_tokens == 0
+        assert final.stats.prompt_eval_tokens == PREFILL_CHUNK < final.stats.prompt_tokens
+        n = final.stats.prompt_tokens
+        assert n > 3 * PREFILL_CHUNK
+
+        backend.cancel_at_progress = False
+        events = list(backend.chat(msgs, SamplerConfig(temperature=0.0), 4))
+        progress = [e for e in events if isinstance(e, Progress)]
+        todo = n - 1 - PREFILL_CHUNK  # the rest but the last token (generate() takes it)
+        assert [p.total for p in progress] == [todo] * len(progress)
+        assert progress[-1].done == todo and len(progress) == -(-todo // PREFILL_CHUNK)
+        assert events[-1].stats.prompt_eval_tokens == n - PREFILL_CHUNK
+        assert events[-1].done_reason in ("length", "stop")
+    finally:
+        backend.close()
+
+
 # --- the real chat model -----------------------------------------------------------------
 
 
