@@ -276,6 +276,37 @@ def test_long_prompt_progress_cancel_and_resume(tiny_chat: Path) -> None:
         backend.close()
 
 
+def test_quitting_while_the_model_loads_leaves_no_thread_waiting(tiny_chat: Path) -> None:
+    """Ctrl+Q during a long load (the first kernel compile takes a minute): the app's event
+    pump stops at once instead of keeping the process alive until the load ends."""
+    release = threading.Event()
+
+    class SlowLoad(ChatBackend):
+        def _load(self, job) -> None:  # noqa: ANN001
+            release.wait()
+            super()._load(job)
+
+    async def scenario() -> ChatApp:
+        app = ChatApp(tiny_chat, backend=SlowLoad(tiny_chat, n_ctx=256))
+        async with app.run_test(size=SIZE) as pilot:
+            assert app.info is None and "loading" in str(app.query_one(StatusBar).render())
+            await pilot.press("ctrl+q")
+        for w in list(app.workers):
+            await w.wait()
+        return app
+
+    result: list[ChatApp] = []
+    runner = threading.Thread(target=lambda: result.append(asyncio.run(scenario())),
+                              daemon=True)
+    try:
+        runner.start()
+        runner.join(60)  # a pump still waiting on the load would keep asyncio.run from ending
+        assert not runner.is_alive(), "the app did not finish while its model was loading"
+        assert result[0].info is None and not result[0].workers
+    finally:
+        release.set()
+
+
 # --- the real chat model -----------------------------------------------------------------
 
 

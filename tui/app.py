@@ -17,6 +17,7 @@ truncated silently: the app asks to drop the oldest whole turns (the system prom
 from __future__ import annotations
 
 import argparse
+import queue
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Footer, Markdown, ProgressBar
+from textual.worker import get_current_worker
 
 from localllm.generate import Event
 from localllm.tui import commands
@@ -177,6 +179,7 @@ class ChatApp(App[int]):
         self.turn: Turn | None = None
         self.last_stats: Any = None
         self.loading: Handle | None = None
+        self._closing = False
 
     # --- layout --------------------------------------------------------------------------
 
@@ -212,6 +215,7 @@ class ChatApp(App[int]):
         self.update_status()
 
     async def on_unmount(self) -> None:
+        self._closing = True
         if self.turn is not None:
             self.turn.handle.cancel()
         threading.Thread(target=self.backend.close, daemon=True).start()
@@ -225,9 +229,18 @@ class ChatApp(App[int]):
 
     @work(thread=True, group="pump")
     def _pump(self, handle: Handle) -> None:
-        """Forward one job's events to the UI thread, merging text bursts."""
+        """Forward one job's events to the UI thread, merging text bursts. Gives up when the
+        app quits: this thread must not keep the process alive waiting on a job (a model
+        still loading) that nobody will read."""
+        worker = get_current_worker()
         while True:
-            batch = [handle.get()]
+            try:
+                first = handle.get(timeout=0.1)
+            except queue.Empty:
+                if worker.is_cancelled or self._closing:
+                    return
+                continue
+            batch = [first]
             while not is_final(batch[-1]) and len(batch) < 256:
                 nxt = handle.get_nowait()
                 if nxt is None:
