@@ -256,7 +256,7 @@ def test_long_prompt_progress_cancel_and_resume(tiny_chat: Path) -> None:
     assert isinstance(next(iter(backend.start())), Loaded)
     msgs = [{"role": "user", "content": " ".join(f"item {i}," for i in range(120))}]
     try:
-        events = list(backend.chat(msgs, SamplerConfig(temperature=0.0), 4))
+        events = list(backend.submit(msgs, SamplerConfig(temperature=0.0), 4))
         assert isinstance(events[0], Progress) and events[0].done == PREFILL_CHUNK
         final = events[-1]
         assert final.done_reason == "cancelled" and final.stats.eval_tokens == 0
@@ -265,7 +265,7 @@ def test_long_prompt_progress_cancel_and_resume(tiny_chat: Path) -> None:
         assert n > 3 * PREFILL_CHUNK
 
         backend.cancel_at_progress = False
-        events = list(backend.chat(msgs, SamplerConfig(temperature=0.0), 4))
+        events = list(backend.submit(msgs, SamplerConfig(temperature=0.0), 4))
         progress = [e for e in events if isinstance(e, Progress)]
         todo = n - 1 - PREFILL_CHUNK  # the rest but the last token (generate() takes it)
         assert [p.total for p in progress] == [todo] * len(progress)

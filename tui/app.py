@@ -6,7 +6,7 @@ the key hints. Everything that touches the engine goes through tui.backend.ChatB
 UI reads its events on a worker thread and gets them as messages, so typing, scrolling and
 Esc stay live while tokens stream.
 
-A reply's life: Enter -> the user's message joins the conversation -> backend.chat() with
+A reply's life: Enter -> the user's message joins the conversation -> backend.submit() with
 the whole conversation (the engine re-uses the cached prefix) -> Progress (long prompts) ->
 text deltas appended to a MarkdownStream -> the final event's stats under the reply and in
 the status bar. Esc cancels: the partial reply is kept, marked "stopped", at once; the
@@ -329,7 +329,7 @@ class ChatApp(App[int]):
         await self.view.mount(widget)
         self.view.scroll_end(animate=False)
         conv = self.conversation
-        handle = self.backend.chat(conv.prompt_messages(), conv.config, conv.max_tokens)
+        handle = self.backend.submit(conv.prompt_messages(), conv.config, conv.max_tokens)
         self.turn = Turn(handle, widget)
         self._pump(handle)
 

@@ -163,7 +163,7 @@ def drop_oldest_turns(messages: Sequence[dict], n: int) -> list[dict]:
 
 
 class ChatBackend:
-    """Owns the engine thread. start() loads the model; chat() streams one reply.
+    """Owns the engine thread. start() loads the model; submit() streams one reply.
 
     Engine options (n_ctx, n_threads, kv_type, v_type, n_batch) are Engine's. spec: the
     speculative decoding options (default: n-gram drafting, lossless); one drafter and one
@@ -196,7 +196,7 @@ class ChatBackend:
         """Replace the model (the conversation's KV cache goes with it)."""
         return self._submit("load", path=Path(model_path))
 
-    def chat(self, messages: Sequence[dict], config: SamplerConfig, max_tokens: int = -1,
+    def submit(self, messages: Sequence[dict], config: SamplerConfig, max_tokens: int = -1,
              stop: Sequence[str] = ()) -> Handle:
         """Stream the assistant's reply to `messages` (the whole conversation so far, ending
         with the user's message): Progress while a long prompt is evaluated, then text

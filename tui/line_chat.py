@@ -100,7 +100,7 @@ def _reply(backend: ChatBackend, conv: Conversation, out: TextIO) -> None:
     """Stream one reply to `out` and record it; on ContextFull drop the oldest turns (with a
     note) and try again, or take the message back when it cannot fit at all."""
     while True:
-        handle = backend.chat(conv.prompt_messages(), conv.config, conv.max_tokens)
+        handle = backend.submit(conv.prompt_messages(), conv.config, conv.max_tokens)
         parts: list[str] = []
         final: Event | None = None
         try:
