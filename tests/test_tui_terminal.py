@@ -69,7 +69,7 @@ def test_chat_in_a_real_terminal(smollm2_path: Path) -> None:
                  "-n", "24", "--seed", "1"])
     try:
         name = smollm2_path.name.removesuffix(".gguf")
-        term.wait_for(lambda s: f"{name} ready" in s, "the model", limit=300)
+        term.wait_for(lambda s: f"{name} ready" in s, "the model", limit=600)
         term.send("What is the capital of France?", "Enter")
         screen = term.wait_for(lambda s: "tok/s" in status_line(s), "the reply's stats")
         assert "What is the capital of France?" in screen

@@ -592,7 +592,7 @@ def code_blocks(markdown: str) -> list[str]:
 
 def cmd_chat(ns: argparse.Namespace) -> int:
     """Entry point of `localllm chat`: choose the model, then the app, or the line chat with
-    --no-tui or when stdin is not a terminal (a pipe)."""
+    --no-tui or when stdin or stdout is not a terminal (a pipe, a file)."""
     from localllm.run import sampler_config, spec_options
     from localllm.tui.line_chat import line_chat
     from localllm.tui.model_choice import choose_model, fallback_to_base, pull_chat_model
@@ -605,7 +605,7 @@ def cmd_chat(ns: argparse.Namespace) -> int:
     conversation = Conversation(system=ns.system or "", config=config, max_tokens=ns.num_predict)
     if ns.load:
         conversation = Conversation.load(resolve_chat_path(ns.load, for_writing=False))
-    tty = sys.stdin.isatty()
+    tty = sys.stdin.isatty() and sys.stdout.isatty()  # the app needs a terminal both ways
     choice = choose_model(ns.model)
     if choice.path is None:
         if choice.can_pull and tty and _ask_pull():

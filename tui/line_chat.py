@@ -35,8 +35,9 @@ _QUIT = ("/bye", "/exit", "/quit")
 def _lines(stdin: TextIO, interactive: bool) -> Iterator[str]:
     while True:
         if interactive:
+            print(">>> ", end="", file=sys.stderr, flush=True)  # stdout is for replies only
             try:
-                line = input(">>> ")
+                line = input()
             except EOFError:
                 print(file=sys.stderr)
                 return
