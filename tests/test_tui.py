@@ -478,7 +478,8 @@ def test_model_choice_with_and_without_a_store(tmp_path: Path, monkeypatch) -> N
 def test_copy_gives_clean_text_and_model_errors_stay_in_the_chat(tiny_chat: Path,
                                                                   tmp_path: Path) -> None:
     """/copy puts the reply's own text on the clipboard (no borders, no padding); /copy code
-    FILE writes the last code block; a bad /model path is one line in the chat."""
+    FILE writes the last code block; a bad /model path is one line in the chat; /model PATH
+    loads another model and the conversation goes on with it."""
     reply = "Use slicing:\n\n```python\nitems = [1, 2, 3]\nprint(items[::-1])\n```\n\nDone."
     conv = greedy()
     conv.messages = [{"role": "user", "content": "reverse a list?"},
@@ -496,5 +497,14 @@ def test_copy_gives_clean_text_and_model_errors_stay_in_the_chat(tiny_chat: Path
             said = await command(pilot, app, f"/model {tmp_path / 'nope.gguf'}")
             assert said.startswith("/model: ") and "nope.gguf" in said
             assert app.info is not None and app.info.name == "tiny-qwen2-chat"
+            # another model: loaded on the engine thread, the conversation goes on with it
+            await command(pilot, app, f"/model {other}")
+            await wait_for(pilot, lambda: app.info is not None and app.info.name == "other",
+                           "the other model")
+            rec = await send(pilot, app, "still there?")
+            assert rec["stats"]["prompt_evaluated"] == rec["stats"]["prompt_tokens"]
+            assert app.conversation.model == "other" and len(app.conversation.messages) == 4
 
+    other = tmp_path / "other.gguf"
+    write_tiny_model(other, "llama", seed=2)
     asyncio.run(scenario())
