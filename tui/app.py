@@ -261,6 +261,7 @@ class ChatApp(App[int]):
             return  # a turn given up on (new chat): its late events mean nothing now
         if isinstance(ev, Progress):
             self._show_progress(ev)
+            self.update_status()  # the context fills as the prompt is evaluated
         elif isinstance(ev, Event):
             if not ev.done:
                 if not turn.stopped:
