@@ -223,7 +223,7 @@ class KVCache:
             q = np.array(q, copy=True)
             ops.hadamard_(q, self.k_rot)
         kv_quant.attention(self.k_type, self.v_type, q, ks, vs, q_pos, kpos, window, scale,
-                           softcap, out)
+                           softcap, out, ring=True)  # position p at entry p % len(kpos)
         if self.v_rot:
             ops.hadamard_(out, self.v_rot)
 

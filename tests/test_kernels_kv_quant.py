@@ -274,24 +274,51 @@ def test_attention_rows_without_visible_keys() -> None:
     assert (e == 0).all()
 
 
-@pytest.mark.parametrize("n_chunks", [2, 3, 7])
-def test_attention_key_chunks_merge(monkeypatch: pytest.MonkeyPatch, n_chunks: int) -> None:
-    """The flash-decoding split over key chunks (decode) gives the one-chunk result, including
-    chunks where a row sees nothing."""
+@pytest.mark.parametrize("window", [0, 50, 200])
+def test_attention_row_is_batch_invariant(window: int) -> None:
+    """Each row's output is bit-identical whether computed alone, with other rows, in any row
+    order, from a flat or a ring layout of the same keys, on 1 or 2 threads (the split over
+    key chunks follows absolute positions only), and still matches the float64 reference."""
+    import numba
+
     rng = np.random.default_rng(8)
-    q, k, v, q_pos, kv_pos = setup(rng, n=3, hkv=1, t=150, q_scale=3.0)
-    ks, vs = make_cache("q8_0", k, kv_pos, 150), make_cache("q4_0", v, kv_pos, 150)
-    kv_ring = kv_pos.copy()
-    kv_ring[::7] = kq.EMPTY_POS
-    q_pos = np.array([20, 90, 149])
-    monkeypatch.setattr(kq, "_plan", lambda *a: (2, 1))
-    one = run("q8_0", "q4_0", q, ks, vs, q_pos, kv_ring, window=50)
-    monkeypatch.setattr(kq, "_plan", lambda *a: (2, n_chunks))
-    split = run("q8_0", "q4_0", q, ks, vs, q_pos, kv_ring, window=50)
-    np.testing.assert_allclose(split, one, rtol=0, atol=1e-5)
+    t = 300  # spans three key chunks
+    q, k, v, _, kv_pos = setup(rng, n=5, hkv=1, t=t, q_scale=3.0)
+    ks, vs = make_cache("q8_0", k, kv_pos, t), make_cache("q4_0", v, kv_pos, t)
+    holes = kv_pos.copy()
+    holes[::7] = kq.EMPTY_POS
+    q_pos = np.array([20, 127, 128, 250, 299])
+    batch = run("q8_0", "q4_0", q, ks, vs, q_pos, holes, window=window)
+    for i in range(5):
+        alone = run("q8_0", "q4_0", q[i : i + 1], ks, vs, q_pos[i : i + 1], holes, window=window)
+        assert np.array_equal(alone[0], batch[i]), i
+    rev = run("q8_0", "q4_0", q[::-1], ks, vs, q_pos[::-1], holes, window=window)
+    assert np.array_equal(rev[::-1], batch)
+    perm = rng.permutation(t)  # storage in any order is rearranged, not recomputed otherwise
+    shuffled = run("q8_0", "q4_0", q, ks[perm], vs[perm], q_pos, holes[perm], window=window)
+    assert np.array_equal(shuffled, batch)
+    # a ring of capacity 170 holding the positions rows 3 and 4 can see
+    cap = 170
+    ring_pos = np.full(cap, kq.EMPTY_POS, np.int64)
+    keep = (holes != kq.EMPTY_POS) & (kv_pos >= t - cap)
+    ring_pos[kv_pos[keep] % cap] = kv_pos[keep]
+    rk = kq.allocate("q8_0", cap, 1, k.shape[2])
+    rv = kq.allocate("q4_0", cap, 1, v.shape[2])
+    rk[kv_pos[keep] % cap] = ks[keep]
+    rv[kv_pos[keep] % cap] = vs[keep]
+    if window and window <= cap - 1:
+        ring = run("q8_0", "q4_0", q[3:], rk, rv, q_pos[3:], ring_pos, window=window)
+        assert np.array_equal(ring, batch[3:])
+    n_threads = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = run("q8_0", "q4_0", q, ks, vs, q_pos, holes, window=window)
+    finally:
+        numba.set_num_threads(n_threads)
+    assert np.array_equal(one, batch)
     want = ref_attention(q, kq.load("q8_0", ks, kv_pos), kq.load("q4_0", vs, kv_pos), q_pos,
-                         kv_ring, 50, 0.25, 0.0)
-    np.testing.assert_allclose(split, want, rtol=0, atol=TIGHT)
+                         holes, window, 0.25, 0.0)
+    np.testing.assert_allclose(batch, want, rtol=0, atol=TIGHT)
 
 
 def test_attention_decode_shape_default_plan() -> None:

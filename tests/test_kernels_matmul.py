@@ -155,7 +155,7 @@ _VARIANTS = [(t, None) for t in ALL_TYPES] + (
                          ids=lambda v: v.name if isinstance(v, T)
                          else {None: "", False: "256", "r16": "r16"}[v])
 def test_matmul_all_shapes(qt: T, wide: bool | str | None) -> None:
-    """Every type, every batch path: N = 1 (matvec), 3/4/8/16 (tiles of 4, padding), 33/70
+    """Every type, every batch path, each row bit-identical whatever N: N = 1 (matvec), 3/4/8/16 (tiles of 4, padding), 33/70
     (prefill sizes, parallel activation quantization); odd row counts (r16: a partial last
     group of 16 rows); two K (the smaller with an odd number of blocks for the 32-weight types:
     the 512-bit kernels' tail)."""
@@ -168,12 +168,23 @@ def test_matmul_all_shapes(qt: T, wide: bool | str | None) -> None:
         if wide == "r16":
             w.flags.writeable = False
         before = mm.packed_bytes()
+        xs = rng.standard_normal((max(ns), k)).astype(np.float32)
+        xs[0, :7] *= 20.0  # uneven block magnitudes
+        variant = None if wide == "r16" else wide
+        outs = {}
         for n in ns:
-            x = rng.standard_normal((n, k)).astype(np.float32)
-            x[0, :7] *= 20.0  # uneven block magnitudes
+            x = xs[:n]
             out = np.full((n, rows), np.nan, np.float32)
-            mm.matmul(w, int(qt), x, out, _wide=None if wide == "r16" else wide)
+            mm.matmul(w, int(qt), x, out, _wide=variant)
             check_product(qt, w, x, out)
+            outs[n] = out
+        # batch invariance: a row's bits do not depend on the other rows of the call
+        big = outs[max(ns)]
+        for n, out in outs.items():
+            assert np.array_equal(out, big[:n]), f"N={n} differs from the first rows of N={max(ns)}"
+        last = np.empty((1, rows), np.float32)
+        mm.matmul(w, int(qt), xs[-1:], last, _wide=variant)
+        assert np.array_equal(last[0], big[-1])
         grew = mm.packed_bytes() - before
         assert grew == ((rows + 15) // 16 * 16 * w.shape[1] if wide == "r16" else 0)
 

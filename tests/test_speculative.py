@@ -280,8 +280,9 @@ def test_real_model_greedy_and_seeded_identical_on_34_prompts(gemma: Engine) -> 
 def test_real_model_past_the_sliding_window_and_quantized_kv(default_model_path: Path,
                                                               gemma: Engine) -> None:
     text = (DATA / "gpl-3.txt").read_text()[:3000]
-    ids = gemma.tokenizer.encode(text + "\n\nThe text above, again:\n" + text[:400],
-                                 add_special=True)
+    # a prompt that makes the model copy: n-gram drafts must be accepted past the window
+    ids = gemma.tokenizer.encode(text + "\n\nThe text above, repeated word for word:\n\n"
+                                 + text[:600], add_special=True)
     assert len(ids) > 600  # past the 512-token window of the local layers
     cfg = SamplerConfig(temperature=0.0)
     (t0, _, _), (t1, _, st) = _run_pair(gemma, ids, cfg, 48)

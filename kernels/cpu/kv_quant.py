@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange
@@ -76,9 +75,12 @@ _BLOCK_BYTES = {"q8_0": 2 + 32, "q4_0": 2 + 16}
 # contraction (FMA), but not 'nnan'/'ninf': the running max starts at -inf.
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
-# Decode splits the keys into chunks of at least this many entries: below it the merge and the
-# thread hand-off cost more than a chunk's work.
-_MIN_CHUNK = 64
+# Keys are split by absolute position into chunks of this many positions (a multiple of
+# _KEY_BLOCK), merged afterwards (flash decoding): the work items decode needs to use every
+# thread on a long context, with a split that is the same for every row and every call.
+_CHUNK = 128
+# Rows x heads x chunks x Dv of partial results held at once; larger calls go in row groups.
+_PART_MAX = 1 << 21
 # Query rows x query heads of one work item (prefill): every decoded key/value block is reused
 # by all of them. Measured at N = T = 512, Gemma heads: 6.4 ms with 4 (1 row), 4.5 ms with 32,
 # 4.4 ms with 64 or 128; 32 keeps the accumulators ([32, Dv] float32) within L2.
@@ -377,14 +379,23 @@ def _attention_kernel(
     v8, v16, v32,  # V storage, likewise for vk
     n_hkv: int,
     q_pos,     # [N] int64
-    kv_pos,    # [T] int64
+    kv_pos,    # [T] int64: position p is stored at entry p % T (kv_pos[p % T] == p)
     window: int, scale: np.float32, softcap: np.float32,
     out,       # [N, Hq, Dv] float32
-    rows_per_tile: int, n_chunks: int,
-    part_m,    # [n_chunks, N, Hq] float32 (n_chunks > 1 only)
+    rows_per_tile: int, c_lo: int, n_chunks: int,
+    part_m,    # [n_chunks, N, Hq] float32
     part_l,    # [n_chunks, N, Hq] float32
     part_acc,  # [n_chunks, N, Hq, Dv] float32
 ) -> None:
+    """One numeric recipe per (row, head), whatever else is in the call.
+
+    Keys are visited by absolute position: chunk c covers positions [c * _CHUNK, (c+1) *
+    _CHUNK), each chunk in key blocks of _KEY_BLOCK positions, and position p always sits in
+    lane p % _KEY_BLOCK of its block. A row's result therefore depends only on its own
+    position, its q and the stored keys: not on the other rows of the batch (N, tiling), not
+    on where the keys live in storage (ring or flat, its capacity), not on the thread count.
+    Work items are (row tile, kv head, chunk); every row's chunks are merged in chunk order.
+    """
     n_rows, n_hq, dh = q.shape
     n_kv = kv_pos.shape[0]
     dv = out.shape[2]
@@ -406,146 +417,152 @@ def _attention_kernel(
         r0 = tile * rt
         nr = min(rt, n_rows - r0)
         ni = nr * g  # (row, head) pairs of this item: i = r * g + head-in-group
-        t0 = c * n_kv // n_chunks
-        t1 = (c + 1) * n_kv // n_chunks
         m = np.full(rg, neg_inf, dtype=np.float32)  # running max logit
         den = np.zeros(rg, dtype=np.float32)  # running sum of exp(logit - m)
         acc = np.zeros((rg, dv), dtype=np.float32)  # running sum of exp(logit - m) * v
-        sc = np.empty((rg, bk), dtype=np.float32)  # logits of a key block (-inf: masked)
-        pr = np.empty((rg, bk), dtype=np.float32)  # their exp(logit - m)
-        vis = np.empty((rt, bk), dtype=np.bool_)
-        kvis = np.empty(bk, dtype=np.bool_)  # visible to some row of the tile
-        kb = np.empty((bk, dh), dtype=np.float32)  # decoded key rows of the block
-        vb = np.empty((bk, dv), dtype=np.float32)  # decoded value rows of the block
-        for b0 in range(t0, t1, bk):
-            nb = min(bk, t1 - b0)
-            any_key = False
-            for j in range(nb):
-                p = kv_pos[b0 + j]
-                seen = False
-                for r in range(nr):
-                    qp = q_pos[r0 + r]
-                    ok = p != EMPTY_POS and p <= qp and (window <= 0 or qp - p < window)
-                    vis[r, j] = ok
-                    seen = seen or ok
-                kvis[j] = seen
-                any_key = any_key or seen
-            if not any_key:
-                continue
-            # logits: the block's key rows decoded once (zeros for masked / padding rows), then
-            # four keys per pass over a query row (q loaded once for four dot products)
-            nb4 = (nb + 3) // 4 * 4
-            for j in range(nb4):
-                if j < nb and kvis[j]:
-                    _decode(kk, k8, k16, k32, b0 + j, hk, kb, j)
-                else:
-                    for e in range(dh):
-                        kb[j, e] = np.float32(0.0)
-            for i in range(ni):
-                r = i // g
-                rq = r0 + r
-                hq = hk * g + (i - r * g)
-                for j in range(0, nb4, 4):
-                    s0 = np.float32(0.0)
-                    s1 = np.float32(0.0)
-                    s2 = np.float32(0.0)
-                    s3 = np.float32(0.0)
-                    for e in range(dh):
-                        qe = q[rq, hq, e]
-                        s0 += qe * kb[j, e]
-                        s1 += qe * kb[j + 1, e]
-                        s2 += qe * kb[j + 2, e]
-                        s3 += qe * kb[j + 3, e]
-                    sc[i, j] = s0
-                    sc[i, j + 1] = s1
-                    sc[i, j + 2] = s2
-                    sc[i, j + 3] = s3
-                for j in range(nb4):
-                    if j < nb and vis[r, j]:
-                        s = sc[i, j] * scale
-                        if softcap > np.float32(0.0):
-                            s = softcap * np.float32(math.tanh(s / softcap))
-                        sc[i, j] = s
-                    else:
-                        sc[i, j] = neg_inf
-            # streaming softmax: one rescale per block when the max grows
-            for i in range(ni):
-                bmax = neg_inf
-                for j in range(nb4):
-                    bmax = max(bmax, sc[i, j])
-                if bmax == neg_inf:  # nothing visible to this row in the block
-                    for j in range(nb4):
-                        pr[i, j] = np.float32(0.0)
+        # the positions this tile can see inside the chunk
+        p_lo = (c_lo + c) * _CHUNK
+        p_hi = p_lo + _CHUNK
+        q_min = q_pos[r0]
+        q_max = q_pos[r0]
+        for r in range(1, nr):
+            q_min = min(q_min, q_pos[r0 + r])
+            q_max = max(q_max, q_pos[r0 + r])
+        v_lo = max(p_lo, q_min - window + 1) if window > 0 else p_lo
+        v_hi = min(p_hi, q_max + 1)
+        if v_lo < v_hi:
+            sc = np.empty((rg, bk), dtype=np.float32)  # logits of a key block (-inf: masked)
+            pr = np.empty((rg, bk), dtype=np.float32)  # their exp(logit - m)
+            vis = np.empty((rt, bk), dtype=np.bool_)
+            kvis = np.empty(bk, dtype=np.bool_)  # visible to some row of the tile
+            ent = np.empty(bk, dtype=np.int64)  # storage entry of each lane
+            kb = np.empty((bk, dh), dtype=np.float32)  # decoded key rows of the block
+            vb = np.empty((bk, dv), dtype=np.float32)  # decoded value rows of the block
+            for b0 in range(v_lo // bk * bk, v_hi, bk):
+                any_key = False
+                for j in range(bk):
+                    p = b0 + j
+                    t = p % n_kv
+                    ent[j] = t
+                    present = kv_pos[t] == p
+                    seen = False
+                    for r in range(nr):
+                        qp = q_pos[r0 + r]
+                        ok = present and p <= qp and (window <= 0 or qp - p < window)
+                        vis[r, j] = ok
+                        seen = seen or ok
+                    kvis[j] = seen
+                    any_key = any_key or seen
+                if not any_key:
                     continue
-                if bmax > m[i]:
-                    alpha = np.float32(math.exp(m[i] - bmax))  # 0 while m is -inf
-                    den[i] *= alpha
-                    for e in range(dv):
-                        acc[i, e] *= alpha
-                    m[i] = bmax
-                mi = m[i]
-                total = np.float32(0.0)
-                for j in range(nb4):
-                    ex = _expf(sc[i, j] - mi)  # exactly 0 where masked (-inf)
-                    pr[i, j] = ex
-                    total += ex
-                den[i] += total
-            # values: the block's visible rows decoded into vb (zeros elsewhere: an empty or
-            # masked entry may hold anything, and 0 * nan is nan)
-            for j in range(nb4):
-                if j < nb and kvis[j]:
-                    _decode(vk, v8, v16, v32, b0 + j, hk, vb, j)
-                else:
-                    for e in range(dv):
-                        vb[j, e] = np.float32(0.0)
-            # acc += p @ vb, four keys per pass over an accumulator row (a quarter of the
-            # load/store traffic of one axpy per key)
-            for i in range(ni):
-                for j in range(0, nb4, 4):
-                    w0 = pr[i, j]
-                    w1 = pr[i, j + 1]
-                    w2 = pr[i, j + 2]
-                    w3 = pr[i, j + 3]
-                    if (w0 == np.float32(0.0) and w1 == np.float32(0.0)
-                            and w2 == np.float32(0.0) and w3 == np.float32(0.0)):
+                # logits: the block's key rows decoded once (zeros for masked rows), then four
+                # keys per pass over a query row (q loaded once for four dot products)
+                for j in range(bk):
+                    if kvis[j]:
+                        _decode(kk, k8, k16, k32, ent[j], hk, kb, j)
+                    else:
+                        for e in range(dh):
+                            kb[j, e] = np.float32(0.0)
+                for i in range(ni):
+                    r = i // g
+                    rq = r0 + r
+                    hq = hk * g + (i - r * g)
+                    for j in range(0, bk, 4):
+                        s0 = np.float32(0.0)
+                        s1 = np.float32(0.0)
+                        s2 = np.float32(0.0)
+                        s3 = np.float32(0.0)
+                        for e in range(dh):
+                            qe = q[rq, hq, e]
+                            s0 += qe * kb[j, e]
+                            s1 += qe * kb[j + 1, e]
+                            s2 += qe * kb[j + 2, e]
+                            s3 += qe * kb[j + 3, e]
+                        sc[i, j] = s0
+                        sc[i, j + 1] = s1
+                        sc[i, j + 2] = s2
+                        sc[i, j + 3] = s3
+                    for j in range(bk):
+                        if vis[r, j]:
+                            s = sc[i, j] * scale
+                            if softcap > np.float32(0.0):
+                                s = softcap * np.float32(math.tanh(s / softcap))
+                            sc[i, j] = s
+                        else:
+                            sc[i, j] = neg_inf
+                # streaming softmax: one rescale per block when the max grows
+                for i in range(ni):
+                    bmax = neg_inf
+                    for j in range(bk):
+                        bmax = max(bmax, sc[i, j])
+                    if bmax == neg_inf:  # nothing visible to this row in the block
+                        for j in range(bk):
+                            pr[i, j] = np.float32(0.0)
                         continue
-                    for e in range(dv):
-                        acc[i, e] += (w0 * vb[j, e] + w1 * vb[j + 1, e]) + (
-                            w2 * vb[j + 2, e] + w3 * vb[j + 3, e])
+                    if bmax > m[i]:
+                        alpha = np.float32(math.exp(m[i] - bmax))  # 0 while m is -inf
+                        den[i] *= alpha
+                        for e in range(dv):
+                            acc[i, e] *= alpha
+                        m[i] = bmax
+                    mi = m[i]
+                    total = np.float32(0.0)
+                    for j in range(bk):
+                        ex = _expf(sc[i, j] - mi)  # exactly 0 where masked (-inf)
+                        pr[i, j] = ex
+                        total += ex
+                    den[i] += total
+                # values: the block's visible rows decoded into vb (zeros elsewhere: an empty
+                # or masked entry may hold anything, and 0 * nan is nan)
+                for j in range(bk):
+                    if kvis[j]:
+                        _decode(vk, v8, v16, v32, ent[j], hk, vb, j)
+                    else:
+                        for e in range(dv):
+                            vb[j, e] = np.float32(0.0)
+                # acc += p @ vb, four keys per pass over an accumulator row (a quarter of the
+                # load/store traffic of one axpy per key)
+                for i in range(ni):
+                    for j in range(0, bk, 4):
+                        w0 = pr[i, j]
+                        w1 = pr[i, j + 1]
+                        w2 = pr[i, j + 2]
+                        w3 = pr[i, j + 3]
+                        if (w0 == np.float32(0.0) and w1 == np.float32(0.0)
+                                and w2 == np.float32(0.0) and w3 == np.float32(0.0)):
+                            continue
+                        for e in range(dv):
+                            acc[i, e] += (w0 * vb[j, e] + w1 * vb[j + 1, e]) + (
+                                w2 * vb[j + 2, e] + w3 * vb[j + 3, e])
         for i in range(ni):
             r = r0 + i // g
             h = hk * g + i % g
-            if n_chunks == 1:
-                inv = np.float32(1.0) / den[i] if den[i] > np.float32(0.0) else np.float32(0.0)
-                for e in range(dv):
-                    out[r, h, e] = acc[i, e] * inv
-            else:
-                part_m[c, r, h] = m[i]
-                part_l[c, r, h] = den[i]
-                for e in range(dv):
-                    part_acc[c, r, h, e] = acc[i, e]
-    if n_chunks > 1:  # flash-decoding merge of the per-chunk partial softmaxes
-        for rh in prange(n_rows * n_hq):
-            r = rh // n_hq
-            h = rh % n_hq
-            mx = neg_inf
-            for c in range(n_chunks):
-                if part_l[c, r, h] > np.float32(0.0):
-                    mx = max(mx, part_m[c, r, h])
+            part_m[c, r, h] = m[i]
+            part_l[c, r, h] = den[i]
             for e in range(dv):
-                out[r, h, e] = np.float32(0.0)
-            if mx == neg_inf:  # no visible key in any chunk
-                continue
-            total = np.float32(0.0)
-            for c in range(n_chunks):
-                if part_l[c, r, h] > np.float32(0.0):
-                    f = np.float32(math.exp(part_m[c, r, h] - mx))
-                    total += part_l[c, r, h] * f
-                    for e in range(dv):
-                        out[r, h, e] += part_acc[c, r, h, e] * f
-            inv = np.float32(1.0) / total
-            for e in range(dv):
-                out[r, h, e] *= inv
+                part_acc[c, r, h, e] = acc[i, e]
+    # flash-decoding merge of the per-chunk partial softmaxes, always in chunk order
+    for rh in prange(n_rows * n_hq):
+        r = rh // n_hq
+        h = rh % n_hq
+        mx = neg_inf
+        for c in range(n_chunks):
+            if part_l[c, r, h] > np.float32(0.0):
+                mx = max(mx, part_m[c, r, h])
+        for e in range(dv):
+            out[r, h, e] = np.float32(0.0)
+        if mx == neg_inf:  # no visible key in any chunk
+            continue
+        total = np.float32(0.0)
+        for c in range(n_chunks):
+            if part_l[c, r, h] > np.float32(0.0):
+                f = np.float32(math.exp(part_m[c, r, h] - mx))
+                total += part_l[c, r, h] * f
+                for e in range(dv):
+                    out[r, h, e] += part_acc[c, r, h, e] * f
+        inv = np.float32(1.0) / total
+        for e in range(dv):
+            out[r, h, e] *= inv
 
 
 # --------------------------------------------------------------------------------------------
@@ -607,7 +624,6 @@ def allocate(kv_type: str, n: int, n_head_kv: int, head_dim: int) -> np.ndarray:
 _DUMMY8 = np.zeros((1, 1, 1), dtype=np.uint8)
 _DUMMY16 = np.zeros((1, 1, 1), dtype=np.uint16)
 _DUMMY32 = np.zeros((1, 1, 1), dtype=np.float32)
-_DUMMY32_4D = np.zeros((1, 1, 1, 1), dtype=np.float32)
 
 
 def _views(kv_type: str, arr: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -664,16 +680,30 @@ def load(kv_type: str, src_storage: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def _plan(n_rows: int, n_hq: int, n_hkv: int, n_kv: int) -> tuple[int, int]:
-    """(query rows per work item, key chunks) for the kernel."""
-    g = n_hq // n_hkv
-    rows_per_tile = max(1, min(n_rows, _TILE_HEADS // g))
-    items = -(-n_rows // rows_per_tile) * n_hkv
-    n_threads = numba.get_num_threads()
-    n_chunks = 1
-    if items < n_threads and n_kv >= 2 * _MIN_CHUNK:
-        n_chunks = min(-(-n_threads // items), n_kv // _MIN_CHUNK)
-    return rows_per_tile, n_chunks
+def _canonical(kv_pos: np.ndarray, k_store: np.ndarray, v_store: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kernel finds position p at entry p % T. Flat caches (entry = position) and the
+    rings of KVCache are laid out so already; any other order is copied into such a layout
+    (tests, callers with their own storage)."""
+    n = kv_pos.shape[0]
+    idx = np.arange(n, dtype=np.int64)
+    valid = kv_pos != EMPTY_POS
+    if np.all(kv_pos[valid] % max(n, 1) == idx[valid]):
+        return kv_pos, k_store, v_store
+    pos = kv_pos[valid]
+    if pos.size == 0:
+        return kv_pos[:1] * 0 + EMPTY_POS, k_store[:1], v_store[:1]
+    if np.unique(pos).size != pos.size:
+        raise ValueError("kv_pos holds the same position twice")
+    span = int(pos.max() - pos.min()) + 1  # p % span is one-to-one on [min, max]
+    dst = pos % span
+    new_pos = np.full(span, EMPTY_POS, np.int64)
+    new_pos[dst] = pos
+    ks = np.zeros((span, *k_store.shape[1:]), k_store.dtype)
+    vs = np.zeros((span, *v_store.shape[1:]), v_store.dtype)
+    ks[dst] = k_store[valid]
+    vs[dst] = v_store[valid]
+    return new_pos, ks, vs
 
 
 def attention(
@@ -688,8 +718,12 @@ def attention(
     scale: float,
     softcap: float,
     out: np.ndarray,  # [N, Hq, Dv] float32
+    ring: bool = False,
 ) -> None:
     """Causal (optionally sliding-window, soft-capped) GQA attention over a stored cache.
+
+    ring=True promises the layout the kernel reads directly: position p at entry p % T
+    (KVCache's flat and ring storage). Otherwise any order is accepted and rearranged.
 
     Key t is visible to query row i iff kv_pos[t] != EMPTY_POS, kv_pos[t] <= q_pos[i] and
     (window <= 0 or q_pos[i] - kv_pos[t] < window). Query head h reads kv head h // (Hq / Hkv).
@@ -719,18 +753,29 @@ def attention(
     res = out if direct else np.empty(out.shape, dtype=np.float32)
     if n_rows == 0:
         return
-    rows_per_tile, n_chunks = _plan(n_rows, n_hq, n_hkv, n_kv)
-    if n_chunks > 1:
-        part_m = np.empty((n_chunks, n_rows, n_hq), dtype=np.float32)
-        part_l = np.empty((n_chunks, n_rows, n_hq), dtype=np.float32)
-        part_acc = np.empty((n_chunks, n_rows, n_hq, dv), dtype=np.float32)
-    else:  # not touched by the kernel
-        part_m = part_l = _DUMMY32
-        part_acc = _DUMMY32_4D
-    _attention_kernel(
-        _KIND[k_type], _KIND[v_type], q, k8, k16, k32, v8, v16, v32, n_hkv, q_pos, kv_pos,
-        int(window), np.float32(scale), np.float32(softcap), res, rows_per_tile, n_chunks,
-        part_m, part_l, part_acc,
-    )
+    if not ring:
+        kv_pos, k_store, v_store = _canonical(kv_pos, k_store, v_store)
+        k8, k16, k32 = _views(k_type, k_store, "k_store")
+        v8, v16, v32 = _views(v_type, v_store, "v_store")
+    # Chunks: the absolute position range any row can see; the split depends on positions
+    # alone, never on N or the thread count (see _attention_kernel).
+    q_lo, q_hi = int(q_pos.min()), int(q_pos.max())
+    first = max(0, q_lo - int(window) + 1) if window > 0 else 0
+    c_lo = first // _CHUNK
+    n_chunks = q_hi // _CHUNK - c_lo + 1
+    g = n_hq // n_hkv
+    rows_per_tile = max(1, min(n_rows, _TILE_HEADS // g))
+    group = max(rows_per_tile, _PART_MAX // max(1, n_chunks * n_hq * dv)
+                // rows_per_tile * rows_per_tile)
+    for a in range(0, n_rows, group):
+        b = min(n_rows, a + group)
+        part_m = np.empty((n_chunks, b - a, n_hq), dtype=np.float32)
+        part_l = np.empty((n_chunks, b - a, n_hq), dtype=np.float32)
+        part_acc = np.empty((n_chunks, b - a, n_hq, dv), dtype=np.float32)
+        _attention_kernel(
+            _KIND[k_type], _KIND[v_type], q[a:b], k8, k16, k32, v8, v16, v32, n_hkv,
+            q_pos[a:b], kv_pos, int(window), np.float32(scale), np.float32(softcap),
+            res[a:b], rows_per_tile, c_lo, n_chunks, part_m, part_l, part_acc,
+        )
     if not direct:
         out[...] = res

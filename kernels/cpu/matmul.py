@@ -69,7 +69,6 @@ from localllm.kernels.cpu.simd import (
     and8,
     bytes_i16x16,
     cat8x2,
-    cvtf,
     cvtf16,
     dot_bcast64,
     dot_ss,
@@ -80,13 +79,10 @@ from localllm.kernels.cpu.simd import (
     fma16,
     fma_f,
     fma_i,
-    hsum4x8,
-    hsum4x16,
     hsumf,
     hsumf16,
     iq4nl_table,
     iq4nl_table_u,
-    lanef,
     lanef16,
     ld_bf16x8,
     ld_bits32,
@@ -94,8 +90,6 @@ from localllm.kernels.cpu.simd import (
     ld_f16x8,
     ld_f16x16,
     ld_f32x2_spread,
-    ld_f32x4_dup,
-    ld_f32x4_dup2,
     ld_f32x8,
     ld_i8,
     ld_i8_i16x16,
@@ -112,7 +106,6 @@ from localllm.kernels.cpu.simd import (
     madd16,
     mul16,
     mul32,
-    mulf,
     nib_hi64,
     nib_lo64,
     or8,
@@ -123,7 +116,6 @@ from localllm.kernels.cpu.simd import (
     splat8,
     splat16,
     splat16x2,
-    splatf,
     splatf16,
     srl8,
     srl16,
@@ -366,34 +358,39 @@ def _dot1_b32(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
 
 @njit
 def _dot4_b32(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_act):
-    # Four activation rows per weight block: the block is decoded once, its four integer dot
-    # products are summed into one I32x8 (hsum4x8: lane j and 4 + j belong to row n0 + j), and
-    # converted and scaled together with [d*dx_0 .. d*dx_3] from the transposed scales xdt.
+    # Four activation rows per weight block: the block is decoded once and applied to the four
+    # rows from registers. Each row's float arithmetic is exactly _dot1_b32's (eight lane
+    # accumulators, the same scale products, the same final sum), so a row's result does not
+    # depend on how many rows share the call (batch invariance).
     bb = _b32_bytes(qt)
     k = nb * 32
     x0 = n0 * k
-    npad = xdt.shape[1]
     rb = w.shape[1]
     for r in range(r0, r1):
         o = r * rb
-        acc = zerof()
-        macc = zerof()
+        acc0 = zerof()
+        acc1 = zerof()
+        acc2 = zerof()
+        acc3 = zerof()
+        m0 = np.float32(0.0)
+        m1 = np.float32(0.0)
+        m2 = np.float32(0.0)
+        m3 = np.float32(0.0)
         for b in range(nb):
             q, d, c = _b32_dec(qt, w, o + b * bb)
             xo = x0 + 32 * b
-            h = hsum4x8(_b32_dot(qt, q, ld_i8x32(xq, xo)),
-                        _b32_dot(qt, q, ld_i8x32(xq, xo + k)),
-                        _b32_dot(qt, q, ld_i8x32(xq, xo + 2 * k)),
-                        _b32_dot(qt, q, ld_i8x32(xq, xo + 3 * k)))
-            so = (b * npad + n0) * 4
-            acc = fma_f(acc, cvtf(h), mulf(splatf(d), ld_f32x4_dup(xdt, so)))
+            acc0 = fma_i(acc0, _b32_dot(qt, q, ld_i8x32(xq, xo)), d * xd[n0, b])
+            acc1 = fma_i(acc1, _b32_dot(qt, q, ld_i8x32(xq, xo + k)), d * xd[n0 + 1, b])
+            acc2 = fma_i(acc2, _b32_dot(qt, q, ld_i8x32(xq, xo + 2 * k)), d * xd[n0 + 2, b])
+            acc3 = fma_i(acc3, _b32_dot(qt, q, ld_i8x32(xq, xo + 3 * k)), d * xd[n0 + 3, b])
             if _b32_mode(qt) != 0:
-                macc = fma_f(macc, splatf(c), ld_f32x4_dup(xst, so))
+                m0 += c * xs[n0, b]
+                m1 += c * xs[n0 + 1, b]
+                m2 += c * xs[n0 + 2, b]
+                m3 += c * xs[n0 + 3, b]
         cm = _b32_cmul(qt)
-        _store4(out, r, n0, n_act, lanef(acc, 0) + lanef(acc, 4) + cm * lanef(macc, 0),
-                lanef(acc, 1) + lanef(acc, 5) + cm * lanef(macc, 1),
-                lanef(acc, 2) + lanef(acc, 6) + cm * lanef(macc, 2),
-                lanef(acc, 3) + lanef(acc, 7) + cm * lanef(macc, 3))
+        _store4(out, r, n0, n_act, hsumf(acc0) + cm * m0, hsumf(acc1) + cm * m1,
+                hsumf(acc2) + cm * m2, hsumf(acc3) + cm * m3)
 
 
 # 512-bit variants (cpu_features `wide`, which implies VNNI, so every 32-weight type has
@@ -431,58 +428,66 @@ def _dot1_b32w(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
 
 @njit
 def _dot4_b32w(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_act):
-    # As _dot4_b32 with two blocks per step: after hsum4x16, lane 4L + j holds a partial sum of
-    # row n0 + j for block b (L = 0, 1) or b + 1 (L = 2, 3); the scale vector matches that.
+    # As _dot4_b32 with two blocks per step; each row's arithmetic is _dot1_b32w's.
     bb = _b32_bytes(qt)
     k = nb * 32
     x0 = n0 * k
-    npad = xdt.shape[1]
-    rs = npad * 4  # bytes between rows of xdt / xst
+    ks = 4 * (xd.shape[1])  # bytes between rows of xd
+    d0f = n0 * ks  # byte offset of xd[n0, 0]
     rb = w.shape[1]
     for r in range(r0, r1):
         o = r * rb
-        acc = zerof16()
-        macc = zerof16()
+        a0 = zerof16()
+        a1 = zerof16()
+        a2 = zerof16()
+        a3 = zerof16()
+        m0 = np.float32(0.0)
+        m1 = np.float32(0.0)
+        m2 = np.float32(0.0)
+        m3 = np.float32(0.0)
         for i in range(nb // 2):
             b = 2 * i
             q0, d0, c0 = _b32_dec(qt, w, o + b * bb)
             q1, d1, c1 = _b32_dec(qt, w, o + b * bb + bb)
             u = cat8x2(q0, q1)
+            dd = splat2f(d0, d1)
             xo = x0 + 32 * b
-            h = hsum4x16(dot_us64(u, ld_i8x64(xq, xo)), dot_us64(u, ld_i8x64(xq, xo + k)),
-                         dot_us64(u, ld_i8x64(xq, xo + 2 * k)),
-                         dot_us64(u, ld_i8x64(xq, xo + 3 * k)))
-            s0 = (b * npad + n0) * 4
-            acc = fma16(acc, cvtf16(h), mul16(splat2f(d0, d1), ld_f32x4_dup2(xdt, s0, s0 + rs)))
+            so = d0f + 4 * b
+            a0 = fma16(a0, cvtf16(dot_us64(u, ld_i8x64(xq, xo))),
+                       mul16(dd, ld_f32x2_spread(xd, so)))
+            a1 = fma16(a1, cvtf16(dot_us64(u, ld_i8x64(xq, xo + k))),
+                       mul16(dd, ld_f32x2_spread(xd, so + ks)))
+            a2 = fma16(a2, cvtf16(dot_us64(u, ld_i8x64(xq, xo + 2 * k))),
+                       mul16(dd, ld_f32x2_spread(xd, so + 2 * ks)))
+            a3 = fma16(a3, cvtf16(dot_us64(u, ld_i8x64(xq, xo + 3 * k))),
+                       mul16(dd, ld_f32x2_spread(xd, so + 3 * ks)))
             if _b32_mode(qt) != 0:
-                macc = fma16(macc, splat2f(c0, c1), ld_f32x4_dup2(xst, s0, s0 + rs))
-        # row j: acc lanes j, 4+j, 8+j, 12+j; macc lanes j, 8+j (4+j, 12+j are copies)
-        t = zerof()
-        mt = zerof()
+                m0 += c0 * xs[n0, b] + c1 * xs[n0, b + 1]
+                m1 += c0 * xs[n0 + 1, b] + c1 * xs[n0 + 1, b + 1]
+                m2 += c0 * xs[n0 + 2, b] + c1 * xs[n0 + 2, b + 1]
+                m3 += c0 * xs[n0 + 3, b] + c1 * xs[n0 + 3, b + 1]
+        v0 = hsumf16(a0)
+        v1 = hsumf16(a1)
+        v2 = hsumf16(a2)
+        v3 = hsumf16(a3)
         if nb & 1:
             b = nb - 1
             q, d, c = _b32_dec(qt, w, o + b * bb)
             xo = x0 + 32 * b
-            h8 = hsum4x8(_b32_dot(qt, q, ld_i8x32(xq, xo)),
-                         _b32_dot(qt, q, ld_i8x32(xq, xo + k)),
-                         _b32_dot(qt, q, ld_i8x32(xq, xo + 2 * k)),
-                         _b32_dot(qt, q, ld_i8x32(xq, xo + 3 * k)))
-            so = (b * npad + n0) * 4
-            t = fma_f(t, cvtf(h8), mulf(splatf(d), ld_f32x4_dup(xdt, so)))
+            v0 += hsumf(fma_i(zerof(), _b32_dot(qt, q, ld_i8x32(xq, xo)), d * xd[n0, b]))
+            v1 += hsumf(fma_i(zerof(), _b32_dot(qt, q, ld_i8x32(xq, xo + k)),
+                              d * xd[n0 + 1, b]))
+            v2 += hsumf(fma_i(zerof(), _b32_dot(qt, q, ld_i8x32(xq, xo + 2 * k)),
+                              d * xd[n0 + 2, b]))
+            v3 += hsumf(fma_i(zerof(), _b32_dot(qt, q, ld_i8x32(xq, xo + 3 * k)),
+                              d * xd[n0 + 3, b]))
             if _b32_mode(qt) != 0:
-                mt = fma_f(mt, splatf(c), ld_f32x4_dup(xst, so))
+                m0 += c * xs[n0, b]
+                m1 += c * xs[n0 + 1, b]
+                m2 += c * xs[n0 + 2, b]
+                m3 += c * xs[n0 + 3, b]
         cm = _b32_cmul(qt)
-        _store4(out, r, n0, n_act, _lanes4(acc, macc, t, mt, cm, 0),
-                _lanes4(acc, macc, t, mt, cm, 1), _lanes4(acc, macc, t, mt, cm, 2),
-                _lanes4(acc, macc, t, mt, cm, 3))
-
-
-@njit
-def _lanes4(acc, macc, t, mt, cm, j):
-    """Row j's total from the 512-bit accumulators and the 256-bit tail (see _dot4_b32w)."""
-    return (lanef16(acc, j) + lanef16(acc, 4 + j) + lanef16(acc, 8 + j) + lanef16(acc, 12 + j)
-            + lanef(t, j) + lanef(t, 4 + j)
-            + cm * (lanef16(macc, j) + lanef16(macc, 8 + j) + lanef(mt, j)))
+        _store4(out, r, n0, n_act, v0 + cm * m0, v1 + cm * m1, v2 + cm * m2, v3 + cm * m3)
 
 
 # ---------------------------------------------------------------- Q4_K / Q5_K
@@ -1116,25 +1121,44 @@ def _dot1_f(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
 
 @njit
 def _dot4_f(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_act):
+    # Each row with _dot1_f's two accumulators (even / odd groups of 8), for batch invariance.
     rb = w.shape[1]
+    eb = _float_bytes(qt)
+    rs = nb * 32  # bytes between rows of xf
+    x0 = n0 * rs
     for r in range(r0, r1):
         o = r * rb
-        eb = _float_bytes(qt)
-        rs = nb * 32  # bytes between rows of xf
-        x0 = n0 * rs
-        acc0 = zerof()
-        acc1 = zerof()
-        acc2 = zerof()
-        acc3 = zerof()
-        for c in range(nb):
+        a0 = zerof()
+        a1 = zerof()
+        a2 = zerof()
+        a3 = zerof()
+        e0 = zerof()
+        e1 = zerof()
+        e2 = zerof()
+        e3 = zerof()
+        for c in range(nb // 2):
+            wo = o + 16 * eb * c
+            wa = _ldw_f(qt, w, wo)
+            wb = _ldw_f(qt, w, wo + 8 * eb)
+            xo = x0 + 64 * c
+            a0 = fma_f(a0, wa, ld_f32x8(xf, xo))
+            e0 = fma_f(e0, wb, ld_f32x8(xf, xo + 32))
+            a1 = fma_f(a1, wa, ld_f32x8(xf, xo + rs))
+            e1 = fma_f(e1, wb, ld_f32x8(xf, xo + rs + 32))
+            a2 = fma_f(a2, wa, ld_f32x8(xf, xo + 2 * rs))
+            e2 = fma_f(e2, wb, ld_f32x8(xf, xo + 2 * rs + 32))
+            a3 = fma_f(a3, wa, ld_f32x8(xf, xo + 3 * rs))
+            e3 = fma_f(e3, wb, ld_f32x8(xf, xo + 3 * rs + 32))
+        if nb & 1:
+            c = nb - 1
             wv = _ldw_f(qt, w, o + 8 * eb * c)
             xo = x0 + 32 * c
-            acc0 = fma_f(acc0, wv, ld_f32x8(xf, xo))
-            acc1 = fma_f(acc1, wv, ld_f32x8(xf, xo + rs))
-            acc2 = fma_f(acc2, wv, ld_f32x8(xf, xo + 2 * rs))
-            acc3 = fma_f(acc3, wv, ld_f32x8(xf, xo + 3 * rs))
-        v0, v1, v2, v3 = hsumf(acc0), hsumf(acc1), hsumf(acc2), hsumf(acc3)
-        _store4(out, r, n0, n_act, v0, v1, v2, v3)
+            a0 = fma_f(a0, wv, ld_f32x8(xf, xo))
+            a1 = fma_f(a1, wv, ld_f32x8(xf, xo + rs))
+            a2 = fma_f(a2, wv, ld_f32x8(xf, xo + 2 * rs))
+            a3 = fma_f(a3, wv, ld_f32x8(xf, xo + 3 * rs))
+        _store4(out, r, n0, n_act, hsumf(a0) + hsumf(e0), hsumf(a1) + hsumf(e1),
+                hsumf(a2) + hsumf(e2), hsumf(a3) + hsumf(e3))
 
 
 @njit

@@ -755,15 +755,29 @@ def fma_f(typingctx, acc, a, b):
 
 @intrinsic
 def hsumf(typingctx, v):
-    """The sum of the 8 lanes of an F32x8 (tree order, as float32)."""
+    """The sum of the 8 lanes of an F32x8 in one fixed tree order (halves added, then halves
+    of that, ...), with strict IEEE adds: a reassociable reduction could be lowered or folded
+    differently in different callers, and every caller must round alike (batch invariance)."""
     if v != F32x8:
         return None
 
     def codegen(context, builder, sig, args):
-        f = _fn(builder, "llvm.vector.reduce.fadd.v8f32", _f32, [_f32, _VF])
-        return builder.call(f, [ir.Constant(_f32, -0.0), args[0]], fastmath=("reassoc",))
+        return _tree_sum(builder, args[0], 8)
 
     return types.float32(F32x8), codegen
+
+
+def _tree_sum(builder, v, n: int):
+    """Lanes of an n-float vector summed as ((v[:n/2] + v[n/2:]) halved again ...)."""
+    while n > 1:
+        h = n // 2
+        undef = ir.Constant(ir.VectorType(_f32, n), ir.Undefined)
+        lo = builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_i32, h), list(range(h))))
+        hi = builder.shuffle_vector(v, undef,
+                                    ir.Constant(ir.VectorType(_i32, h), list(range(h, n))))
+        v = builder.fadd(lo, hi)
+        n = h
+    return builder.extract_element(v, ir.Constant(_i32, 0))
 
 
 # ============================================================================= 512-bit
@@ -945,13 +959,12 @@ def ld_f32x4_dup2(typingctx, arr, off0, off1):
 
 @intrinsic
 def hsumf16(typingctx, v):
-    """The sum of the 16 lanes of an F32x16 (tree order)."""
+    """The sum of the 16 lanes of an F32x16 (the fixed tree order of hsumf)."""
     if v != F32x16:
         return None
 
     def codegen(context, builder, sig, args):
-        f = _fn(builder, "llvm.vector.reduce.fadd.v16f32", _f32, [_f32, _WF])
-        return builder.call(f, [ir.Constant(_f32, -0.0), args[0]], fastmath=("reassoc",))
+        return _tree_sum(builder, args[0], 16)
 
     return types.float32(F32x16), codegen
 
