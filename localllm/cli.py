@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("-n", "--num-predict", type=int, default=-1, help="max tokens per reply (-1: until the end of the turn)")
     p.add_argument("--load", default=None, metavar="FILE", help="resume a saved conversation (JSON)")
-    p.add_argument("--no-tui", action="store_true", help="plain line chat instead of the app (also when stdin is a pipe)")
+    p.add_argument("--no-tui", action="store_true", help="plain line chat instead of the app (also when stdin or stdout is not a terminal)")
     _add_model_opts(p)
     _add_sampling_opts(p)
     _add_spec_opts(p)
