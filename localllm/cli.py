@@ -1,4 +1,4 @@
-"""`localllm` command line: run, show, tokenize, perplexity, bench, serve.
+"""`localllm` command line: run, chat, serve, show, tokenize, perplexity, bench.
 
 Every user mistake (missing or broken file, unknown architecture, prompt too long, bad
 option) ends as one `error: ...` line on stderr and a non-zero exit, never a traceback.
@@ -97,6 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     _add_model_opts(p)
 
+    p = sub.add_parser("chat", help="chat in a terminal app (streaming Markdown replies)")
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help="a .gguf path (default: a chat model if one is installed)")
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("-n", "--num-predict", type=int, default=-1, help="max tokens per reply (-1: until the end of the turn)")
+    p.add_argument("--load", default=None, metavar="FILE", help="resume a saved conversation (JSON)")
+    p.add_argument("--no-tui", action="store_true", help="plain line chat instead of the app (also when stdin or stdout is not a terminal)")
+    _add_model_opts(p)
+    _add_sampling_opts(p)
+    _add_spec_opts(p)
+
     from localllm.bench import add_parser as add_bench
 
     add_bench(sub)
@@ -171,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_ERROR
     try:
-        if ns.command in ("run", "perplexity", "bench", "serve"):
+        if ns.command in ("run", "perplexity", "bench", "serve", "chat"):
             from localllm.warmup import skip_numba_blas_probe
 
             skip_numba_blas_probe()
@@ -179,6 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from localllm.run import cmd_run
 
             return cmd_run(ns)
+        if ns.command == "chat":
+            from localllm.tui.app import cmd_chat
+
+            return cmd_chat(ns)
         if ns.command == "show":
             return cmd_show(ns)
         if ns.command == "tokenize":

@@ -1,0 +1,510 @@
+"""`localllm chat`: the Textual app driven by its Pilot, the line chat, and the pure parts
+(slash commands, conversation files, dropping turns).
+
+The app tests run the real engine thread on a tiny random-weight qwen2 model (ChatML
+template, so the system prompt is part of the prompt); one test talks to the real chat
+model SmolLM2-135M-Instruct. Waiting loops poll the app's state with a generous limit:
+nothing here asserts on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from tiny_models import write_tiny_model
+
+from localllm.generate import Event
+from localllm.sampling import SamplerConfig
+from localllm.tui import commands
+from localllm.tui.app import ChatApp, code_blocks, format_reply_stats, merge_text
+from localllm.tui.backend import ChatBackend, Handle, drop_oldest_turns, split_turns
+from localllm.tui.conversation import Conversation, ConversationFileError
+from localllm.tui.widgets import AssistantMessage, ConfirmScreen, StatusBar, UserMessage
+
+SIZE = (80, 24)  # the smallest terminal the app promises to work in
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("tui") / "tiny-qwen2-chat.gguf"
+    write_tiny_model(p, "qwen2", seed=7, name="tiny-chat")
+    return p
+
+
+def greedy(n: int = 12) -> Conversation:
+    return Conversation(config=SamplerConfig(temperature=0.0), max_tokens=n)
+
+
+async def wait_for(pilot, cond: Callable[[], bool], what: str, limit: float = 600) -> None:  # noqa: ANN001
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > limit:
+            raise AssertionError(f"gave up waiting for {what}")
+        await pilot.pause(0.02)
+
+
+def reply_done(app: ChatApp) -> bool:
+    return app.turn is not None and "stats" in app.turn.message
+
+
+async def send(pilot, app: ChatApp, text: str) -> dict:  # noqa: ANN001
+    """Type a message, press Enter, wait for the whole reply; its conversation record."""
+    app.input.load_text(text)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: reply_done(app), "the reply")
+    await pilot.pause()
+    return app.turn.message
+
+
+async def command(pilot, app: ChatApp, line: str) -> str:  # noqa: ANN001
+    """Run a slash command; the text of the last note it printed."""
+    app.input.load_text(line)
+    await pilot.press("enter")
+    await pilot.pause()
+    notes = app.view.query(".note")
+    return str(notes.last().render()) if notes else ""
+
+
+# --- the app on a tiny model -------------------------------------------------------------
+
+
+def test_three_turns_commands_save_and_load(tiny_chat: Path, tmp_path: Path) -> None:
+    """A whole conversation: /system and /set, three streamed turns (each later turn only
+    evaluates its new tokens), the status bar, /save and /load (then a fourth turn still
+    re-uses the cache), an unknown command answered in the chat."""
+    saved = tmp_path / "chat.json"
+
+    async def scenario() -> None:
+        app = ChatApp(tiny_chat, conversation=greedy(), engine_opts={"n_ctx": 512})
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.info is not None, "the model")
+            assert "tiny-qwen2-chat │ ctx 0/512" in str(app.query_one(StatusBar).render())
+
+            assert "System prompt set" in await command(pilot, app, "/system You are terse.")
+            assert "temperature = 0.0" in await command(pilot, app, "/set temperature 0")
+            assert "unknown setting" in await command(pilot, app, "/set warmth 3")
+            assert "unknown command /frobnicate" in await command(pilot, app, "/frobnicate")
+
+            records = []
+            for text in ("Hello there", "Tell me more", "And then?"):
+                records.append(await send(pilot, app, text))
+            msgs = app.conversation.messages
+            assert [m["role"] for m in msgs] == ["user", "assistant"] * 3
+            assert [m["content"] for m in msgs[::2]] == ["Hello there", "Tell me more",
+                                                        "And then?"]
+            for rec, widget in zip(records, app.view.query(AssistantMessage), strict=True):
+                assert rec["content"] and widget.source == rec["content"]
+                st = rec["stats"]
+                assert 0 < st["tokens"] <= 12 and st["done_reason"] in ("length", "stop")
+            # turn 1 evaluates its whole prompt (system prompt included); turns 2 and 3 only
+            # their new message (and the end of the previous reply, re-tokenized)
+            first, *later = (r["stats"] for r in records)
+            assert first["prompt_evaluated"] == first["prompt_tokens"]
+            for prev, st in zip(records[:-1], later, strict=True):
+                assert st["prompt_tokens"] > prev["stats"]["prompt_tokens"] + 5
+                assert st["prompt_evaluated"] < st["prompt_tokens"] - prev["stats"]["prompt_tokens"]
+            assert len(app.view.query(UserMessage)) == 3
+            status = str(app.query_one(StatusBar).render())
+            assert "tok/s" in status and f"ctx {app.backend.context_used()}/512" in status
+
+            # Up on an empty input walks back through what was sent; Down comes back to the
+            # draft; Ctrl+J is a new line, not a send
+            await pilot.press("up", "up")
+            assert app.input.text == "Tell me more"
+            await pilot.press("down", "down")
+            assert app.input.text == ""
+            await pilot.press("a", "ctrl+j", "b")
+            assert app.input.text == "a\nb" and len(app.conversation.messages) == 6
+            app.input.clear()
+
+            assert "Saved to" in await command(pilot, app, f"/save {saved}")
+            await pilot.press("ctrl+n")
+            await pilot.pause()
+            assert app.conversation.messages == [] and not app.view.query(AssistantMessage)
+
+            await command(pilot, app, f"/load {saved}")
+            assert any("Loaded" in str(n.render()) for n in app.view.query(".note"))
+            assert [m["content"] for m in app.conversation.messages] == \
+                [m["content"] for m in msgs]
+            assert app.conversation.system == "You are terse."
+            assert len(app.view.query(AssistantMessage)) == 3
+            # the same model and prefix: the cache still holds the loaded conversation (the
+            # third turn's prompt at least; a reply's text may tokenize differently than the
+            # tokens that were sampled, so its end can be evaluated again)
+            fourth = (await send(pilot, app, "Thanks"))["stats"]
+            assert fourth["prompt_evaluated"] < \
+                fourth["prompt_tokens"] - records[-1]["stats"]["prompt_tokens"]
+
+    asyncio.run(scenario())
+    data = json.loads(saved.read_text())
+    assert data["format"] == "localllm-chat" and data["system"] == "You are terse."
+    assert data["settings"]["temperature"] == 0.0 and len(data["messages"]) == 6
+
+
+class GatedBackend(ChatBackend):
+    """Holds the engine thread after the first streamed text of a reply until `gate` is set:
+    the test can press Esc while the reply is certainly mid-stream."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.streaming = threading.Event()
+
+    def _submit(self, kind: str, **args) -> Handle:  # noqa: ANN003
+        h = super()._submit(kind, **args)
+        if kind == "chat":
+            put = h.put
+
+            def gated(ev) -> None:  # noqa: ANN001
+                put(ev)
+                if isinstance(ev, Event) and ev.text and not ev.done:
+                    self.streaming.set()
+                    self.gate.wait()
+
+            h.put = gated  # type: ignore[method-assign]
+        return h
+
+
+def test_escape_stops_the_reply_and_keeps_the_partial_text(tiny_chat: Path) -> None:
+    async def scenario() -> None:
+        backend = GatedBackend(tiny_chat, n_ctx=512)
+        app = ChatApp(tiny_chat, conversation=greedy(200), backend=backend)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.info is not None, "the model")
+            app.input.load_text("Write a long story")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: bool(app.turn and app.turn.widget.source),
+                           "the first streamed text")
+            assert backend.streaming.is_set()
+            await pilot.press("escape")
+            # recorded at once, while the engine thread is still held
+            msg = app.conversation.messages[-1]
+            assert msg["role"] == "assistant" and msg.get("stopped") is True
+            partial = msg["content"]
+            assert partial and app.turn.widget.has_class("stopped")
+            backend.gate.set()
+            await wait_for(pilot, lambda: reply_done(app), "the cancelled job's end")
+            st = app.turn.message["stats"]
+            assert st["done_reason"] == "cancelled" and st["tokens"] < 200
+            assert app.conversation.messages[-1]["content"] == partial  # late text ignored
+            assert "stopped" in str(app.turn.widget.query_one(".stats").render())
+            # the next turn works and re-uses the cache (the first prompt at least)
+            rec = (await send(pilot, app, "Shorter please"))["stats"]
+            assert rec["done_reason"] in ("length", "stop")
+            assert rec["prompt_evaluated"] < rec["prompt_tokens"] - st["prompt_tokens"]
+
+    asyncio.run(scenario())
+
+
+def test_context_full_offers_to_drop_the_oldest_turns(tiny_chat: Path) -> None:
+    """A conversation that no longer fits: nothing is truncated silently; the app asks, and
+    "yes" drops whole turns (system prompt kept) and sends the message."""
+    long = " ".join(["the quick brown fox jumps over the lazy dog"] * 3)
+    conv = greedy(8)
+    conv.system = "Be brief."
+    for i in range(4):
+        conv.messages += [{"role": "user", "content": f"question {i}: {long}"},
+                          {"role": "assistant", "content": f"answer {i}: {long}"}]
+
+    async def scenario() -> None:
+        app = ChatApp(tiny_chat, conversation=conv, engine_opts={"n_ctx": 256})
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.info is not None, "the model")
+            app.input.load_text("one more")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+            assert "context holds 256" in str(app.screen.query_one("#question").render())
+            assert len(app.conversation.messages) == 8  # withdrawn until the user decides
+            await pilot.press("y")
+            await wait_for(pilot, lambda: reply_done(app), "the reply")
+            msgs = app.conversation.messages
+            assert msgs[-2]["content"] == "one more" and msgs[-1]["role"] == "assistant"
+            assert msgs[0]["content"].startswith("question ") and msgs[0]["role"] == "user"
+            assert len(msgs) < 10 and app.conversation.system == "Be brief."
+            assert app.view.query(".dropped")  # the dropped turns stay on screen, dimmed
+
+    asyncio.run(scenario())
+
+
+def test_long_prompt_progress_cancel_and_resume(tiny_chat: Path) -> None:
+    """A long prompt is evaluated in chunks with Progress events; cancelling between chunks
+    ends the job at once, and asking again re-uses the chunks already evaluated."""
+    from localllm.tui.backend import PREFILL_CHUNK, Loaded, Progress
+
+    class CancelOnProgress(ChatBackend):
+        def _submit(self, kind: str, **args) -> Handle:  # noqa: ANN003
+            h = super()._submit(kind, **args)
+            put = h.put
+
+            def put_and_cancel(ev) -> None:  # noqa: ANN001
+                put(ev)
+                if isinstance(ev, Progress) and self.cancel_at_progress:
+                    h.cancel()  # on the engine thread, before its next chunk
+
+            h.put = put_and_cancel  # type: ignore[method-assign]
+            return h
+
+    backend = CancelOnProgress(tiny_chat, n_ctx=2048)
+    backend.cancel_at_progress = True
+    assert isinstance(next(iter(backend.start())), Loaded)
+    msgs = [{"role": "user", "content": " ".join(f"item {i}," for i in range(120))}]
+    try:
+        events = list(backend.submit(msgs, SamplerConfig(temperature=0.0), 4))
+        assert isinstance(events[0], Progress) and events[0].done == PREFILL_CHUNK
+        final = events[-1]
+        assert final.done_reason == "cancelled" and final.stats.eval_tokens == 0
+        assert final.stats.prompt_eval_tokens == PREFILL_CHUNK < final.stats.prompt_tokens
+        n = final.stats.prompt_tokens
+        assert n > 3 * PREFILL_CHUNK
+
+        backend.cancel_at_progress = False
+        events = list(backend.submit(msgs, SamplerConfig(temperature=0.0), 4))
+        progress = [e for e in events if isinstance(e, Progress)]
+        todo = n - 1 - PREFILL_CHUNK  # the rest but the last token (generate() takes it)
+        assert [p.total for p in progress] == [todo] * len(progress)
+        assert progress[-1].done == todo and len(progress) == -(-todo // PREFILL_CHUNK)
+        assert events[-1].stats.prompt_eval_tokens == n - PREFILL_CHUNK
+        assert events[-1].done_reason in ("length", "stop")
+    finally:
+        backend.close()
+
+
+def test_quitting_while_the_model_loads_leaves_no_thread_waiting(tiny_chat: Path) -> None:
+    """Ctrl+Q during a long load (the first kernel compile takes a minute): the app's event
+    pump stops at once instead of keeping the process alive until the load ends."""
+    release = threading.Event()
+
+    class SlowLoad(ChatBackend):
+        def _load(self, job) -> None:  # noqa: ANN001
+            release.wait()
+            super()._load(job)
+
+    async def scenario() -> ChatApp:
+        app = ChatApp(tiny_chat, backend=SlowLoad(tiny_chat, n_ctx=256))
+        async with app.run_test(size=SIZE) as pilot:
+            assert app.info is None and "loading" in str(app.query_one(StatusBar).render())
+            await pilot.press("ctrl+q")
+        for w in list(app.workers):
+            await w.wait()
+        return app
+
+    result: list[ChatApp] = []
+    runner = threading.Thread(target=lambda: result.append(asyncio.run(scenario())),
+                              daemon=True)
+    try:
+        runner.start()
+        runner.join(60)  # a pump still waiting on the load would keep asyncio.run from ending
+        assert not runner.is_alive(), "the app did not finish while its model was loading"
+        assert result[0].info is None and not result[0].workers
+    finally:
+        release.set()
+
+
+# --- the real chat model -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_real_chat_model_answers_and_reuses_the_prefix(smollm2_path: Path) -> None:
+    async def scenario() -> None:
+        app = ChatApp(smollm2_path, conversation=greedy(8), engine_opts={"n_ctx": 512})
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.info is not None, "the model")
+            assert app.info.template == "gguf"  # SmolLM2 carries its ChatML template
+            one = await send(pilot, app, "What is the capital of France?")
+            assert one["content"].strip() and one["stats"]["tokens"] == 8
+            assert app.turn.widget.markdown.source == one["content"]
+            two = (await send(pilot, app, "And of Italy?"))["stats"]
+            assert two["prompt_evaluated"] < two["prompt_tokens"] - one["stats"]["prompt_tokens"]
+            assert "tok/s" in str(app.query_one(StatusBar).render())
+
+    asyncio.run(scenario())
+
+
+# --- the line chat -----------------------------------------------------------------------
+
+
+def test_line_chat_from_a_pipe(tiny_chat: Path, tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+    """`localllm chat MODEL < file`: no app; one reply per line, notes on stderr."""
+    from localllm.cli import main
+
+    saved = tmp_path / "piped.json"
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"Hello\n/set top_k 5\nAgain\n/save {saved}\n"))
+    rc = main(["chat", str(tiny_chat), "-n", "6", "--temp", "0", "-c", "256"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "set top_k = 5" in err and f"saved to {saved}" in err
+    conv = Conversation.load(saved)
+    assert [m["content"] for m in conv.messages[::2]] == ["Hello", "Again"]
+    replies = [m["content"] for m in conv.messages[1::2]]
+    assert all(replies) and out == "".join(r + "\n\n" for r in replies)
+    assert conv.config.top_k == 5
+
+
+def test_chat_cli_errors(tiny_chat: Path, tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+    from localllm.cli import main
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert main(["chat", str(tmp_path / "missing.gguf")]) == 1
+    assert capsys.readouterr().err.startswith("error: ")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["chat", str(tiny_chat), "--load", str(bad)]) == 1
+    assert "not a localllm chat file" in capsys.readouterr().err
+    assert main(["chat", str(tiny_chat), "--min-p", "2"]) == 1
+    assert "min_p" in capsys.readouterr().err
+    assert main(["chat", str(tiny_chat), "-n", "0"]) == 1
+    assert "num-predict" in capsys.readouterr().err
+
+
+# --- the pure parts ----------------------------------------------------------------------
+
+
+def test_slash_command_parsing() -> None:
+    assert commands.parse("hello") is None and commands.parse("//etc") is None
+    assert commands.parse("/set temperature 0.7") == commands.Command("set", "temperature 0.7")
+    with pytest.raises(commands.CommandError, match="unknown command"):
+        commands.parse("/nope")
+    cfg, n, what = commands.apply_set("temp 0.3", SamplerConfig(), -1)
+    assert cfg.temperature == 0.3 and what == "temperature = 0.3" and n == -1
+    cfg, n, _ = commands.apply_set("num_predict 50", cfg, -1)
+    assert n == 50
+    assert commands.apply_set("seed random", SamplerConfig(seed=3), -1)[0].seed is None
+    for bad in ("top_k x", "min_p 7", "temperature", "max_tokens 0", "bogus 1"):
+        with pytest.raises(commands.CommandError):
+            commands.apply_set(bad, SamplerConfig(), -1)
+
+
+def test_conversation_file_round_trip_and_errors(tmp_path: Path) -> None:
+    conv = Conversation(system="sys", config=SamplerConfig(temperature=0.2, seed=9),
+                        max_tokens=40, model="m")
+    conv.messages = [{"role": "user", "content": "hi ✓"},
+                     {"role": "assistant", "content": "yo", "stopped": True}]
+    back = Conversation.load(conv.save(tmp_path / "sub" / "c.json"))
+    assert (back.system, back.messages, back.config, back.max_tokens) == \
+        (conv.system, conv.messages, conv.config, conv.max_tokens)
+    assert back.prompt_messages()[0] == {"role": "system", "content": "sys"}
+    for text, err in (("nope", "not JSON"), ("[]", "not a localllm chat file"),
+                      ('{"format": "localllm-chat", "version": 1, "messages": [{"role": "x"}]}',
+                       "messages")):
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(ConversationFileError, match=err):
+            Conversation.load(tmp_path / "bad.json")
+    with pytest.raises(ConversationFileError, match="cannot read"):
+        Conversation.load(tmp_path / "missing.json")
+
+
+def test_dropping_whole_turns_keeps_the_system_prompt() -> None:
+    msgs = [{"role": "system", "content": "s"}]
+    for i in range(3):
+        msgs += [{"role": "user", "content": f"u{i}"}, {"role": "assistant", "content": f"a{i}"}]
+    head, turns = split_turns(msgs)
+    assert head == msgs[:1] and len(turns) == 3
+    assert [m["content"] for m in drop_oldest_turns(msgs, 2)] == ["s", "u2", "a2"]
+
+
+def test_text_merging_stats_line_and_code_blocks() -> None:
+    evs = [Event(text="a"), Event(text="b"), Event(done=True), Event(text="c")]
+    assert [e.text for e in merge_text(evs)] == ["ab", "", "c"]
+    from localllm.generate import GenerationStats
+
+    st = GenerationStats(prompt_tokens=30, prompt_eval_tokens=5, prompt_eval_s=0.5,
+                         eval_tokens=10, eval_s=2.0, draft_tokens=6, draft_accepted=4)
+    line = format_reply_stats(st, "cancelled")
+    assert line == ("10 tokens, 5.0 tok/s · prompt 5 evaluated + 25 cached, 10 tok/s · "
+                    "drafted 6, accepted 4 · stopped")
+    from localllm.tui.widgets import StatusBar as Bar
+
+    bar = Bar()
+    bar.name_part, bar.facts = "SmolLM2-135M-Instruct.Q4_1", ["ctx 44/4096", "KV 90 MiB f16"]
+    assert bar.text_for(80) == "SmolLM2-135M-Instruct.Q4_1 │ ctx 44/4096 │ KV 90 MiB f16"
+    assert bar.text_for(40) == "SmolLM2-1… │ ctx 44/4096 │ KV 90 MiB f16"  # 40 wide
+    assert code_blocks("text\n```py\nx = 1\n```\n\n    indented\n") == ["x = 1\n", "indented\n"]
+
+
+def test_model_choice_with_and_without_a_store(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """With no MODEL: $LOCALLLM_CHAT_MODEL, else the store's chat model (SmolLM2 first, found
+    by its name even when the file is a hash), else nothing (and can_pull when the store can
+    fetch one); the base model comes with a note saying it is not a chat model."""
+    import sys
+    import types
+    from dataclasses import dataclass
+
+    from localllm.tui import model_choice as mc
+
+    monkeypatch.delenv(mc.CHAT_MODEL_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "localllm.models_store", None)  # no store: ImportError
+    assert mc.choose_model(None) == mc.ModelChoice(None, can_pull=False)
+
+    @dataclass
+    class Entry:
+        path: Path
+        name: str
+        tag: str = "latest"
+        size: int = 0
+
+    blobs = []
+    for i in range(3):
+        blobs.append(tmp_path / f"sha256-{i:064x}")
+        blobs[-1].write_bytes(b"GGUF")
+    store = types.ModuleType("localllm.models_store")
+    listing: list[Entry] = [Entry(blobs[0], "gemma3-270m")]
+    store.list_models = lambda: list(listing)
+    store.pull = lambda name, progress=None: listing.append(Entry(blobs[2], name)) or listing[-1]
+    monkeypatch.setitem(sys.modules, "localllm.models_store", store)
+    assert mc.choose_model(None) == mc.ModelChoice(None, can_pull=True)
+    monkeypatch.setattr(mc, "_cli_has_pull", lambda: False)  # the store's own pull()
+    assert mc.pull_chat_model() == blobs[2] and listing[-1].name == "smollm2"
+    del listing[1:]
+    listing.append(Entry(blobs[1], "qwen2.5-0.5b-instruct"))
+    assert mc.choose_model(None).path == blobs[1]
+    listing.append(Entry(blobs[2], "smollm2", "135m-instruct-q4_1"))
+    assert mc.choose_model(None).path == blobs[2]  # the small chat model first
+
+    monkeypatch.setenv(mc.CHAT_MODEL_ENV, str(blobs[0]))
+    assert mc.choose_model(None).path == blobs[0]
+    assert mc.choose_model(str(blobs[1])) == mc.ModelChoice(blobs[1])
+
+    note = mc.base_note(Path("gemma-3-270m.gguf"))
+    assert "completion (base) model" in note and "localllm pull smollm2" in note
+
+
+def test_copy_gives_clean_text_and_model_errors_stay_in_the_chat(tiny_chat: Path,
+                                                                  tmp_path: Path) -> None:
+    """/copy puts the reply's own text on the clipboard (no borders, no padding); /copy code
+    FILE writes the last code block; a bad /model path is one line in the chat; /model PATH
+    loads another model and the conversation goes on with it."""
+    reply = "Use slicing:\n\n```python\nitems = [1, 2, 3]\nprint(items[::-1])\n```\n\nDone."
+    conv = greedy()
+    conv.messages = [{"role": "user", "content": "reverse a list?"},
+                     {"role": "assistant", "content": reply}]
+
+    async def scenario() -> None:
+        app = ChatApp(tiny_chat, conversation=conv, engine_opts={"n_ctx": 256})
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.info is not None, "the model")
+            assert "Copied the last reply" in await command(pilot, app, "/copy")
+            assert app.clipboard == reply
+            out = tmp_path / "code.py"
+            assert "Written to" in await command(pilot, app, f"/copy code {out}")
+            assert out.read_text() == app.clipboard == "items = [1, 2, 3]\nprint(items[::-1])\n"
+            said = await command(pilot, app, f"/model {tmp_path / 'nope.gguf'}")
+            assert said.startswith("/model: ") and "nope.gguf" in said
+            assert app.info is not None and app.info.name == "tiny-qwen2-chat"
+            # another model: loaded on the engine thread, the conversation goes on with it
+            await command(pilot, app, f"/model {other}")
+            await wait_for(pilot, lambda: app.info is not None and app.info.name == "other",
+                           "the other model")
+            rec = await send(pilot, app, "still there?")
+            assert rec["stats"]["prompt_evaluated"] == rec["stats"]["prompt_tokens"]
+            assert app.conversation.model == "other" and len(app.conversation.messages) == 4
+
+    other = tmp_path / "other.gguf"
+    write_tiny_model(other, "llama", seed=2)
+    asyncio.run(scenario())

@@ -1,0 +1,98 @@
+"""Snapshots of the chat app's main screens at 80x24 (pytest-textual-snapshot).
+
+Only screens whose content does not depend on sampled text: a resumed conversation (with a
+code block, a stopped reply and their stats lines), the help, and the context-full
+question. Speeds are left out (show_rates=False) so the pictures are the same on any
+machine. The SVGs are Textual's rendering, which changes between Textual releases: the tests
+run with the release that recorded them and are skipped with another (re-record with
+`pytest tests/test_tui_snapshots.py --snapshot-update` and look at the report).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import textual
+from tiny_models import write_tiny_model
+
+from localllm.sampling import SamplerConfig
+from localllm.tui.app import ChatApp
+from localllm.tui.conversation import Conversation
+from localllm.tui.widgets import ConfirmScreen
+
+pytest.importorskip("pytest_textual_snapshot")
+
+RECORDED_WITH = "8.2.8"  # the Textual release of the SVGs in __snapshots__/
+pytestmark = pytest.mark.skipif(
+    textual.__version__ != RECORDED_WITH,
+    reason=f"snapshots recorded with Textual {RECORDED_WITH}, this is {textual.__version__}")
+
+SIZE = (80, 24)
+
+
+@pytest.fixture(scope="module")
+def tiny_chat(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("snap") / "tiny-chat.gguf"
+    write_tiny_model(p, "qwen2", seed=7)
+    return p
+
+
+def resumed() -> Conversation:
+    conv = Conversation(system="Answer briefly.", config=SamplerConfig(temperature=0.0),
+                        max_tokens=16, created=0.0)
+    conv.messages = [
+        {"role": "user", "content": "How do I reverse a list in Python?"},
+        {"role": "assistant",
+         "content": "Use slicing:\n\n```python\nitems = [1, 2, 3]\nprint(items[::-1])\n```\n\n"
+                    "or `items.reverse()` to reverse it **in place**.",
+         "stats": {"done_reason": "stop", "tokens": 31}},
+        {"role": "user", "content": "Thanks! And a tuple?"},
+        {"role": "assistant", "content": "The same slicing works: `t[::-1]`", "stopped": True,
+         "stats": {"done_reason": "cancelled", "tokens": 9}},
+    ]
+    return conv
+
+
+async def loaded(pilot) -> None:  # noqa: ANN001
+    app = pilot.app
+    while app.info is None:
+        await pilot.pause(0.02)
+    await pilot.pause()
+
+
+def test_snapshot_resumed_conversation(snap_compare, tiny_chat: Path) -> None:  # noqa: ANN001
+    app = ChatApp(tiny_chat, conversation=resumed(), engine_opts={"n_ctx": 512},
+                  show_rates=False)
+    assert snap_compare(app, terminal_size=SIZE, run_before=loaded)
+
+
+def test_snapshot_help(snap_compare, tiny_chat: Path) -> None:  # noqa: ANN001
+    app = ChatApp(tiny_chat, engine_opts={"n_ctx": 512}, show_rates=False)
+
+    async def help_shown(pilot) -> None:  # noqa: ANN001
+        await loaded(pilot)
+        app.input.load_text("/help")
+        await pilot.press("enter")
+        await pilot.pause()
+        app.view.scroll_home(animate=False)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=help_shown)
+
+
+def test_snapshot_context_full_question(snap_compare, tiny_chat: Path) -> None:  # noqa: ANN001
+    conv = resumed()
+    conv.messages += [{"role": "user", "content": "Tell me about " + "lists and tuples " * 8},
+                      {"role": "assistant", "content": "They are sequences. " * 10}]
+    app = ChatApp(tiny_chat, conversation=conv, engine_opts={"n_ctx": 160}, show_rates=False)
+
+    async def asked(pilot) -> None:  # noqa: ANN001
+        await loaded(pilot)
+        app.input.load_text("one more question")
+        await pilot.press("enter")
+        while not isinstance(app.screen, ConfirmScreen):
+            await pilot.pause(0.02)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=asked)

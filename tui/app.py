@@ -1,0 +1,637 @@
+"""`localllm chat [MODEL]`: the streaming chat app (Textual).
+
+Layout, top to bottom: the conversation (scrolls; follows the reply while it streams), a
+progress bar shown only while a long prompt is evaluated, the input box, the status bar and
+the key hints. Everything that touches the engine goes through tui.backend.ChatBackend; the
+UI reads its events on a worker thread and gets them as messages, so typing, scrolling and
+Esc stay live while tokens stream.
+
+A reply's life: Enter -> the user's message joins the conversation -> backend.submit() with
+the whole conversation (the engine re-uses the cached prefix) -> Progress (long prompts) ->
+text deltas appended to a MarkdownStream -> the final event's stats under the reply and in
+the status bar. Esc cancels: the partial reply is kept, marked "stopped", at once; the
+engine thread notices before its next step. A conversation that no longer fits is never
+truncated silently: the app asks to drop the oldest whole turns (the system prompt stays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.actions import SkipAction
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.message import Message
+from textual.widgets import Footer, Markdown, ProgressBar
+from textual.worker import get_current_worker
+
+from localllm.generate import Event
+from localllm.tui import commands
+from localllm.tui.backend import (
+    BackendEvent,
+    ChatBackend,
+    ContextFull,
+    Failed,
+    Handle,
+    Loaded,
+    ModelInfo,
+    Progress,
+    drop_oldest_turns,
+    is_final,
+)
+from localllm.tui.conversation import Conversation, ConversationFileError, resolve_chat_path
+from localllm.tui.widgets import (
+    AssistantMessage,
+    ChatInput,
+    ConfirmScreen,
+    Note,
+    StatusBar,
+    UserMessage,
+)
+
+CSS = """
+Screen { layout: vertical; }
+#conversation { height: 1fr; padding: 0 1; scrollbar-size-vertical: 1; }
+.msg { height: auto; margin: 0 0 1 0; }
+.msg .who { text-style: bold; color: $accent; }
+.msg.user .who { color: $success; }
+.msg.user .body { padding: 0 0 0 2; }
+.msg.assistant Markdown { margin: 0; padding: 0 0 0 2; }
+.msg.assistant .stats { color: $text-muted; padding: 0 0 0 2; }
+.msg.assistant.stopped .stats { color: $warning; }
+.msg.dropped { opacity: 60%; }
+.note { color: $text-muted; margin: 0 0 1 0; }
+.note.warn { color: $warning; }
+.note.error { color: $error; }
+#prompt-progress { height: 1; padding: 0 1; display: none; }
+#prompt-progress.active { display: block; }
+#input { height: auto; min-height: 3; max-height: 10; border: tall $accent; }
+#status { height: 1; padding: 0 1; background: $panel; color: $text; }
+ConfirmScreen { align: center middle; }
+#dialog { grid-size: 2; grid-gutter: 1 2; grid-rows: auto 3; padding: 1 2; width: 70;
+          height: auto; max-width: 100%; border: thick $warning; background: $surface; }
+#question { column-span: 2; width: 100%; }
+#dialog Button { width: 100%; }
+"""
+
+
+@dataclass
+class Turn:
+    """The reply being generated."""
+
+    handle: Handle
+    widget: AssistantMessage
+    stopped: bool = False  # Esc pressed: ignore further text, keep what is shown
+    finished: bool = False  # recorded in the conversation
+    message: dict = field(default_factory=dict)
+
+
+class BackendMessage(Message):
+    def __init__(self, handle: Handle, ev: BackendEvent) -> None:
+        super().__init__()
+        self.handle = handle
+        self.ev = ev
+
+
+def merge_text(events: list[BackendEvent]) -> list[BackendEvent]:
+    """Join runs of text events into one (fewer screen updates when the engine is faster
+    than the screen); everything else keeps its place."""
+    out: list[BackendEvent] = []
+    for ev in events:
+        prev = out[-1] if out else None
+        if (isinstance(ev, Event) and not ev.done and isinstance(prev, Event)
+                and not prev.done):
+            out[-1] = Event(text=prev.text + ev.text, token=ev.token)
+        else:
+            out.append(ev)
+    return out
+
+
+def format_reply_stats(stats: Any, reason: str | None, show_rates: bool = True) -> str:
+    """'42 tokens, 70.1 tok/s · prompt 25 evaluated + 312 cached · drafted 20, accepted 12'."""
+    if stats is None:
+        return ""
+    parts = [f"{stats.eval_tokens} tokens" + (f", {stats.eval_tps:.1f} tok/s" if show_rates
+                                               and stats.eval_tokens else "")]
+    cached = stats.prompt_tokens - stats.prompt_eval_tokens
+    parts.append(f"prompt {stats.prompt_eval_tokens} evaluated + {cached} cached"
+                 + (f", {stats.prompt_tps:.0f} tok/s" if show_rates and stats.prompt_eval_s
+                    else ""))
+    drafted = getattr(stats, "draft_tokens", 0)
+    if drafted:
+        parts.append(f"drafted {drafted}, accepted {getattr(stats, 'draft_accepted', 0)}")
+    if reason == "cancelled":
+        parts.append("stopped")
+    elif reason == "length":
+        parts.append("cut at the length limit")
+    return " · ".join(parts)
+
+
+def stats_record(stats: Any, reason: str | None) -> dict:
+    """The stats kept with a reply in a saved conversation."""
+    if stats is None:
+        return {"done_reason": reason}
+    return {
+        "done_reason": reason,
+        "tokens": stats.eval_tokens,
+        "tokens_per_s": round(stats.eval_tps, 2),
+        "prompt_tokens": stats.prompt_tokens,
+        "prompt_evaluated": stats.prompt_eval_tokens,
+        "prompt_tokens_per_s": round(stats.prompt_tps, 2),
+        "drafted": getattr(stats, "draft_tokens", 0),
+        "accepted": getattr(stats, "draft_accepted", 0),
+    }
+
+
+class ChatApp(App[int]):
+    CSS = CSS
+    TITLE = "localllm chat"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("escape", "stop", "Stop", priority=True),
+        # Ctrl+C stops a reply too (the habit from line chats); otherwise it keeps its usual
+        # meaning (copy the selection, or Textual's "how to quit" hint)
+        Binding("ctrl+c", "stop_reply", "Stop", show=False, priority=True),
+        Binding("ctrl+n", "new_chat", "New chat", priority=True),
+        Binding("ctrl+l", "clear_screen", "Clear", priority=True),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(self, model_path: str | Path, *, conversation: Conversation | None = None,
+                 engine_opts: dict[str, Any] | None = None, note: str | None = None,
+                 show_rates: bool = True, backend: ChatBackend | None = None) -> None:
+        """show_rates=False leaves speeds (tok/s) out of the screen: for snapshot tests."""
+        super().__init__()
+        self.model_path = Path(model_path)
+        self.backend = backend or ChatBackend(self.model_path, **(engine_opts or {}))
+        self.conversation = conversation or Conversation()
+        self.start_note = note
+        self.show_rates = show_rates
+        self.info: ModelInfo | None = None
+        self.turn: Turn | None = None
+        self.last_stats: Any = None
+        self.loading: Handle | None = None
+        self._closing = False
+
+    # --- layout --------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield VerticalScroll(id="conversation")
+        yield ProgressBar(id="prompt-progress", show_eta=False)
+        yield ChatInput(id="input", placeholder="Message (Enter sends, Ctrl+J new line, /help)")
+        yield StatusBar(id="status")
+        yield Footer()
+
+    @property
+    def view(self) -> VerticalScroll:
+        return self.query_one("#conversation", VerticalScroll)
+
+    @property
+    def input(self) -> ChatInput:
+        return self.query_one(ChatInput)
+
+    async def on_mount(self) -> None:
+        self.view.anchor()  # follow the bottom while replies stream (until the user scrolls)
+        self.input.focus()
+        await self.say(f"Loading {self.model_path.name} ... (the first run on a machine "
+                       "also compiles the CPU kernels, about a minute). /help: keys and "
+                       "commands.")
+        if self.start_note:
+            await self.say(self.start_note, "warn")
+        if self.conversation.messages:
+            await self._show_conversation()
+        self.input.sent = [m["content"] for m in self.conversation.messages
+                              if m["role"] == "user"]
+        self.loading = self.backend.start()
+        self._pump(self.loading)
+        self.update_status()
+
+    async def on_unmount(self) -> None:
+        self._closing = True
+        if self.turn is not None:
+            self.turn.handle.cancel()
+        threading.Thread(target=self.backend.close, daemon=True).start()
+
+    async def say(self, text: str, kind: str = "info") -> Note:
+        note = Note(text, kind)
+        await self.view.mount(note)
+        return note
+
+    # --- engine events -------------------------------------------------------------------
+
+    @work(thread=True, group="pump")
+    def _pump(self, handle: Handle) -> None:
+        """Forward one job's events to the UI thread, merging text bursts. Gives up when the
+        app quits: this thread must not keep the process alive waiting on a job (a model
+        still loading) that nobody will read."""
+        worker = get_current_worker()
+        while True:
+            try:
+                first = handle.get(timeout=0.1)
+            except queue.Empty:
+                if worker.is_cancelled or self._closing:
+                    return
+                continue
+            batch = [first]
+            while not is_final(batch[-1]) and len(batch) < 256:
+                nxt = handle.get_nowait()
+                if nxt is None:
+                    break
+                batch.append(nxt)
+            for ev in merge_text(batch):
+                self.post_message(BackendMessage(handle, ev))
+            if is_final(batch[-1]):
+                return
+
+    async def on_backend_message(self, msg: BackendMessage) -> None:
+        ev = msg.ev
+        if msg.handle is self.loading:
+            await self._on_load_event(ev)
+            return
+        turn = self.turn
+        if turn is None or msg.handle is not turn.handle:
+            return  # a turn given up on (new chat): its late events mean nothing now
+        if isinstance(ev, Progress):
+            self._show_progress(ev)
+            self.update_status()  # the context fills as the prompt is evaluated
+        elif isinstance(ev, Event):
+            if not ev.done:
+                if not turn.stopped:
+                    self._show_progress(None)
+                    await turn.widget.append(ev.text)
+            else:
+                await self._finish_turn(turn, ev)
+        elif isinstance(ev, ContextFull):
+            await self._context_full(turn, ev)
+        elif isinstance(ev, Failed):
+            await self._turn_failed(turn, ev.message)
+
+    async def _on_load_event(self, ev: BackendEvent) -> None:
+        self.loading = None
+        if isinstance(ev, Loaded):
+            self.info = ev.info
+            self.conversation.model = ev.info.name
+            await self.say(f"{ev.info.name} ready ({ev.info.load_s:.1f} s)" if self.show_rates
+                           else f"{ev.info.name} ready")
+        elif isinstance(ev, Failed):
+            await self.say(f"error: cannot load the model: {ev.message}. /model PATH loads "
+                           "another.", "error")
+        self.update_status()
+
+    def _show_progress(self, ev: Progress | None) -> None:
+        bar = self.query_one("#prompt-progress", ProgressBar)
+        if ev is None or ev.done >= ev.total:
+            bar.remove_class("active")
+            return
+        bar.add_class("active")
+        bar.update(total=ev.total, progress=ev.done)
+
+    # --- sending -------------------------------------------------------------------------
+
+    async def on_chat_input_submitted(self, msg: ChatInput.Submitted) -> None:
+        text = msg.text
+        try:
+            cmd = commands.parse(text)
+        except commands.CommandError as e:
+            await self.say(str(e), "error")
+            return
+        if cmd is None:
+            if self.turn is not None and not self.turn.finished:
+                self.notify("A reply is being written: Esc stops it.", severity="warning")
+                return
+            self.input.remember(text)
+            self.input.clear()
+            await self.send(text[1:] if text.lstrip().startswith("//") else text)
+            return
+        self.input.remember(text)
+        self.input.clear()
+        try:
+            await self.run_command(cmd)
+        except (commands.CommandError, ConversationFileError, OSError, ValueError) as e:
+            await self.say(f"/{cmd.name}: {e}", "error")
+
+    async def send(self, text: str) -> None:
+        message = {"role": "user", "content": text}
+        self.conversation.messages.append(message)
+        await self.view.mount(UserMessage(message))
+        await self._start_reply()
+
+    async def _start_reply(self) -> None:
+        who = self.info.name if self.info else self.model_path.stem
+        widget = AssistantMessage(who)
+        await self.view.mount(widget)
+        self.view.scroll_end(animate=False)
+        conv = self.conversation
+        handle = self.backend.submit(conv.prompt_messages(), conv.config, conv.max_tokens)
+        self.turn = Turn(handle, widget)
+        self._pump(handle)
+
+    async def _finish_turn(self, turn: Turn, ev: Event) -> None:
+        """The final event: record the reply (once) and show its stats."""
+        self._show_progress(None)
+        reason = "cancelled" if turn.stopped else ev.done_reason
+        if not turn.finished:
+            await self._record(turn, reason)
+        turn.message["stats"] = stats_record(ev.stats, reason)
+        turn.widget.set_stats(format_reply_stats(ev.stats, reason, self.show_rates),
+                              stopped=reason == "cancelled")
+        self.last_stats = ev.stats
+        self.update_status()
+        if reason == "length" and self.info and self.backend.context_used() >= self.info.n_ctx - 1:
+            await self.say("The context is full: the reply was cut there. Your next message "
+                           "will offer to drop the oldest turns.", "warn")
+
+    async def _record(self, turn: Turn, reason: str | None) -> None:
+        await turn.widget.end_stream()
+        turn.finished = True
+        turn.message = {"role": "assistant", "content": turn.widget.source}
+        if reason == "cancelled":
+            turn.message["stopped"] = True
+        turn.widget.message = turn.message
+        self.conversation.messages.append(turn.message)
+
+    async def _withdraw(self, turn: Turn) -> None:
+        """Take back the user message a reply was started for (it goes back in the input)."""
+        await turn.widget.remove()
+        self.turn = None
+        msgs = self.conversation.messages
+        if msgs and msgs[-1]["role"] == "user":
+            last = msgs.pop()
+            for w in self.view.query(UserMessage):
+                if w.message is last:
+                    await w.remove()
+            if not self.input.text:
+                self.input.load_text(last["content"])
+
+    async def _turn_failed(self, turn: Turn, message: str) -> None:
+        self._show_progress(None)
+        await self._withdraw(turn)
+        await self.say(f"error: {message}", "error")
+
+    async def _context_full(self, turn: Turn, ev: ContextFull) -> None:
+        await self._withdraw(turn)
+        head = (f"The conversation is {ev.prompt_tokens} tokens and the context holds "
+                f"{ev.n_ctx} ({ev.reserve} kept free for the reply).")
+        if ev.drop_turns is None:
+            await self.say(head + " Your message alone does not fit: shorten it, or start "
+                           "the chat with a larger -c/--ctx. It is back in the input box.",
+                           "warn")
+            return
+        n = ev.drop_turns
+        question = (head + f"\n\nDrop the oldest {n} turn{'s' if n > 1 else ''} (your "
+                    "messages and the replies to them; the system prompt stays) and send?")
+        self.push_screen(ConfirmScreen(question, "Drop and send", "Keep"),
+                         lambda yes: self._after_context_full(yes, n))
+
+    async def _after_context_full(self, yes: bool | None, n: int) -> None:
+        if not yes:
+            await self.say("Nothing dropped; your message is back in the input box. "
+                           "Ctrl+N starts a new chat.", "warn")
+            return
+        text = self.input.text
+        self.input.clear()
+        conv = self.conversation
+        conv.messages = drop_oldest_turns(conv.messages, n)
+        kept = {id(m) for m in conv.messages}
+        for w in self.view.query(".msg"):
+            msg = getattr(w, "message", None)
+            if msg is not None and id(msg) not in kept:
+                w.add_class("dropped")
+        await self.say(f"Dropped the oldest {n} turn{'s' if n > 1 else ''} from the context "
+                       "(dimmed above).", "warn")
+        await self.send(text)
+
+    # --- keys ----------------------------------------------------------------------------
+
+    async def action_stop(self) -> None:
+        if isinstance(self.screen, ConfirmScreen):
+            self.screen.dismiss(False)
+            return
+        turn = self.turn
+        if turn is None or turn.finished:
+            return
+        turn.handle.cancel()
+        turn.stopped = True
+        self._show_progress(None)
+        # Shown and recorded now; the stats line follows when the engine thread reports.
+        await self._record(turn, "cancelled")
+        turn.widget.set_stats("stopped", stopped=True)
+
+    async def action_stop_reply(self) -> None:
+        if self.turn is None or self.turn.finished:
+            raise SkipAction()
+        await self.action_stop()
+
+    async def action_new_chat(self) -> None:
+        await self._drop_turn()
+        self.conversation.messages = []
+        await self.view.remove_children()
+        await self.say("New chat" + (" (system prompt kept)." if self.conversation.system
+                                     else "."))
+        self.update_status()
+
+    async def action_clear_screen(self) -> None:
+        await self.view.remove_children()
+
+    async def _drop_turn(self) -> None:
+        if self.turn is not None and not self.turn.finished:
+            await self.action_stop()
+        self.turn = None
+
+    # --- commands ------------------------------------------------------------------------
+
+    async def run_command(self, cmd: commands.Command) -> None:
+        conv = self.conversation
+        if cmd.name == "help":
+            await self.view.mount(Markdown(commands.HELP, classes="note help"))
+        elif cmd.name == "system":
+            if not cmd.arg:
+                await self.say(f"System prompt: {conv.system!r}" if conv.system
+                               else "No system prompt. /system TEXT sets one.")
+            else:
+                conv.system = "" if cmd.arg == "-" else cmd.arg
+                await self.say("System prompt removed." if not conv.system
+                               else f"System prompt set ({len(conv.system)} characters).")
+        elif cmd.name == "set":
+            if not cmd.arg:
+                await self.say(commands.describe_settings(conv.config, conv.max_tokens))
+            else:
+                conv.config, conv.max_tokens, what = commands.apply_set(
+                    cmd.arg, conv.config, conv.max_tokens)
+                await self.say(f"Set {what}.")
+        elif cmd.name == "model":
+            await self._switch_model(cmd.arg)
+        elif cmd.name == "save":
+            name = cmd.arg or f"chat-{int(conv.created)}"
+            path = conv.save(resolve_chat_path(name, for_writing=True))
+            await self.say(f"Saved to {path}")
+        elif cmd.name == "load":
+            if not cmd.arg:
+                raise commands.CommandError("usage: /load FILE")
+            await self.load_conversation(resolve_chat_path(cmd.arg, for_writing=False))
+        elif cmd.name == "copy":
+            await self._copy(cmd.arg)
+        elif cmd.name == "new":
+            await self.action_new_chat()
+        elif cmd.name == "clear":
+            await self.action_clear_screen()
+
+    async def _switch_model(self, arg: str) -> None:
+        from localllm.default_model import resolve_model
+
+        if not arg:
+            where = self.info.path if self.info else self.model_path
+            await self.say(f"Model: {where}. /model PATH loads another.")
+            return
+        path = resolve_model(arg)
+        await self._drop_turn()
+        self.model_path = path
+        self.info = None
+        await self.say(f"Loading {path.name} ...")
+        self.loading = self.backend.load(path)
+        self._pump(self.loading)
+        self.update_status()
+
+    async def load_conversation(self, path: Path) -> None:
+        conv = Conversation.load(path)
+        await self._drop_turn()
+        previous = conv.model
+        self.conversation = conv
+        await self.view.remove_children()
+        await self.say(f"Loaded {path} ({len(conv.messages)} messages).")
+        if self.info is not None:
+            if previous and previous != self.info.name:
+                await self.say(f"It was written with {previous}; continuing with "
+                               f"{self.info.name}.", "warn")
+            conv.model = self.info.name
+        await self._show_conversation()
+        self.input.sent = [m["content"] for m in conv.messages if m["role"] == "user"]
+
+    async def _show_conversation(self) -> None:
+        conv = self.conversation
+        if conv.system:
+            await self.say(f"System prompt: {conv.system}")
+        for m in conv.messages:
+            if m["role"] == "user":
+                await self.view.mount(UserMessage(m))
+            elif m["role"] == "assistant":
+                w = AssistantMessage(conv.model or "assistant", m)
+                await self.view.mount(w)
+                st = m.get("stats") or {}
+                line = f"{st['tokens']} tokens" if "tokens" in st else ""
+                if m.get("stopped"):
+                    line = f"{line} · stopped" if line else "stopped"
+                w.set_stats(line, stopped=bool(m.get("stopped")))
+        self.view.scroll_end(animate=False)
+
+    async def _copy(self, arg: str) -> None:
+        reply = self.conversation.last_reply()
+        if reply is None:
+            raise commands.CommandError("no reply to copy yet")
+        words = arg.split(maxsplit=1)
+        code = bool(words) and words[0] == "code"
+        target = (words[1] if len(words) > 1 else "") if code else arg
+        text = reply["content"]
+        what = "the last reply"
+        if code:
+            blocks = code_blocks(text)
+            if not blocks:
+                raise commands.CommandError("the last reply has no code block")
+            text, what = blocks[-1], "its last code block"
+        self.copy_to_clipboard(text)
+        msg = (f"Copied {what} ({len(text)} characters) to the clipboard (OSC 52: the "
+               "terminal must allow it).")
+        if target:
+            path = Path(target).expanduser()
+            path.write_text(text, encoding="utf-8")
+            msg += f" Written to {path}."
+        else:
+            msg += " `/copy FILE` also writes it to a file."
+        await self.say(msg)
+
+    # --- status --------------------------------------------------------------------------
+
+    def update_status(self) -> None:
+        self.query_one(StatusBar).show(*self.status_parts())
+
+    def status_parts(self) -> tuple[str, list[str]]:
+        """(model name, [context used, KV cache, last reply's speeds, speculation])."""
+        info = self.info
+        if info is None:
+            return self.model_path.stem, ["loading ..."]
+        used = self.backend.context_used()
+        kv_type = info.k_type if info.k_type == info.v_type else f"{info.k_type}/{info.v_type}"
+        mib = info.kv_bytes / 2**20
+        facts = [f"ctx {used}/{info.n_ctx}", f"KV {mib:.{1 if mib < 10 else 0}f} MiB {kv_type}"]
+        st = self.last_stats
+        if st is not None and self.show_rates:
+            facts.append(f"pp {st.prompt_tps:.0f} tg {st.eval_tps:.1f} tok/s")
+        drafted = getattr(st, "draft_tokens", 0) if st is not None else 0
+        if drafted:
+            facts.append(f"spec {100 * getattr(st, 'draft_accepted', 0) / drafted:.0f}%")
+        return info.name, facts
+
+
+def code_blocks(markdown: str) -> list[str]:
+    """The code of each fenced or indented block of a Markdown text, in order."""
+    from markdown_it import MarkdownIt
+
+    return [t.content for t in MarkdownIt("commonmark").parse(markdown)
+            if t.type in ("fence", "code_block")]
+
+
+# --- the command ------------------------------------------------------------------------
+
+
+def cmd_chat(ns: argparse.Namespace) -> int:
+    """Entry point of `localllm chat`: choose the model, then the app, or the line chat with
+    --no-tui or when stdin or stdout is not a terminal (a pipe, a file)."""
+    from localllm.run import sampler_config, spec_options
+    from localllm.tui.line_chat import line_chat
+    from localllm.tui.model_choice import choose_model, fallback_to_base, pull_chat_model
+
+    if ns.num_predict < -1 or ns.num_predict == 0:
+        raise ValueError("-n/--num-predict must be -1 (no limit) or a positive number")
+    config = sampler_config(ns)
+    config.validate()
+    spec = spec_options(ns)
+    conversation = Conversation(system=ns.system or "", config=config, max_tokens=ns.num_predict)
+    if ns.load:
+        conversation = Conversation.load(resolve_chat_path(ns.load, for_writing=False))
+    tty = sys.stdin.isatty() and sys.stdout.isatty()  # the app needs a terminal both ways
+    choice = choose_model(ns.model)
+    if choice.path is None:
+        if choice.can_pull and tty and _ask_pull():
+            choice.path = pull_chat_model()
+        else:
+            choice = fallback_to_base()
+    if spec.draft_model:
+        from localllm.default_model import resolve_model
+
+        spec.draft_model = str(resolve_model(spec.draft_model))
+    opts = dict(n_ctx=ns.ctx, n_threads=ns.threads, kv_type=ns.kv_type, v_type=ns.kv_type_v)
+    backend = ChatBackend(choice.path, spec=spec, **opts)
+    if ns.no_tui or not tty:
+        return line_chat(backend, conversation, choice.note)
+    app = ChatApp(choice.path, conversation=conversation, note=choice.note, backend=backend)
+    app.run()
+    return app.return_code or 0
+
+
+def _ask_pull() -> bool:
+    from localllm.tui.model_choice import PULL_NAME, PULL_SIZE
+
+    try:
+        ans = input(f"No chat model found. Download SmolLM2-135M-Instruct ({PULL_SIZE}) with "
+                    f"`localllm pull {PULL_NAME}` now? [Y/n] ")
+    except EOFError:
+        return False
+    return ans.strip().lower() in ("", "y", "yes")

@@ -1,0 +1,344 @@
+"""The chat app's one door to the engine: a dedicated engine thread and a queue of jobs.
+
+Numba's workqueue threading layer must not be entered from two Python threads at once, so
+one thread owns the Engine for its whole life: it loads the model, compiles the kernels,
+renders and tokenizes prompts, and runs `localllm.generate.generate()`. The UI thread only
+puts jobs on a queue and reads events from a per-job `Handle`; it never waits on a kernel.
+
+This is the only module of the app that touches the engine. When the server's scheduler
+(one engine thread shared by the TUI and the HTTP API) lands, `ChatBackend` becomes a thin
+adapter over `scheduler.submit()` and nothing else in `tui/` changes: the app only sees
+`Loaded`, `Progress`, `ContextFull`, `Failed` and `localllm.generate.Event` objects.
+
+Turn 2 does not re-evaluate turn 1: every chat job renders the whole conversation with the
+model's template and sends it to the same slot, and the engine keeps the longest common
+prefix already in that slot's KV cache. The final event's stats say how many prompt tokens
+were evaluated and how many came from the cache.
+
+Cancellation is checked between prompt chunks and between generated tokens, so Esc stops
+both a long prefill (a pasted document) and a reply within one engine step.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localllm.generate import Event, GenerationStats
+from localllm.sampling import SamplerConfig
+from localllm.speculative import SpecOptions
+
+SLOT = 0  # the chat uses one sequence slot: same slot every turn = prefix reuse
+PREFILL_CHUNK = 256  # tokens per progress/cancel checkpoint while a long prompt is evaluated
+
+
+@dataclass
+class ModelInfo:
+    path: Path
+    name: str
+    n_ctx: int
+    kv_bytes: int  # the whole KV cache as allocated
+    k_type: str
+    v_type: str
+    template: str  # "gguf" (the file's own chat template) or a built-in one's name
+    load_s: float
+
+
+@dataclass
+class Loaded:
+    info: ModelInfo
+
+
+@dataclass
+class Progress:
+    """Prompt processing: `done` of `total` prompt tokens evaluated (cached ones excluded)."""
+
+    done: int
+    total: int
+
+
+@dataclass
+class ContextFull:
+    """The conversation does not fit: nothing was evaluated.
+
+    drop_turns: the fewest oldest whole turns (a user message and its reply) whose removal
+    makes it fit, the system prompt kept; None when even the last message alone is too long.
+    """
+
+    prompt_tokens: int
+    n_ctx: int
+    reserve: int
+    drop_turns: int | None
+
+
+@dataclass
+class Failed:
+    message: str
+
+
+BackendEvent = Loaded | Progress | ContextFull | Failed | Event
+
+
+def is_final(ev: BackendEvent) -> bool:
+    """The job's last event? (Progress.done is a count, not a flag: test the type.)"""
+    if isinstance(ev, Progress):
+        return False
+    return not isinstance(ev, Event) or ev.done
+
+
+class Handle:
+    """One job's stream of events (iterate on any thread but the engine's) and its cancel
+    switch. The last event is a Loaded, ContextFull, Failed or an Event with done=True
+    (done_reason "cancelled" after cancel())."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[BackendEvent] = queue.SimpleQueue()
+        self._cancel = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def put(self, ev: BackendEvent) -> None:
+        self._q.put(ev)
+
+    def get(self, timeout: float | None = None) -> BackendEvent:
+        """The next event; queue.Empty after `timeout` seconds."""
+        return self._q.get(timeout=timeout)
+
+    def get_nowait(self) -> BackendEvent | None:
+        try:
+            return self._q.get_nowait()
+        except queue.Empty:
+            return None
+
+    def __iter__(self) -> Iterator[BackendEvent]:
+        while True:
+            ev = self._q.get()
+            yield ev
+            if is_final(ev):
+                return
+
+
+@dataclass
+class _Job:
+    kind: str  # "load" | "chat"
+    handle: Handle
+    args: dict[str, Any]
+
+
+def reply_reserve(n_ctx: int, max_tokens: int) -> int:
+    """Tokens kept free for the reply when deciding whether a conversation fits."""
+    want = max_tokens if max_tokens > 0 else 256
+    return max(1, min(want, n_ctx // 4))
+
+
+def split_turns(messages: Sequence[dict]) -> tuple[list[dict], list[list[dict]]]:
+    """(leading system messages, turns): a turn starts at a user message and holds what
+    follows it up to the next user message (its reply)."""
+    head: list[dict] = []
+    turns: list[list[dict]] = []
+    for m in messages:
+        if m.get("role") == "system" and not turns:
+            head.append(m)
+        elif m.get("role") == "user" or not turns:
+            turns.append([m])
+        else:
+            turns[-1].append(m)
+    return head, turns
+
+
+def drop_oldest_turns(messages: Sequence[dict], n: int) -> list[dict]:
+    """The conversation without its n oldest whole turns; system messages at the top stay."""
+    head, turns = split_turns(messages)
+    return head + [m for t in turns[n:] for m in t]
+
+
+class ChatBackend:
+    """Owns the engine thread. start() loads the model; submit() streams one reply.
+
+    Engine options (n_ctx, n_threads, kv_type, v_type, n_batch) are Engine's. spec: the
+    speculative decoding options (default: n-gram drafting, lossless); one drafter and one
+    set of step timings serve every reply of a model.
+    """
+
+    def __init__(self, model_path: str | Path, spec: SpecOptions | None = None,
+                 **engine_opts: Any) -> None:
+        self._engine_opts = engine_opts
+        self._spec = spec or SpecOptions()
+        self._drafter: Any = None  # engine thread only
+        self._costs: Any = None
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._first_path = Path(model_path)
+        self.engine: Any = None  # read-only from other threads (sizes, counters)
+        self.info: ModelInfo | None = None
+
+    # --- UI side -------------------------------------------------------------------------
+
+    def start(self) -> Handle:
+        """Start the engine thread and load the model. The handle yields Loaded or Failed."""
+        if self._thread is not None:
+            raise RuntimeError("backend already started")
+        self._thread = threading.Thread(target=self._run, name="localllm-engine", daemon=True)
+        self._thread.start()
+        return self.load(self._first_path)
+
+    def load(self, model_path: str | Path) -> Handle:
+        """Replace the model (the conversation's KV cache goes with it)."""
+        return self._submit("load", path=Path(model_path))
+
+    def submit(self, messages: Sequence[dict], config: SamplerConfig, max_tokens: int = -1,
+             stop: Sequence[str] = ()) -> Handle:
+        """Stream the assistant's reply to `messages` (the whole conversation so far, ending
+        with the user's message): Progress while a long prompt is evaluated, then text
+        Events and a final Event; or ContextFull / Failed."""
+        msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
+        return self._submit("chat", messages=msgs, config=config, max_tokens=max_tokens,
+                            stop=list(stop))
+
+    def context_used(self) -> int:
+        """Tokens the conversation's slot holds now."""
+        eng = self.engine
+        return eng.kv.n_past(SLOT) if eng is not None else 0
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the engine thread after its current job (cancel that job first)."""
+        if self._thread is None:
+            return
+        self._jobs.put(None)
+        self._thread.join(timeout)
+        self._thread = None
+
+    def _submit(self, kind: str, **args: Any) -> Handle:
+        if self._thread is None:
+            raise RuntimeError("backend not started")
+        h = Handle()
+        self._jobs.put(_Job(kind, h, args))
+        return h
+
+    # --- engine thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                if job.kind == "load":
+                    self._load(job)
+                else:
+                    self._chat(job)
+            except Exception as e:  # noqa: BLE001 - any failure ends the job, not the thread
+                job.handle.put(Failed(str(e) or type(e).__name__))
+
+    def _load(self, job: _Job) -> None:
+        from localllm.engine import Engine
+        from localllm.speculative import StepCosts, make_drafter
+        from localllm.warmup import ensure_kernels_compiled
+
+        t0 = time.perf_counter()
+        self.engine = self._drafter = None  # drop the old model (and its cache) first
+        eng = Engine(job.args["path"], **self._engine_opts)
+        ensure_kernels_compiled(eng, progress=False)
+        self._drafter, self._costs = make_drafter(self._spec, eng), StepCosts()
+        template = eng.template.name
+        # the file's name: general.name is often a training-run label ("Smollm2 135M 8k
+        # Lc100K Mix1 Ep2") that says less than the file the user picked
+        name = Path(job.args["path"]).name.removesuffix(".gguf")
+        self.engine = eng
+        self.info = ModelInfo(
+            path=Path(job.args["path"]), name=name, n_ctx=eng.n_ctx, kv_bytes=eng.kv.nbytes(),
+            k_type=eng.kv.k_type, v_type=eng.kv.v_type, template=template,
+            load_s=time.perf_counter() - t0,
+        )
+        job.handle.put(Loaded(self.info))
+
+    def _encode(self, messages: Sequence[dict]) -> list[int]:
+        from localllm.chat_template import encode_chat
+
+        eng = self.engine
+        return encode_chat(eng.tokenizer, eng.template.render(messages, add_generation_prompt=True))
+
+    def _fit(self, messages: Sequence[dict], limit: int) -> int | None:
+        """Fewest oldest turns to drop so the prompt is at most `limit` tokens (None: never)."""
+        _, turns = split_turns(messages)
+        for n in range(1, len(turns)):
+            if len(self._encode(drop_oldest_turns(messages, n))) <= limit:
+                return n
+        return None
+
+    def _chat(self, job: _Job) -> None:
+        from localllm.generate import generate
+        from localllm.sampling import Sampler
+
+        h, a, eng = job.handle, job.args, self.engine
+        if eng is None:
+            h.put(Failed("no model loaded"))
+            return
+        ids = self._encode(a["messages"])
+        n = len(ids)
+        reserve = reply_reserve(eng.n_ctx, a["max_tokens"])
+        if n + reserve > eng.n_ctx:
+            h.put(ContextFull(n, eng.n_ctx, reserve, self._fit(a["messages"], eng.n_ctx - reserve)))
+            return
+        config: SamplerConfig = a["config"]
+        config.validate()
+        sampler = Sampler(config)
+
+        # Evaluate all but the last prompt token here, in chunks, so a long prompt shows
+        # progress and can be cancelled; generate() then evaluates only the last token.
+        t0 = time.perf_counter()
+        cached = eng.kv.common_prefix(SLOT, ids)
+        pre_evaluated = 0
+        todo = n - 1 - cached
+        if todo > 0:
+            chunk = max(1, min(PREFILL_CHUNK, eng.n_batch))
+            for end in range(cached + chunk, n - 1 + chunk, chunk):
+                end = min(end, n - 1)
+                if h.cancelled:
+                    h.put(self._cancelled(n, pre_evaluated, time.perf_counter() - t0, 0, 0.0))
+                    return
+                _, k = eng.prefill(ids[:end], SLOT)
+                pre_evaluated += k
+                if todo > chunk:
+                    h.put(Progress(end - cached, todo))
+        pre_s = time.perf_counter() - t0
+
+        gen = generate(eng, ids, sampler, max_tokens=a["max_tokens"], stop=a["stop"], slot=SLOT,
+                       spec=self._spec, drafter=self._drafter, step_costs=self._costs)
+        t_gen = time.perf_counter()
+        try:
+            for ev in gen:
+                if h.cancelled:
+                    # k tokens sampled so far: all but the last are in the cache
+                    n_tokens = max(0, eng.kv.n_past(SLOT) - n + 1)
+                    h.put(self._cancelled(n, pre_evaluated + 1, pre_s, n_tokens,
+                                          time.perf_counter() - t_gen))
+                    return
+                if ev.done:
+                    st = ev.stats
+                    st.prompt_eval_tokens += pre_evaluated
+                    st.prompt_eval_s += pre_s
+                    st.total_s += pre_s
+                h.put(ev)
+                if ev.done:
+                    return
+        finally:
+            gen.close()
+
+    @staticmethod
+    def _cancelled(n_prompt: int, n_eval: int, prompt_s: float, n_tokens: int,
+                   gen_s: float) -> Event:
+        st = GenerationStats(prompt_tokens=n_prompt, prompt_eval_tokens=n_eval,
+                             prompt_eval_s=prompt_s, eval_tokens=n_tokens, eval_s=gen_s,
+                             total_s=prompt_s + gen_s)
+        return Event(done=True, done_reason="cancelled", stats=st)

@@ -1,0 +1,207 @@
+"""The chat app's widgets: the input box, the messages, the status bar, the two dialogs.
+
+No borders around messages: terminal text selection copies whatever is on screen, and box
+characters in copied code are the most repeated complaint about terminal chat apps. A
+message is a label line and its text; replies are Markdown, streamed by appending deltas
+(Textual's MarkdownStream coalesces them when tokens come faster than the screen updates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import events
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Vertical
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label, Markdown, Static, TextArea
+from textual.widgets.markdown import MarkdownFence, MarkdownStream
+
+
+class ChatInput(TextArea):
+    """Multi-line input: Enter sends, Ctrl+J (or Shift+Enter, where the terminal reports it)
+    starts a new line; Up on the first line / Down on the last walk through sent messages."""
+
+    @dataclass
+    class Submitted(Message):
+        text: str
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus",
+                         compact=True, **kwargs)  # type: ignore[arg-type]
+        self.sent: list[str] = []  # messages sent, for Up (TextArea.history is its undo)
+        self._recall: int | None = None  # index into self.sent while browsing it
+        self._draft = ""
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            text = self.text
+            if text.strip():
+                self.post_message(self.Submitted(text))
+            return
+        if event.key in ("ctrl+j", "shift+enter", "alt+enter"):
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        await super()._on_key(event)
+
+    def remember(self, text: str) -> None:
+        if text and (not self.sent or self.sent[-1] != text):
+            self.sent.append(text)
+        self._recall = None
+
+    def action_cursor_up(self, select: bool = False) -> None:
+        if not select and self.cursor_location[0] == 0 and self.sent:
+            if self._recall is None:
+                self._draft, self._recall = self.text, len(self.sent)
+            if self._recall > 0:
+                self._recall -= 1
+                self._show(self.sent[self._recall], at_end=False)
+            return
+        super().action_cursor_up(select)
+
+    def action_cursor_down(self, select: bool = False) -> None:
+        last_row = self.document.line_count - 1
+        if not select and self._recall is not None and self.cursor_location[0] == last_row:
+            self._recall += 1
+            if self._recall >= len(self.sent):
+                self._recall = None
+                self._show(self._draft, at_end=True)
+            else:
+                self._show(self.sent[self._recall], at_end=True)
+            return
+        super().action_cursor_down(select)
+
+    def _show(self, text: str, at_end: bool) -> None:
+        self.load_text(text)
+        self.move_cursor(self.document.end if at_end else (0, len(self.document[0])))
+
+
+class UserMessage(Static):
+    """A user turn: the text exactly as typed (no markup)."""
+
+    def __init__(self, message: dict) -> None:
+        super().__init__(classes="msg user")
+        self.message = message
+
+    def compose(self) -> ComposeResult:
+        yield Label("You", classes="who")
+        yield Static(self.message["content"], markup=False, classes="body")
+
+
+class Note(Static):
+    """A line from the app itself (loading, errors, settings changed)."""
+
+    def __init__(self, text: str, kind: str = "info") -> None:
+        super().__init__(text, markup=False, classes=f"note {kind}")
+
+
+class AssistantMessage(Vertical):
+    """A reply: Markdown that grows as deltas arrive, then a stats line."""
+
+    def __init__(self, who: str, message: dict | None = None) -> None:
+        super().__init__(classes="msg assistant")
+        self.who = who
+        self.message = message  # the conversation's dict once the reply is final
+        self.source = "" if message is None else message["content"]
+        self._stream: MarkdownStream | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Label(self.who, classes="who")
+        yield Markdown(self.source or None, classes="body")
+        yield Static("", markup=False, classes="stats")
+
+    @property
+    def markdown(self) -> Markdown:
+        return self.query_one(Markdown)
+
+    async def append(self, delta: str) -> None:
+        if not delta:
+            return
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.markdown)
+        self.source += delta
+        await self._stream.write(delta)
+
+    async def end_stream(self) -> None:
+        """Flush what is queued; the Markdown keeps its blocks (code fences included)."""
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            await stream.stop()
+
+    def set_stats(self, text: str, stopped: bool = False) -> None:
+        self.query_one(".stats", Static).update(text)
+        self.set_class(stopped, "stopped")
+
+    def on_click(self, event: events.Click) -> None:
+        """Clicking a code block copies its code: clean text, no border or padding."""
+        w = event.widget
+        while w is not None and w is not self:
+            if isinstance(w, MarkdownFence):
+                self.app.copy_to_clipboard(w.code)
+                self.app.notify(f"code block copied ({len(w.code)} characters)")
+                return
+            w = w.parent  # type: ignore[assignment]
+
+
+class StatusBar(Static):
+    """One line: model, context used, KV cache, last reply's speeds, speculation.
+
+    The facts after the name are kept whole; the name gets what is left of the width (an
+    80-column terminal still shows every number)."""
+
+    SEP = " │ "
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__("", markup=False, **kwargs)  # type: ignore[arg-type]
+        self.name_part = ""
+        self.facts: list[str] = []
+
+    def show(self, name: str, facts: list[str]) -> None:
+        self.name_part, self.facts = name, facts
+        self.refresh()
+
+    def text_for(self, width: int) -> str:
+        rest = self.SEP.join(self.facts)
+        room = width - len(rest) - (len(self.SEP) if rest else 0)
+        name = self.name_part
+        if len(name) > room:
+            name = name[: max(room - 1, 0)] + "…" if room > 1 else ""
+        return self.SEP.join(p for p in (name, rest) if p)
+
+    def render(self) -> str:
+        width = self.content_size.width or 80
+        return self.text_for(width)
+
+    def on_resize(self) -> None:
+        self.refresh()
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """A yes/no question (y / n / Esc)."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "Yes"),
+        Binding("n,escape", "answer(False)", "No"),
+    ]
+
+    def __init__(self, question: str, yes: str = "Yes", no: str = "No") -> None:
+        super().__init__()
+        self.question, self.yes, self.no = question, yes, no
+
+    def compose(self) -> ComposeResult:
+        with Grid(id="dialog"):
+            yield Static(self.question, markup=False, id="question")
+            yield Button(f"{self.yes} (y)", variant="primary", id="yes")
+            yield Button(f"{self.no} (n)", id="no")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, value: bool) -> None:
+        self.dismiss(value)
