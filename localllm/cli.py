@@ -1,4 +1,4 @@
-"""`localllm` command line: run, show, tokenize, perplexity, bench.
+"""`localllm` command line: run, show, tokenize, perplexity, bench, pull, list, rm, import.
 
 Every user mistake (missing or broken file, unknown architecture, prompt too long, bad
 option) ends as one `error: ...` line on stderr and a non-zero exit, never a traceback.
@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     from localllm.bench import add_parser as add_bench
 
     add_bench(sub)
+    from localllm.models_cli import add_parsers as add_model_cmds
+
+    add_model_cmds(sub)
     return parser
 
 
@@ -187,6 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from localllm.bench import cmd_bench
 
             return cmd_bench(ns)
+        from localllm.models_cli import COMMANDS as MODEL_COMMANDS
+
+        if ns.command in MODEL_COMMANDS:
+            return MODEL_COMMANDS[ns.command](ns)
         parser.error(f"unknown command {ns.command}")
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
