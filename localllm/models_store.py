@@ -83,12 +83,15 @@ def store_dir() -> Path:
     return Path(env).expanduser() if env else user_data_dir() / "localllm" / "models"
 
 
+def _name_dir(name: ModelName, root: Path) -> Path:
+    # Every component was checked by model_names (no `..`, no separators). Names and tags
+    # are case-insensitive, like Ollama's and the hub's, so their folders are lower-case.
+    return root / "manifests" / Path(*(p.lower() for p in name.parts))
+
+
 def _manifest_path(name: ModelName, tag: str, root: Path | None = None) -> Path:
     root = root or store_dir()
-    # Every component was checked by model_names (no `..`, no separators); tags are
-    # case-insensitive like Ollama's, so stored lower-case.
-    rel = Path(*name.parts) / f"{check_part(tag, 'tag').lower()}.json"
-    p = root / "manifests" / rel
+    p = _name_dir(name, root) / f"{check_part(tag, 'tag').lower()}.json"
     if not p.resolve().is_relative_to((root / "manifests").resolve()):
         raise BadModelName(f"invalid model name {name}")
     return p
@@ -133,10 +136,14 @@ def find_in_store(name: ModelName, default_tag: str | None = None) -> ModelEntry
         if p.is_file() and (e := _read_manifest(p, root)) and e.path.is_file():
             return e
     if not name.tag:
-        d = root / "manifests" / Path(*name.parts)
+        d = _name_dir(name, root)
         found = [e for p in sorted(d.glob("*.json")) if (e := _read_manifest(p, root))]
         if len(found) == 1:
             return found[0]
+        from localllm.models_external import PREFERRED_QUANTS  # several quants of one repo
+
+        by_tag = {e.tag.upper(): e for e in found}
+        return next((by_tag[q] for q in PREFERRED_QUANTS if q in by_tag), None)
     return None
 
 
@@ -304,7 +311,7 @@ def remove(name_text: str) -> list[ModelEntry]:
     if name.tag:
         targets = [e for e in [find_in_store(name)] if e]
     else:
-        d = root / "manifests" / Path(*name.parts)
+        d = _name_dir(name, root)
         targets = [e for p in sorted(d.glob("*.json")) if (e := _read_manifest(p, root))]
     if not targets:
         from localllm.models_external import find_external
@@ -323,7 +330,7 @@ def remove(name_text: str) -> list[ModelEntry]:
             if e.path not in still_used:
                 e.path.unlink(missing_ok=True)
         # drop now-empty manifest folders
-        d = (root / "manifests" / Path(*name.parts))
+        d = _name_dir(name, root)
         while d != root / "manifests" and d.is_dir() and not any(d.iterdir()):
             d.rmdir()
             d = d.parent

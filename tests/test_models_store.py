@@ -397,7 +397,9 @@ def test_hf_pull_through_huggingface_hub(server: Server, tiny_gguf: Path,
     gets = [r for meth, p, r in server.log if meth == "GET" and p.endswith("tiny-Q8_0.gguf")]
     assert gets[0] is None and len(gets) == 2  # cut, then resumed where the bytes stopped
     assert 0 < int(gets[1][len("bytes="):-1]) <= len(data) // 2
-    assert resolve_model("hf.co/Owner/Tiny-GGUF:Q8_0") == e.path
+    assert resolve_model("hf.co/Owner/Tiny-GGUF:Q8_0") == e.path == resolve_model("hf.co/owner/tiny-gguf")
+    e2 = pull("hf.co/Owner/Tiny-GGUF", progress=False)  # no quant: Q4_K_M is preferred
+    assert e2.tag == "q4_k_m" and resolve_model("hf.co/Owner/Tiny-GGUF") == e2.path
     with pytest.raises(StoreError, match="available: Q4_K_M, Q8_0"):
         pull("hf.co/Owner/Tiny-GGUF:Q2_K", progress=False)
     with pytest.raises(StoreError, match="cannot list hf.co/Owner/Missing"):
