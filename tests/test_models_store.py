@@ -391,7 +391,10 @@ def test_hf_pull_through_huggingface_hub(server: Server, tiny_gguf: Path,
     _hf_repo(server, "Owner/Tiny-GGUF", {"tiny-Q8_0.gguf": data, "tiny-Q4_K_M.gguf": data + b"",
                                          "README.md": b"hi"})
     server.cut["/Owner/Tiny-GGUF/resolve/main/tiny-Q8_0.gguf"] = len(data) // 2
-    e = pull("hf.co/Owner/Tiny-GGUF:q8_0", progress=False)
+    seen: list[tuple[int, int | None, str]] = []
+    e = pull("hf.co/Owner/Tiny-GGUF:q8_0", progress=lambda d, t, w: seen.append((d, t, w)))
+    done = [(d, t) for d, t, w in seen if w == "hf.co/Owner/Tiny-GGUF:q8_0"]
+    assert done[-1] == (len(data), len(data))  # the bar ends full, through hf's tqdm hook
     assert e.ref == "hf.co/Owner/Tiny-GGUF:q8_0" and e.where == "localllm"
     assert sha(e.path.read_bytes()) == sha(data)
     gets = [r for meth, p, r in server.log if meth == "GET" and p.endswith("tiny-Q8_0.gguf")]
