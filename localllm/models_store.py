@@ -119,9 +119,18 @@ def store_entries(root: Path | None = None) -> list[ModelEntry]:
     out = []
     for p in sorted((root / "manifests").rglob("*.json")) if (root / "manifests").is_dir() else []:
         e = _read_manifest(p, root)
-        if e is not None and e.path.is_file() and e.path.stat().st_size == e.size:
+        if _intact(e):
             out.append(e)
     return out
+
+
+def _intact(e: ModelEntry | None) -> ModelEntry | None:
+    """The entry if its blob is there with the recorded size (a cut or damaged file is not a
+    model; `pull` fetches it again)."""
+    try:
+        return e if e is not None and e.path.stat().st_size == e.size else None
+    except OSError:
+        return None
 
 
 def find_in_store(name: ModelName, default_tag: str | None = None) -> ModelEntry | None:
@@ -133,11 +142,11 @@ def find_in_store(name: ModelName, default_tag: str | None = None) -> ModelEntry
         tags = [t for t in (default_tag, "latest") if t]
     for tag in tags:
         p = _manifest_path(name, tag, root)
-        if p.is_file() and (e := _read_manifest(p, root)) and e.path.is_file():
+        if p.is_file() and (e := _intact(_read_manifest(p, root))):
             return e
     if not name.tag:
         d = _name_dir(name, root)
-        found = [e for p in sorted(d.glob("*.json")) if (e := _read_manifest(p, root))]
+        found = [e for p in sorted(d.glob("*.json")) if (e := _intact(_read_manifest(p, root)))]
         if len(found) == 1:
             return found[0]
         from localllm.models_external import PREFERRED_QUANTS  # several quants of one repo

