@@ -252,3 +252,26 @@ def test_round_trip_through_a_template_and_openai_shape() -> None:
     oa = to_openai_tool_calls(calls)
     assert oa[0]["type"] == "function" and json.loads(oa[0]["function"]["arguments"]) == {"city": "Paris"}
     assert oa[0]["id"].startswith("call_")
+
+
+def test_real_gguf_templates(smollm2_path, default_model_path) -> None:  # noqa: ANN001
+    """The templates shipped in the two real models: probed, polyfilled, same as HF."""
+    from localllm.formats import read_gguf
+    from localllm.tokenizer import Tokenizer
+
+    for path, expect in ((smollm2_path, dict(system_role=True, tools=False)),
+                         (default_model_path, dict(system_role=True, tools=False))):
+        gf = read_gguf(path)
+        md = dict(gf.metadata)
+        gf.close()
+        tok = Tokenizer.from_metadata(md)
+        t = ChatTemplate.from_metadata(md, tok)  # SmolLM2's own; Gemma 3 270M: built-in
+        for key, value in expect.items():
+            assert getattr(t.caps, key) == value
+        for conv, (messages, tools) in CONVERSATIONS.items():
+            ours = t.render(messages, tools=tools)
+            assert t.last_missing == [], conv
+            fixed = polyfill(messages, t.caps, tools)
+            ctx = {k: v for k, v in t._special.items()}
+            ctx["date_string"] = _date_string()
+            assert ours == _hf_render(t.source, fixed, tools, **ctx), conv

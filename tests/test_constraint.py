@@ -214,3 +214,48 @@ def test_default_model_schema_output_validates(gemma: Engine, temp: float, seed:
         text, reason = _run(gemma, prompt, schema, temp, seed, spec=True, stream_parts=stream)
         jsonschema.validate(json.loads(text), schema)
         assert reason == "stop" and "".join(stream) == text
+
+
+# --- the CLI ----------------------------------------------------------------------------------
+
+
+def test_cli_format_and_schema_file(smollm2_path, tmp_path, capsys) -> None:  # noqa: ANN001
+    from localllm.cli import main
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "legs": {"type": "integer", "maximum": 10}},
+              "required": ["name", "legs"], "additionalProperties": False}
+    f = tmp_path / "schema.json"
+    f.write_text(json.dumps(schema))
+    for args in (["--json-schema", str(f)], ["--format", str(f)], ["--format", json.dumps(schema)]):
+        assert main(["run", str(smollm2_path), "Describe a cat", "--seed", "3", "-n", "80",
+                     "--json", *args]) == 0
+        out = json.loads(capsys.readouterr().out)
+        jsonschema.validate(json.loads(out["text"]), schema)
+        assert out["done_reason"] == "stop"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--format", '{"type": "strin"}'], "Invalid type: strin"),
+    (["--format", '{"type": "string", "format": "bogus"}'], "Unknown format: bogus"),
+    (["--format", "missing-schema.json"], "cannot read JSON schema file"),
+    (["--format", "json", "--json-schema", "x.json"], "not both"),
+])
+def test_cli_bad_format_is_one_error_line(smollm2_path, capsys, args, message) -> None:  # noqa: ANN001
+    from localllm.cli import main
+
+    assert main(["run", str(smollm2_path), "hi", *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_cli_show_prompt_with_the_real_templates(smollm2_path, default_model_path,  # noqa: ANN001
+                                                 capsys) -> None:
+    from localllm.cli import main
+
+    for path in (smollm2_path, default_model_path):
+        assert main(["run", str(path), "Hi", "--system", "Be brief", "--show-prompt"]) == 0
+        captured = capsys.readouterr()
+        # both real templates show the system text (Gemma 3's by merging it into the user turn)
+        assert "Be brief" in captured.out and "Hi" in captured.out
+        assert "warning" not in captured.err
