@@ -231,6 +231,8 @@ def polyfill(messages: Sequence[Mapping[str, Any]], caps: TemplateCaps,
                 m = {"role": "assistant", "content": (text + "\n" if text else "") + body}
         elif role == "tool" and caps.tool_responses:
             m["content"] = text_of(m.get("content"))
+            if not m.get("name") and m.get("tool_name"):
+                m["name"] = m["tool_name"]  # Ollama's field for it
             if not m.get("tool_call_id") and pending_ids:
                 m["tool_call_id"] = pending_ids[0]
             if m.get("tool_call_id") in pending_ids:

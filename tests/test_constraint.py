@@ -135,6 +135,15 @@ def test_resampling_gives_the_masked_distribution() -> None:
     assert set(draws.tolist()) == {1, 3}
     # masked distribution: 0.75 / 0.25; 4000 draws -> sd ~0.007
     assert abs(np.mean(draws == 1) - 0.75) < 0.03
+    # every sampler setting returns an allowed token, even when only unlikely ones are left
+    rng = np.random.default_rng(0)
+    big = rng.normal(0, 3, 5000).astype(np.float32)  # [V]
+    tail = set(np.argsort(big)[:3].tolist())  # the three least likely tokens
+    for cfg in (SamplerConfig(temperature=0), SamplerConfig(top_k=1, seed=1),
+                SamplerConfig(typical_p=0.5, seed=2), SamplerConfig(min_p=0.5, top_k=0, seed=3),
+                SamplerConfig(repeat_penalty=1.3, top_p=0.5, seed=4)):
+        cs = ConstrainedSampler(Sampler(cfg), Only(tail))
+        assert all(cs(big, [int(t) for t in tail]) in tail for _ in range(20))
 
 
 # --- generation on real models ----------------------------------------------------------------
@@ -259,3 +268,34 @@ def test_cli_show_prompt_with_the_real_templates(smollm2_path, default_model_pat
         # both real templates show the system text (Gemma 3's by merging it into the user turn)
         assert "Be brief" in captured.out and "Hi" in captured.out
         assert "warning" not in captured.err
+
+
+def test_tool_call_end_to_end_on_a_template_without_tools(smol: Engine) -> None:
+    """SmolLM2's template has no tool support: the tool list goes into the system message,
+    a schema forces the polyfill's call syntax, and the parser reads the call back."""
+    from localllm.tool_calls import parse_tool_calls
+
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}
+    call_schema = {
+        "type": "object", "additionalProperties": False, "required": ["tool_calls"],
+        "properties": {"tool_calls": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
+            "type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+            "properties": {"name": {"enum": ["get_weather"]}, "arguments": {
+                "type": "object", "additionalProperties": False, "required": ["city"],
+                "properties": {"city": {"type": "string", "maxLength": 30}}}}}}}}
+    tmpl = smol.template
+    assert not tmpl.caps.tools
+    prompt = tmpl.render([{"role": "user", "content": "What is the weather in Paris?"}],
+                         tools=[weather])
+    assert "get_weather" in prompt and tmpl.last_missing == []
+    ids = encode_chat(smol.tokenizer, prompt)
+    c = make_constraint(call_schema, smol.tokenizer)
+    out = "".join(ev.text for ev in generate(smol, ids, Sampler(SamplerConfig(temperature=0)),
+                                             max_tokens=80, constraint=c) if not ev.done)
+    content, calls = parse_tool_calls(out, tmpl.caps, tool_names={"get_weather"})
+    assert content == "" and len(calls) == 1
+    assert calls[0]["function"]["name"] == "get_weather"
+    assert isinstance(calls[0]["function"]["arguments"]["city"], str)
