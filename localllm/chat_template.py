@@ -2,15 +2,24 @@
 
 Templates are rendered the way HuggingFace ``transformers`` does (sandboxed Jinja2 with
 ``trim_blocks``/``lstrip_blocks``, ``raise_exception``, ``strftime_now``, a ``tojson`` that does
-not HTML-escape, and the ``{% generation %}`` block tag), so templates written for HF work.
+not HTML-escape and takes any iterable, and the ``{% generation %}`` block tag), so templates
+written for HF work; llama.cpp's extra context (``date_string``, ``functions`` for templates
+that use the legacy name) is there too.
 When the file has no template one is chosen from the vocabulary/architecture: Gemma turns,
 ChatML, Llama 3 headers or Llama 2 ``[INST]``.
+
+Each template is probed once for what it can show (localllm.chat_caps): the system role,
+tools, tool calls, tool results. ``render()`` polyfills the rest (system text in front of the
+first user message, tool definitions in the system message, ...) so that no message is
+dropped silently; any message that still does not reach the prompt is listed in
+``last_missing``.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +28,7 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from localllm.chat_caps import TemplateCaps, missing_messages, polyfill, probe
 from localllm.tokenizer import Tokenizer
 
 
@@ -116,12 +126,27 @@ def _raise_exception(message: str) -> None:
     raise _TemplateRaised(str(message))
 
 
+def _json_fallback(value: Any) -> Any:
+    # what json.dumps cannot encode itself: Jinja undefined -> null, mappings -> dicts, any
+    # other iterable (a generator from `map`/`selectattr`, a tuple...) -> a list
+    if isinstance(value, jinja2.Undefined):
+        return None
+    if isinstance(value, Mapping):
+        return dict(value)
+    try:
+        return list(value)
+    except TypeError:
+        return str(value)
+
+
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: Any = None, sort_keys: bool = False) -> str:
     # HF's override: Jinja's own tojson HTML-escapes '<', '>', '&' and "'", which would
     # corrupt JSON shown to the model
+    if isinstance(value, jinja2.Undefined):
+        value = None
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+                      sort_keys=sort_keys, default=_json_fallback)
 
 
 def _strftime_now(fmt: str) -> str:
@@ -182,6 +207,8 @@ class ChatTemplate:
         self.name = name
         self.builtin = builtin
         self.tokenizer = tokenizer
+        self._caps: TemplateCaps | None = None
+        self.last_missing: list[int] = []  # messages of the last render() not in its prompt
         self._special: dict[str, str] = {}
         if tokenizer is not None:
             for key, tid in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id),
@@ -217,29 +244,71 @@ class ChatTemplate:
             )
         return cls(BUILTIN_TEMPLATES[name], tokenizer, name=name, builtin=True)
 
+    @property
+    def caps(self) -> TemplateCaps:
+        """What this template shows, probed once (see localllm.chat_caps)."""
+        if self._caps is None:
+            self._caps = probe(self._render_checked, self.source)
+        return self._caps
+
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-               **kwargs: Any) -> str:
+               polyfills: bool = True, **kwargs: Any) -> str:
         """The prompt text for ``messages`` ([{"role": ..., "content": ...}, ...]).
 
         Extra keyword arguments (``tools``, ``enable_thinking`` ...) are passed to the template.
+        With ``polyfills`` (the default) the messages are first rewritten for what the
+        template cannot show (``caps``); ``last_missing`` then lists the indices (into the
+        rewritten list) of messages whose text still did not reach the prompt.
         """
+        original = self._check(messages)
+        checked = polyfill(original, self.caps, kwargs.get("tools")) if polyfills else original
+        text = self._render_checked(checked, add_generation_prompt, **kwargs)
+        self.last_missing = missing_messages(text, checked)
+        if polyfills and self.last_missing and self.caps.system_role and any(
+                checked[i].get("role") == "system" for i in self.last_missing):
+            # some templates show the system text only in certain turns (Mistral's: with the
+            # last user message, so a conversation ending in a tool result loses it): merge
+            # it into the first user message instead when that loses less
+            caps = replace(self.caps, system_role=False)
+            merged = polyfill(original, caps, kwargs.get("tools"))
+            retry = self._render_checked(merged, add_generation_prompt, **kwargs)
+            missing = missing_messages(retry, merged)
+            if len(missing) < len(self.last_missing):
+                text, self.last_missing = retry, missing
+        return text
+
+    @staticmethod
+    def _check(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
             raise TemplateError("messages must be a list of {'role': ..., 'content': ...} dicts")
         checked = []
         for i, msg in enumerate(messages):
             if not isinstance(msg, Mapping) or not isinstance(msg.get("role"), str):
                 raise TemplateError(f"message {i} must be a dict with a string 'role': {msg!r}")
-            msg = dict(msg)
-            if self.builtin:
-                msg["content"] = _flatten_content(msg.get("content"))
-            checked.append(msg)
+            checked.append(dict(msg))
+        return checked
+
+    def _render_checked(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                        **kwargs: Any) -> str:
+        if self.builtin:
+            messages = [{**m, "content": _flatten_content(m.get("content"))} for m in messages]
         # like HF: tools/documents are always defined, so "tools is not none" works
-        context: dict[str, Any] = {"tools": None, "documents": None, **self._special}
+        context: dict[str, Any] = {"tools": None, "documents": None, **self._special,
+                                   "date_string": datetime.now().strftime("%d %b %Y")}
         context.update(kwargs)
-        context["messages"] = checked
+        if context.get("tools") is not None and "functions" not in context:
+            context["functions"] = context["tools"]  # the legacy name some templates use
+        context["messages"] = messages
         context["add_generation_prompt"] = add_generation_prompt
         try:
-            return self._template.render(**context)
+            try:
+                return self._template.render(**context)
+            except TypeError as exc:
+                # a tool-use template that loops over `tools` unconditionally: no tools is
+                # an empty list for it (HF would fail here)
+                if context["tools"] is not None or "NoneType" not in str(exc):
+                    raise
+                return self._template.render(**{**context, "tools": []})
         except _TemplateRaised as exc:
             raise TemplateError(f"chat template {self.name!r} rejected the messages: {exc}") from exc
         except jinja2.TemplateError as exc:

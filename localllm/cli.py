@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=int, default=0, help="prompt tokens kept by --context-shift (after BOS)")
     p.add_argument("--verbose", action="store_true", help="print load time, token counts, speeds and memory")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, stats)")
+    p.add_argument("--format", default=None, metavar="json|SCHEMA",
+                   help="structured output: 'json' (any JSON object), a JSON schema inline, or a schema file")
+    p.add_argument("--json-schema", default=None, metavar="FILE", help="structured output following the JSON schema in FILE")
+    p.add_argument("--show-prompt", action="store_true", help="print the prompt the chat template renders, then exit")
     _add_model_opts(p)
     _add_sampling_opts(p)
     _add_spec_opts(p)

@@ -35,6 +35,7 @@ from localllm.speculative import (
 )
 
 if TYPE_CHECKING:
+    from localllm.constraint import TokenConstraint
     from localllm.engine import Engine
 
 
@@ -107,12 +108,21 @@ def generate_tokens(
     drafter: Drafter | None = None,
     policy: DraftPolicy | None = None,
     ignore_eos: bool = False,
+    constraint: TokenConstraint | None = None,
 ) -> Iterator[TokenStep]:
     """Prefill the prompt and yield sampled tokens until the caller stops iterating, the
     context is full (no context_shift), max_tokens are out, or after an end-of-generation
     token. With a drafter, each step verifies up to policy.choose() drafted tokens;
-    the output is the same tokens as without one (see localllm.speculative)."""
+    the output is the same tokens as without one (see localllm.speculative).
+    constraint: a grammar (localllm.constraint) every sampled token must satisfy; the loop
+    ends right after the token that completes the value. Drafting stays on: the verifier
+    samples through the constrained sampler, which commits only the tokens it returns, so a
+    rejected draft never reaches the grammar and nothing needs rolling back."""
     eog = frozenset() if ignore_eos else frozenset(engine.tokenizer.eog_ids)
+    if constraint is not None:
+        from localllm.constraint import ConstrainedSampler
+
+        sampler = ConstrainedSampler(sampler, constraint, sorted(engine.tokenizer.eog_ids))
     n_ctx = engine.n_ctx
     t0 = time.perf_counter()
     logits, stats.prompt_eval_tokens = engine.prefill(prompt_tokens, slot)
@@ -122,6 +132,8 @@ def generate_tokens(
     token = sampler(logits[-1], history)
     history.append(token)
     yield TokenStep(token, logits[-1])
+    if constraint is not None and constraint.is_finished():
+        return
     if drafter is not None:
         drafter.reset(history)
         policy = policy or DraftPolicy(8)
@@ -166,6 +178,8 @@ def generate_tokens(
             yield TokenStep(tok, rows[i], drafted=i < accepted)
             if max_tokens >= 0 and n_out >= max_tokens:
                 return
+            if constraint is not None and constraint.is_finished():
+                return
         token = new[-1]
 
 
@@ -183,6 +197,7 @@ def generate(
     spec: SpecOptions | None = None,
     drafter: Drafter | None = None,
     step_costs: StepCosts | None = None,
+    constraint: TokenConstraint | None = None,
 ) -> Iterator[Event]:
     """Yield text events, then one final event with done=True, done_reason and stats.
 
@@ -193,6 +208,8 @@ def generate(
     spec: speculative decoding options (default: SpecOptions(), n-gram drafting with an
     adaptive length); or pass a ready `drafter` (e.g. a draft model kept across calls).
     step_costs: the engine's learned step timings, shared across calls.
+    constraint: structured output (localllm.constraint.make_constraint); generation ends
+    with done_reason "stop" as soon as the value is complete.
     """
     stats = GenerationStats(prompt_tokens=len(prompt_tokens))
     t_start = time.perf_counter()
@@ -217,7 +234,7 @@ def generate(
     hit_stop_string = False
     t_eval = None
     steps = generate_tokens(engine, prompt_tokens, sampler, stats, max_tokens, slot,
-                            context_shift, n_keep, drafter, policy, ignore_eos)
+                            context_shift, n_keep, drafter, policy, ignore_eos, constraint)
     for step in steps:
         if t_eval is None:
             t_eval = time.perf_counter()
@@ -241,6 +258,8 @@ def generate(
             yield Event(text=pending[:safe], token=token)
             pending = pending[safe:]
     steps.close()
+    if constraint is not None and constraint.is_finished():
+        reason = "stop"
     stats.eval_s = time.perf_counter() - t_eval if t_eval is not None else 0.0
     if not hit_stop_string:
         tail = pending + detok.flush()

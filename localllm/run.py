@@ -52,8 +52,38 @@ def _fmt_s(s: float) -> str:
     return f"{s * 1000:.2f}ms" if s < 1 else f"{s:.3f}s"
 
 
+def output_format(ns: argparse.Namespace) -> object | None:
+    """--format / --json-schema as make_constraint's ``fmt``, checked before the model loads
+    (a bad schema is one error line, not a failure mid-generation)."""
+    from pathlib import Path
+
+    from localllm.constraint import compile_grammar, schema_for_format
+
+    fmt: object | None = getattr(ns, "format", None)
+    schema_file = getattr(ns, "json_schema", None)
+    if fmt is not None and schema_file is not None:
+        raise ValueError("use --format or --json-schema, not both")
+    if schema_file is not None or (isinstance(fmt, str) and fmt.strip() not in ("", "json")
+                                   and not fmt.lstrip().startswith("{")):
+        path = Path(schema_file if schema_file is not None else fmt)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"cannot read JSON schema file {str(path)!r}: {exc.strerror}") from exc
+        try:
+            fmt = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not JSON: {exc}") from exc
+    schema = schema_for_format(fmt)
+    if schema is None:
+        return None
+    compile_grammar(schema)
+    return schema
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
     model_arg, prompt = _model_and_prompt(ns.args)
+    ns.output_format = output_format(ns)
     cfg = sampler_config(ns)
     cfg.validate()
     spec = spec_options(ns)
@@ -80,9 +110,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
     ns.spec, ns.drafter = spec, make_drafter(spec, engine)  # one drafter (and draft model) for the process
     ns.step_costs = StepCosts()
     load_s = time.perf_counter() - t0
-    if interactive:
+    if interactive and not getattr(ns, "show_prompt", False):
         return _chat_loop(engine, ns, cfg)
     ids = _prompt_ids(engine, prompt, ns, history=[])
+    if getattr(ns, "show_prompt", False):
+        sys.stdout.write(engine.tokenizer.decode(ids) if ns.raw else ns.rendered_prompt)
+        sys.stdout.write("\n")
+        return 0
     return _one_shot(engine, ids, ns, cfg, load_s, str(path))
 
 
@@ -97,7 +131,23 @@ def _prompt_ids(engine, text: str, ns: argparse.Namespace, history: list[dict]) 
         messages.append({"role": "system", "content": ns.system})
     messages += history
     messages.append({"role": "user", "content": text})
-    return encode_chat(tok, engine.template.render(messages, add_generation_prompt=True))
+    template = engine.template
+    ns.rendered_prompt = template.render(messages, add_generation_prompt=True)
+    if template.last_missing:
+        print(f"warning: the chat template ({template.name}) does not show "
+              f"{len(template.last_missing)} of the messages (roles: "
+              + ", ".join(messages[i]["role"] if i < len(messages) else "?"
+                          for i in template.last_missing) + ")", file=sys.stderr)
+    return encode_chat(tok, ns.rendered_prompt)
+
+
+def _constraint(engine, ns: argparse.Namespace):  # noqa: ANN001, ANN202
+    fmt = getattr(ns, "output_format", None)
+    if fmt is None:
+        return None
+    from localllm.constraint import make_constraint
+
+    return make_constraint(fmt, engine.tokenizer)
 
 
 def _one_shot(engine, ids, ns, cfg, load_s, model_name) -> int:  # noqa: ANN001
@@ -114,6 +164,7 @@ def _one_shot(engine, ids, ns, cfg, load_s, model_name) -> int:  # noqa: ANN001
             truncate=ns.truncate, ignore_eos=ns.ignore_eos,
             context_shift=ns.context_shift, n_keep=ns.keep,
             spec=ns.spec, drafter=ns.drafter, step_costs=ns.step_costs,
+            constraint=_constraint(engine, ns),
         ):
             if ev.done:
                 final = ev
@@ -215,7 +266,7 @@ def _chat_loop(engine, ns, cfg) -> int:  # noqa: ANN001
                                truncate=True, ignore_eos=ns.ignore_eos,
                                context_shift=ns.context_shift, n_keep=ns.keep,
                                spec=ns.spec, drafter=ns.drafter,
-                               step_costs=ns.step_costs):
+                               step_costs=ns.step_costs, constraint=_constraint(engine, ns)):
                 if ev.text:
                     reply.append(ev.text)
                     sys.stdout.write(ev.text)
