@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from localllm.kernels.cpu import kv_quant, ops
+from localllm.kernels.cpu import kv_quant, ops, poison
 
 KV_TYPES = kv_quant.KV_TYPES
 EMPTY_POS = kv_quant.EMPTY_POS
@@ -94,7 +94,9 @@ class KVCache:
 
     def _alloc(self, kv_type: str, cap: int, dim: int) -> np.ndarray:
         one = kv_quant.allocate(kv_type, cap, self.n_head_kv, dim)  # [cap, Hkv, W]
-        return np.zeros((self.n_slots, *one.shape), dtype=one.dtype)
+        # zeros, or NaN under LOCALLLM_DEBUG_POISON: attention must never read an entry
+        # that was not stored
+        return poison.fill(np.zeros((self.n_slots, *one.shape), dtype=one.dtype))
 
     # --- bookkeeping -----------------------------------------------------------------------
 

@@ -12,28 +12,21 @@ import hashlib
 import json
 from pathlib import Path
 
-from localllm.default_model import cache_dir
 
+def _stamp(qtypes: list[int]) -> Path:
+    """A marker in the keyed kernel cache folder (kernels/cache.py): that folder changes with
+    every source, tool or target change, so a stamp there is never stale."""
+    from localllm.kernels import KERNEL_CACHE_DIR
 
-def _kernel_fingerprint(qtypes: list[int]) -> str:
-    import numba
-
-    import localllm
-    from localllm import kernels
-
-    h = hashlib.sha256()
-    h.update(f"{localllm.__version__}|{numba.__version__}|{sorted(set(qtypes))}".encode())
-    for src in sorted(Path(kernels.__file__).parent.rglob("*.py")):
-        st = src.stat()
-        h.update(f"{src.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:24]
+    tag = hashlib.sha256(str(sorted(set(qtypes))).encode()).hexdigest()[:12]
+    return Path(KERNEL_CACHE_DIR) / f"warm-{tag}.json"
 
 
 def ensure_kernels_compiled(engine, progress: bool = True) -> bool:  # noqa: ANN001
     """Compile (or load from Numba's cache) the kernels this model needs. Returns True if
     this was a cold run that had to compile."""
     qtypes = [int(t.type) for t in engine.gf.tensors.values()]
-    stamp = cache_dir() / f"kernels-{_kernel_fingerprint(qtypes)}.json"
+    stamp = _stamp(qtypes)
     if stamp.exists():
         return False
     if progress:

@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as QT
 
 from localllm.batch import Batch
 from localllm.formats import GGUFFile, dequantize
-from localllm.kernels.cpu import ops
+from localllm.kernels.cpu import ops, poison
 from localllm.kernels.cpu.dequant import get_rows
 from localllm.kernels.cpu.matmul import matmul, prepare, supported_types
 from localllm.kv_cache import KVCache
@@ -171,7 +171,7 @@ class DecoderModel:
         if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= cfg.n_vocab):
             bad = int(tokens[(tokens < 0) | (tokens >= cfg.n_vocab)][0])
             raise ValueError(f"token id {bad} is outside the vocabulary of {cfg.n_vocab}")
-        x = np.empty((tokens.shape[0], cfg.n_embd), dtype=np.float32)
+        x = poison.empty((tokens.shape[0], cfg.n_embd), np.float32)
         get_rows(self.token_embd.raw, self.token_embd.qtype, tokens.astype(np.int64), x)
         if cfg.embd_scale != 1.0:
             x *= np.float32(cfg.embd_scale)
@@ -274,11 +274,12 @@ class DecoderModel:
             cfg = self.cfg
             H, Hkv, Dh, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
             f32 = np.float32
+            e = poison.empty  # np.empty, or NaN-filled under LOCALLLM_DEBUG_POISON
             bufs = (
-                np.empty((n, cfg.n_embd), f32), np.empty((n, H * Dh), f32),
-                np.empty((n, Hkv * Dh), f32), np.empty((n, Hkv * Dv), f32),
-                np.empty((n, H, Dv), f32), np.empty((n, cfg.n_embd), f32),
-                np.empty((n, cfg.n_ff), f32), np.empty((n, cfg.n_ff), f32),
+                e((n, cfg.n_embd), f32), e((n, H * Dh), f32),
+                e((n, Hkv * Dh), f32), e((n, Hkv * Dv), f32),
+                e((n, H, Dv), f32), e((n, cfg.n_embd), f32),
+                e((n, cfg.n_ff), f32), e((n, cfg.n_ff), f32),
             )
             if len(self._scratch) >= 4:  # bounded: drop the oldest size
                 self._scratch.pop(next(iter(self._scratch)))
@@ -305,10 +306,10 @@ class DecoderModel:
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final norm and output head for the selected rows x [M, D] -> [M, V]."""
         cfg = self.cfg
-        out = np.empty((x.shape[0], cfg.n_vocab), dtype=np.float32)
+        out = poison.empty((x.shape[0], cfg.n_vocab), np.float32)
         if x.shape[0] == 0:
             return out
-        h = np.empty_like(x)
+        h = poison.empty(x.shape, np.float32)
         ops.rms_norm(np.ascontiguousarray(x), self.output_norm, cfg.rms_eps, h)
         self.output(h, out)
         if cfg.final_softcap:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Every scratch and cache buffer starts as NaN (kernels/cpu/poison.py): a kernel that reads
+# memory nobody wrote fails the test instead of passing on leftover zeros. Subprocesses the
+# tests start inherit it.
+os.environ.setdefault("LOCALLLM_DEBUG_POISON", "1")
 
 
 @pytest.fixture(scope="session")

@@ -40,6 +40,7 @@ from numba import njit, prange
 from numba.core import types
 from numba.extending import intrinsic
 
+from localllm.kernels.cpu import poison
 from localllm.kernels.cpu.halfbits import f32_to_f16_bits as _f2h
 from localllm.kernels.cpu.halfbits import u32_as_f32 as _u32_as_f32
 
@@ -769,9 +770,9 @@ def attention(
                 // rows_per_tile * rows_per_tile)
     for a in range(0, n_rows, group):
         b = min(n_rows, a + group)
-        part_m = np.empty((n_chunks, b - a, n_hq), dtype=np.float32)
-        part_l = np.empty((n_chunks, b - a, n_hq), dtype=np.float32)
-        part_acc = np.empty((n_chunks, b - a, n_hq, dv), dtype=np.float32)
+        part_m = poison.empty((n_chunks, b - a, n_hq), np.float32)
+        part_l = poison.empty((n_chunks, b - a, n_hq), np.float32)
+        part_acc = poison.empty((n_chunks, b - a, n_hq, dv), np.float32)
         _attention_kernel(
             _KIND[k_type], _KIND[v_type], q[a:b], k8, k16, k32, v8, v16, v32, n_hkv,
             q_pos[a:b], kv_pos, int(window), np.float32(scale), np.float32(softcap),

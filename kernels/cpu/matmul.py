@@ -50,7 +50,7 @@ from numba import carray, cfunc, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from localllm.kernels.cpu import dequant
+from localllm.kernels.cpu import dequant, poison
 from localllm.kernels.cpu.cpu_features import FEATURES, simd_disabled_by_env
 from localllm.kernels.cpu.quant_act import (
     quantize_q8_0,
@@ -1637,7 +1637,7 @@ def make_scratch(n: int, k: int, kind: int, portable: bool | None = None) -> Scr
     npad = n if n == 1 else (n + 3) // 4 * 4
 
     def buf(cols: int, dt) -> np.ndarray:
-        return np.zeros((npad, cols), dt)
+        return poison.fill(np.zeros((npad, cols), dt))
 
     q8 = kind in (ACT_Q8_0, ACT_Q8_K)
     nk = k // 256 if kind == ACT_Q8_K else k // 32
@@ -1645,7 +1645,7 @@ def make_scratch(n: int, k: int, kind: int, portable: bool | None = None) -> Scr
     def scales(cols: int, copies: int) -> np.ndarray:
         # one buffer: [Np, cols], then its transpose [cols, Np] (for the N > 1 kernels); twice
         # for the Q8_0 sums: [xs | xs^T | xc | xc^T]
-        return np.zeros(2 * copies * npad * cols, np.float32)
+        return poison.fill(np.zeros(2 * copies * npad * cols, np.float32))
 
     nb32 = k // 32 if kind == ACT_Q8_0 else 0
     xs_buf = scales(nb32, 2)

@@ -1,0 +1,114 @@
+"""One token, one answer: a token's logits are bit-identical however it was computed.
+
+On the real default model (Gemma 3 270M: sliding-window and global layers, Q8_0/Q5_0/Q4_K/Q6_K
+weights), the logits of the last 40 positions of a 240-token text must be `np.array_equal`
+across one prefill, prefill in chunks of 1, 7 and 64, token-by-token decode, the same rows
+inside a batch that also carries two other sequences, and 1 vs 2 threads; for f32 and f16 KV
+caches, each compared with itself. And a process that compiles the kernels from nothing must
+compute the same perplexity, bit for bit, as one that loads them from the disk cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+
+from localllm.batch import Batch
+from localllm.engine import Engine
+
+DATA = Path(__file__).parent / "data"
+LAST = 40
+
+
+@pytest.fixture(scope="module")
+def text_ids(default_model_path: Path) -> list[int]:
+    from localllm.formats import read_gguf
+    from localllm.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_metadata(read_gguf(default_model_path).metadata)
+    ids = tok.encode((DATA / "gpl-3.txt").read_text()[:2000], add_special=True)[:240]
+    assert len(ids) == 240
+    return ids
+
+
+def _chunked(e: Engine, ids: list[int], size: int, slot: int = 0) -> np.ndarray:
+    e.kv.clear(slot)
+    outs = [e.step(Batch.for_sequence(ids[i : i + size], i, slot, "all"))
+            for i in range(0, len(ids), size)]
+    return np.concatenate(outs)[-LAST:]
+
+
+def _decode(e: Engine, ids: list[int]) -> np.ndarray:
+    e.kv.clear(0)
+    e.prefill(ids[:-LAST], logits="last")
+    return np.stack([e.decode(t) for t in ids[-LAST:]])
+
+
+def _with_others(e: Engine, ids: list[int], size: int = 5) -> np.ndarray:
+    """Our rows between the rows of two other sequences in every step (one of them wants no
+    logits, the other a different number of rows)."""
+    for s in (0, 1, 2):
+        e.kv.clear(s)
+    other1 = ids[::-1]
+    other2 = [(t * 7) % 5000 + 10 for t in ids]
+    outs = []
+    for i in range(0, len(ids), size):
+        a = other1[i : i + 3]
+        mine = ids[i : i + size]
+        step = Batch.concat([Batch.for_sequence(a, i, 1, "all"),
+                             Batch.for_sequence(mine, i, 0, "all"),
+                             Batch.for_sequence(other2[i : i + size + 2], i, 2, "none")])
+        outs.append(e.step(step)[len(a) : len(a) + len(mine)])
+    return np.concatenate(outs)[-LAST:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_logits_bit_identical_however_computed(default_model_path: Path, text_ids: list[int],
+                                               kv_type: str) -> None:
+    e = Engine(default_model_path, n_ctx=1024, n_slots=3, kv_type=kv_type)
+    ref = e.prefill(text_ids, logits="all")[0][-LAST:]
+    assert np.isfinite(ref).all()
+    ways = {
+        "chunks of 1": lambda: _chunked(e, text_ids, 1),
+        "chunks of 7": lambda: _chunked(e, text_ids, 7),
+        "chunks of 64": lambda: _chunked(e, text_ids, 64),
+        "token-by-token decode": lambda: _decode(e, text_ids),
+        "batched with two other sequences": lambda: _with_others(e, text_ids),
+    }
+    for name, way in ways.items():
+        got = way()
+        assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got - ref).max()}"
+    before = numba.get_num_threads()
+    try:
+        for n in sorted({1, 2, before} & set(range(1, numba.config.NUMBA_NUM_THREADS + 1))):
+            numba.set_num_threads(n)
+            assert np.array_equal(_chunked(e, text_ids, 240), ref), f"{n} threads (prefill)"
+            assert np.array_equal(_decode(e, text_ids), ref), f"{n} threads (decode)"
+    finally:
+        numba.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_fresh_compile_and_cached_kernels_give_the_same_perplexity(tmp_path: Path) -> None:
+    """Two processes over one empty kernel cache: the first compiles every kernel, the second
+    loads them. Their perplexities (and per-chunk values) must be equal to the last bit."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    cmd = [sys.executable, "-m", "localllm", "perplexity", str(DATA / "gpl-3.txt"), "-c", "256",
+           "--chunks", "3", "--json"]
+    runs = []
+    for _ in range(2):
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    keyed = list((tmp_path / "numba").iterdir())
+    assert len(keyed) == 1 and any(keyed[0].rglob("*.nbi")), "the kernels were not cached"
+    assert runs[0]["chunk_ppl"] == runs[1]["chunk_ppl"]
+    assert runs[0]["ppl"] == runs[1]["ppl"]
