@@ -227,8 +227,9 @@ async def show(request: HttpRequest, state: ServerState) -> Response:
         tmpl = bytes(tmpl).decode("utf-8", "replace")
     return JSONResponse({
         "modelfile": f"FROM {state.path.name}\n", "parameters": "", "template": tmpl or "",
+        # tools: every template takes them (polyfilled into the system prompt where needed)
         "system": "", "license": str(md.get("general.license", "")), "details": state.details(),
-        "model_info": info, "capabilities": ["completion"], "modified_at": state.modified_at(),
+        "model_info": info, "capabilities": ["completion", "tools"], "modified_at": state.modified_at(),
     })
 
 
