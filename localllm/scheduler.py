@@ -25,6 +25,11 @@ Text handling (detokenizer, stop strings held back until they cannot match, end-
 tokens) mirrors `generate()`, so a request gives the same `Event`s through either path; with
 batch-invariant logits, the same tokens too.
 
+Structured output: a request's `constraint` wraps its sampler in a `ConstrainedSampler`, as
+`generate_tokens` does, so the speculative verifier samples through it too (only the tokens
+it returns reach the grammar: rejected drafts need no rollback); the sequence ends with
+done_reason "stop" right after the token that completes the value.
+
 Not here: context shift (a sequence that fills the context ends with done_reason "length").
 """
 
@@ -56,6 +61,7 @@ from localllm.speculative import (
 )
 
 if TYPE_CHECKING:
+    from localllm.constraint import TokenConstraint
     from localllm.engine import Engine
 
 
@@ -77,6 +83,9 @@ class Request:
     truncate: bool = False  # keep only the end of a prompt longer than the context
     speculate: bool = True  # n-gram drafting (lossless)
     draft_max: int | None = None  # None: the scheduler's
+    # structured output (localllm.constraint.make_constraint), fresh for this request: every
+    # sampled token goes through it; the sequence ends ("stop") when the value is complete
+    constraint: TokenConstraint | None = None
 
 
 class Handle:
@@ -174,6 +183,8 @@ class _Seq:
         if safe > 0:
             self.handle._emit(Event(text=self.text_pending[:safe], token=token))
             self.text_pending = self.text_pending[safe:]
+        if self.req.constraint is not None and self.req.constraint.is_finished():
+            return "stop"
         if 0 <= self.req.max_tokens <= len(self.generated):
             return "length"
         return None
@@ -237,7 +248,12 @@ class Scheduler:
             if not req.truncate:
                 raise PromptTooLongError(len(req.prompt), n_ctx)
             req.prompt = req.prompt[-(n_ctx // 2):]
-        sampler = Sampler(req.sampling)  # here, so a bad value (a negative seed) is the caller's error
+        sampler: Sampler = Sampler(req.sampling)  # here: a bad value (a negative seed) is the caller's error
+        if req.constraint is not None:
+            from localllm.constraint import ConstrainedSampler
+
+            sampler = ConstrainedSampler(sampler, req.constraint,  # type: ignore[assignment]
+                                         sorted(self.engine.tokenizer.eog_ids))
         vocab = self.engine.cfg.n_vocab
         if min(req.prompt) < 0 or max(req.prompt) >= vocab:
             raise ValueError(f"token ids must be in 0..{vocab - 1}")
@@ -439,10 +455,16 @@ class Scheduler:
         for s, n, n_prompt in plan:
             rows = logits[row : row + n]
             row += n
-            if n_prompt:
-                self._after_prefill(s, n_prompt, rows, dt)
-            else:
-                self._after_decode(s, rows, dt)
+            try:
+                if n_prompt:
+                    self._after_prefill(s, n_prompt, rows, dt)
+                else:
+                    self._after_decode(s, rows, dt)
+            except Exception as e:  # noqa: BLE001 - its sampler (a grammar at a dead end) fails this request only
+                with self._lock:
+                    self._active.pop(s.slot, None)
+                self.engine.kv.clear(s.slot)
+                s.handle._emit(e)
 
     def _after_prefill(self, s: _Seq, chunk: int, rows: np.ndarray, dt: float) -> None:
         s.pos += chunk

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 from tiny_models import write_tiny_model
 
@@ -121,6 +122,41 @@ def test_cancel_frees_the_slot(engine: Engine, sched: Scheduler) -> None:
     final2 = h2.result()
     assert final2.done_reason == "cancelled" and final2.tokens == []
     assert sched.status()["slots_busy"] == 0 and sched.idle()
+
+
+class _DeadEnd:
+    """A grammar that allows nothing after its first token (as a schema whose value cannot
+    go on would): the request's sampling fails on its second token."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def mask(self, vocab_size: int) -> np.ndarray:
+        return np.zeros(vocab_size, dtype=bool)  # [V] nothing allowed
+
+    def allows(self, token_id: int) -> bool:
+        return self.n == 0
+
+    def accept(self, token_id: int) -> bool:
+        self.n += 1
+        return True
+
+    def rollback(self, n: int) -> None:
+        self.n -= n
+
+    def is_finished(self) -> bool:
+        return False
+
+
+def test_a_failing_constraint_fails_only_its_request(engine: Engine, sched: Scheduler) -> None:
+    from localllm.constraint import ConstraintError
+
+    prompts = _prompts(engine)
+    ok = sched.submit(Request(prompts[0], GREEDY, max_tokens=6))
+    bad = sched.submit(Request(prompts[1], GREEDY, max_tokens=6, constraint=_DeadEnd()))
+    with pytest.raises(ConstraintError, match="allows no token"):
+        bad.result()
+    assert ok.result().tokens == _alone(engine, prompts[0], GREEDY, 6)
 
 
 def test_queue_bound_and_errors(engine: Engine) -> None:

@@ -234,14 +234,17 @@ def parse_stop(v: Any, what: str = "'stop'") -> list[str]:
 # --- prompts ---------------------------------------------------------------------------------
 
 
-def chat_prompt(engine: Engine, messages: list[dict[str, Any]], template: str | None = None) -> list[int]:
+def chat_prompt(engine: Engine, messages: list[dict[str, Any]], template: str | None = None,
+                tools: list[dict[str, Any]] | None = None) -> list[int]:
     """Token ids of a conversation rendered with the model's chat template (or `template`,
-    a Jinja override) and an open assistant turn."""
+    a Jinja override) and an open assistant turn. tools: the request's tool definitions,
+    passed to the template (or written into the system prompt where it has no tool support)."""
     from localllm.chat_template import ChatTemplate, TemplateError, encode_chat
 
     try:
         tmpl = engine.template if template is None else ChatTemplate(template, engine.tokenizer)
-        text = tmpl.render(messages, add_generation_prompt=True)
+        kwargs = {"tools": tools} if tools else {}
+        text = tmpl.render(messages, add_generation_prompt=True, **kwargs)
     except TemplateError as e:
         raise ApiError(400, str(e)) from None
     return encode_chat(engine.tokenizer, text)
@@ -279,10 +282,97 @@ def check_messages(messages: Any, where: str = "messages") -> list[dict[str, Any
             raise ApiError(400, f"{where}[{i}].content must be a string")
         if m.get("images"):
             raise ApiError(400, "images are not supported: the model is text-only")
+        msg: dict[str, Any] = {"role": role.lower(), "content": content}
         if m.get("tool_calls"):
-            raise ApiError(400, "tool calls are not supported yet")
-        out.append({"role": role.lower(), "content": content})
+            msg["tool_calls"] = _check_calls(m["tool_calls"], f"{where}[{i}].tool_calls")
+        for key in ("tool_call_id", "tool_name", "name"):  # which call a tool result answers
+            if m.get(key) is not None:
+                msg[key] = get(m, key, str, where=f"{where}[{i}].")
+        out.append(msg)
     return out
+
+
+def _check_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's tool calls: Ollama's (arguments an object) or OpenAI's
+    (arguments JSON text, with id and type); the template polyfill takes either."""
+    if not isinstance(calls, list):
+        raise ApiError(400, f"'{where}' must be an array")
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ApiError(400, f"{where}[{j}] must be {{\"function\": {{\"name\": ..., "
+                                "\"arguments\": ...}}")
+        if not isinstance(fn.get("arguments", {}), (dict, str)):
+            raise ApiError(400, f"{where}[{j}].function.arguments must be an object or a string")
+    return calls
+
+
+def check_tools(tools: Any) -> list[dict[str, Any]]:
+    """Tool definitions ([{"type": "function", "function": {"name": ..., ...}}]); [] for none."""
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise ApiError(400, "'tools' must be an array")
+    for j, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ApiError(400, f"tools[{j}] must be {{\"type\": \"function\", \"function\": "
+                                "{\"name\": ..., \"parameters\": {...}}}")
+    return tools
+
+
+def tool_names(tools: list[dict[str, Any]]) -> set[str]:
+    return {t["function"]["name"] for t in tools}
+
+
+async def format_constraint(state: ServerState, fmt: Any, what: str = "format") -> Any:
+    """A fresh grammar for one request's structured output, or None; a format that cannot be
+    enforced is a 400. Compiling takes a few ms (the vocabulary's first time, about a second):
+    off the event loop."""
+    from localllm.constraint import ConstraintError, make_constraint
+
+    if fmt is None or fmt == "":
+        return None
+    try:
+        return await asyncio.to_thread(make_constraint, fmt, state.engine.tokenizer)
+    except ConstraintError as e:
+        raise ApiError(400, f"invalid '{what}': {e}") from None
+
+
+class ToolStream:
+    """Streaming text of a reply that may hold tool calls: text is passed on until a tool-call
+    marker (or a reply opening with JSON) may have begun; from there it is held, and `end()`
+    parses the whole reply into (text still to send, calls)."""
+
+    def __init__(self, caps: Any, names: set[str]) -> None:
+        from localllm.tool_calls import TOOL_CALL_MARKERS
+
+        self.caps, self.names, self.markers = caps, names, TOOL_CALL_MARKERS
+        self.text = ""
+        self.sent = 0  # characters of self.text already passed on
+
+    def push(self, piece: str) -> str:
+        from localllm.generate import held_back
+        from localllm.tool_calls import tool_call_start
+
+        self.text += piece
+        if not self.text.strip():
+            return ""  # a reply may open with whitespace before its JSON call
+        start = tool_call_start(self.text)
+        limit = len(self.text) - held_back(self.text, self.markers) if start is None else start
+        if limit <= self.sent:
+            return ""
+        out, self.sent = self.text[self.sent:limit], limit
+        return out
+
+    def end(self) -> tuple[str, list[dict[str, Any]]]:
+        from localllm.tool_calls import parse_tool_calls
+
+        content, calls = parse_tool_calls(self.text, self.caps, self.names)
+        if not calls:
+            return self.text[self.sent:], []
+        shown = self.text[:self.sent]
+        return (content[len(shown):] if content.startswith(shown) else ""), calls
 
 
 def unsupported(body: Mapping[str, Any], *keys: str) -> None:

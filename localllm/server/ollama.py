@@ -24,8 +24,11 @@ from localllm.server.common import (
     ApiError,
     ServerState,
     Stream,
+    ToolStream,
     chat_prompt,
     check_messages,
+    check_tools,
+    format_constraint,
     get,
     ns,
     ollama_defaults,
@@ -33,6 +36,7 @@ from localllm.server.common import (
     raw_prompt,
     read_json,
     rfc3339,
+    tool_names,
     unsupported,
 )
 
@@ -51,17 +55,18 @@ def _common(body: dict[str, Any], state: ServerState) -> tuple[str, Any, bool]:
     model = state.resolve(body.get("model"))
     stream = get(body, "stream", bool, True)
     get(body, "keep_alive", (int, float, str))
-    unsupported(body, "format", "tools", "images", "suffix")
+    unsupported(body, "images", "suffix")
     if get(body, "logprobs", bool, False):
         raise ApiError(400, "'logprobs' is not supported by this server yet")
     get(body, "think", (bool, str))  # models here do not think: answered normally
     return model, body.get("options"), stream
 
 
-def _request(state: ServerState, prompt: list[int], options: Any, truncate: bool) -> Request:
+def _request(state: ServerState, prompt: list[int], options: Any, truncate: bool,
+             constraint: Any = None) -> Request:
     o = parse_options(options, ollama_defaults(), state.engine.n_ctx)
     return Request(prompt, o.sampling, max_tokens=o.max_tokens, stop=o.stop, truncate=truncate,
-                   speculate=o.speculate, draft_max=o.draft_max)
+                   speculate=o.speculate, draft_max=o.draft_max, constraint=constraint)
 
 
 async def generate(request: HttpRequest, state: ServerState) -> Response:
@@ -91,7 +96,8 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
             raise ApiError(400, "'context' must be an array of token ids")
         bos = eng.tokenizer.bos_id
         ids = list(context) + (ids[1:] if ids and ids[0] == bos else ids)
-    req = _request(state, ids, options, truncate)
+    constraint = await format_constraint(state, body.get("format"))
+    req = _request(state, ids, options, truncate, constraint)
     s = Stream(state, req)
     prompt_ids = req.prompt  # after truncation, if it was asked for
 
@@ -133,28 +139,46 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
         return JSONResponse({"model": model, "created_at": rfc3339(),
                              "message": {"role": "assistant", "content": ""},
                              "done": True, "done_reason": "load"})
-    ids = await asyncio.to_thread(chat_prompt, state.engine, messages)
-    s = Stream(state, _request(state, ids, options, truncate))
+    tools = check_tools(body.get("tools"))
+    ids = await asyncio.to_thread(chat_prompt, state.engine, messages, None, tools)
+    constraint = await format_constraint(state, body.get("format"))
+    s = Stream(state, _request(state, ids, options, truncate, constraint))
+    # with tools, the reply is parsed for calls; a stream holds text back where one may start
+    calls_in = ToolStream(state.engine.template.caps, tool_names(tools)) if tools else None
 
-    def final(ev: Event, text: str) -> dict[str, Any]:
-        return {"model": model, "created_at": rfc3339(),
-                "message": {"role": "assistant", "content": text}, "done": True,
+    def final(ev: Event, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            msg["tool_calls"] = calls
+        return {"model": model, "created_at": rfc3339(), "message": msg, "done": True,
                 "done_reason": ev.done_reason, **_metrics(ev, s.t0)}
 
     if not stream:
         text, ev = await s.collect(request)
-        return JSONResponse(final(ev, text))
+        if calls_in is None:
+            return JSONResponse(final(ev, text))
+        calls_in.push(text)
+        calls_in.sent = 0  # nothing was shown: the whole content is still to send
+        rest, calls = calls_in.end()
+        return JSONResponse(final(ev, rest, calls))
 
     async def chunks() -> AsyncIterator[bytes]:
         try:
             while True:
                 ev = await s.next()
                 if ev.done:
-                    yield _line(final(ev, ev.text))
+                    calls: list[dict[str, Any]] = []
+                    text = ev.text
+                    if calls_in is not None:
+                        text = calls_in.push(ev.text)
+                        rest, calls = calls_in.end()
+                        text += rest
+                    yield _line(final(ev, text, calls))
                     return
-                if ev.text:
+                text = calls_in.push(ev.text) if calls_in is not None else ev.text
+                if text:
                     yield _line({"model": model, "created_at": rfc3339(),
-                                 "message": {"role": "assistant", "content": ev.text},
+                                 "message": {"role": "assistant", "content": text},
                                  "done": False})
         except ApiError as e:
             yield _line({"error": e.message})
@@ -203,8 +227,9 @@ async def show(request: HttpRequest, state: ServerState) -> Response:
         tmpl = bytes(tmpl).decode("utf-8", "replace")
     return JSONResponse({
         "modelfile": f"FROM {state.path.name}\n", "parameters": "", "template": tmpl or "",
+        # tools: every template takes them (polyfilled into the system prompt where needed)
         "system": "", "license": str(md.get("general.license", "")), "details": state.details(),
-        "model_info": info, "capabilities": ["completion"], "modified_at": state.modified_at(),
+        "model_info": info, "capabilities": ["completion", "tools"], "modified_at": state.modified_at(),
     })
 
 

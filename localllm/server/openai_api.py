@@ -23,14 +23,19 @@ from localllm.server.common import (
     ApiError,
     ServerState,
     Stream,
+    ToolStream,
     chat_prompt,
     check_messages,
+    check_tools,
+    format_constraint,
     get,
     parse_stop,
     raw_prompt,
     read_json,
+    tool_names,
     unsupported,
 )
+from localllm.tool_calls import to_openai_tool_calls
 
 FINGERPRINT = "fp_localllm"
 
@@ -60,11 +65,19 @@ def _sampling(body: dict[str, Any]) -> tuple[SamplerConfig, int, list[str]]:
         raise ApiError(400, "at most 16 stop strings")
     if get(body, "n", int, 1) != 1:
         raise ApiError(400, "only n = 1 is supported")
-    unsupported(body, "tools", "logprobs", "top_logprobs", "logit_bias", "suffix")
-    rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise ApiError(400, "'response_format' other than text is not supported by this server yet")
+    unsupported(body, "logprobs", "top_logprobs", "logit_bias", "suffix")
     return cfg, n_max, stop
+
+
+async def _response_format(body: dict[str, Any], state: ServerState) -> Any:
+    """The grammar for `response_format` (json_object / json_schema), or None for text."""
+    rf = body.get("response_format")
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise ApiError(400, "'response_format' must be {\"type\": \"text\" | \"json_object\" | "
+                            "\"json_schema\", ...}")
+    return await format_constraint(state, rf, "response_format")
 
 
 def _usage(ev: Event) -> dict[str, int]:
@@ -90,15 +103,29 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
     cfg, n_max, stop = _sampling(body)
     stream = get(body, "stream", bool, False)
     include_usage = _include_usage(body)
-    ids = await asyncio.to_thread(chat_prompt, state.engine, messages)
-    s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop))
+    tools = check_tools(body.get("tools"))
+    if body.get("tool_choice") == "none":
+        tools = []
+    ids = await asyncio.to_thread(chat_prompt, state.engine, messages, None, tools)
+    constraint = await _response_format(body, state)
+    s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop, constraint=constraint))
     rid, created = f"chatcmpl-{s.handle.id}", int(time.time())
     head = {"id": rid, "created": created, "model": model, "system_fingerprint": FINGERPRINT}
+    calls_in = ToolStream(state.engine.template.caps, tool_names(tools)) if tools else None
     if not stream:
         text, ev = await s.collect(request)
+        msg: dict[str, Any] = {"role": "assistant", "content": text}
+        finish = ev.done_reason
+        if calls_in is not None:
+            calls_in.push(text)
+            calls_in.sent = 0  # nothing was shown: the whole content is still to send
+            rest, calls = calls_in.end()
+            if calls:
+                msg = {"role": "assistant", "content": rest or None,
+                       "tool_calls": to_openai_tool_calls(calls)}
+                finish = "tool_calls"
         return JSONResponse({**head, "object": "chat.completion", "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text},
-             "finish_reason": ev.done_reason}], "usage": _usage(ev)})
+            {"index": 0, "message": msg, "finish_reason": finish}], "usage": _usage(ev)})
 
     def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
         return _sse({**head, "object": "chat.completion.chunk",
@@ -110,18 +137,28 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
             while True:
                 ev = await s.next()
                 if ev.done:
-                    if ev.text or first:
-                        yield chunk({"role": "assistant", "content": ev.text} if first
-                                    else {"content": ev.text}, None)
-                    yield chunk({}, ev.done_reason)
+                    text, calls, finish = ev.text, [], ev.done_reason
+                    if calls_in is not None:
+                        text = calls_in.push(ev.text)
+                        rest, calls = calls_in.end()
+                        text += rest
+                    if text or first:
+                        yield chunk({"role": "assistant", "content": text} if first
+                                    else {"content": text}, None)
+                    if calls:  # whole calls in one delta, each with its index
+                        yield chunk({"tool_calls": [{"index": i, **c} for i, c in
+                                                    enumerate(to_openai_tool_calls(calls))]}, None)
+                        finish = "tool_calls"
+                    yield chunk({}, finish)
                     if include_usage:
                         yield _sse({**head, "object": "chat.completion.chunk", "choices": [],
                                     "usage": _usage(ev)})
                     yield b"data: [DONE]\n\n"
                     return
-                if ev.text:
-                    yield chunk({"role": "assistant", "content": ev.text} if first
-                                else {"content": ev.text}, None)
+                text = calls_in.push(ev.text) if calls_in is not None else ev.text
+                if text:
+                    yield chunk({"role": "assistant", "content": text} if first
+                                else {"content": text}, None)
                     first = False
         except ApiError as e:
             yield _sse({"error": {"message": e.message, "type": "api_error"}})
@@ -145,7 +182,8 @@ async def completions(request: HttpRequest, state: ServerState) -> Response:
     stream = get(body, "stream", bool, False)
     include_usage = _include_usage(body)
     ids = await asyncio.to_thread(raw_prompt, state.engine, prompt)
-    s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop))
+    constraint = await _response_format(body, state)
+    s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop, constraint=constraint))
     head = {"id": f"cmpl-{s.handle.id}", "object": "text_completion",
             "created": int(time.time()), "model": model, "system_fingerprint": FINGERPRINT}
     if not stream:
