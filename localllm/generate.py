@@ -178,8 +178,10 @@ def generate_tokens(
             yield TokenStep(tok, rows[i], drafted=i < accepted)
             if max_tokens >= 0 and n_out >= max_tokens:
                 return
-            if constraint is not None and constraint.is_finished():
-                return
+        # after the whole step: the constraint already consumed every token of `new` (drafts
+        # verified in one go), so asking it mid-way would drop the token that completed it
+        if constraint is not None and constraint.is_finished():
+            return
         token = new[-1]
 
 

@@ -183,8 +183,6 @@ class _Seq:
         if safe > 0:
             self.handle._emit(Event(text=self.text_pending[:safe], token=token))
             self.text_pending = self.text_pending[safe:]
-        if self.req.constraint is not None and self.req.constraint.is_finished():
-            return "stop"
         if 0 <= self.req.max_tokens <= len(self.generated):
             return "length"
         return None
@@ -502,6 +500,11 @@ class Scheduler:
             if reason is not None:
                 self._end(s, reason)
                 return
+        # only after the whole step: the constraint consumed every token of `new` when the
+        # drafts were verified, so asking it mid-way would drop the token that completed it
+        if s.req.constraint is not None and s.req.constraint.is_finished():
+            self._end(s, "stop")
+            return
         s.last = new[-1]
         if s.pos >= self.engine.n_ctx:  # no room to evaluate the last token
             self._end(s, "length")

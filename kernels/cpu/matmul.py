@@ -1462,7 +1462,18 @@ def kernel_asm(qtype: int, wide: bool | None = None, r16: bool = False) -> str:
     vpdpbusd. Only meaningful where the SIMD path is available (cpu_features).
     """
     py, _ = _kernel_py(int(qtype), wide, r16)
-    return cfunc(_KSIG, nopython=True)(py)._library.get_asm_str()
+    lib = cfunc(_KSIG, nopython=True)(py)._library
+    # the row loop may live in a library linked into the cfunc's (Numba links callees it
+    # compiled separately): collect them all
+    seen, todo, parts = set(), [lib], []
+    while todo:
+        lib = todo.pop()
+        if id(lib) in seen:
+            continue
+        seen.add(id(lib))
+        parts.append(lib.get_asm_str())
+        todo.extend(getattr(lib, "_linking_libraries", ()))
+    return "\n".join(parts)
 
 
 @njit
