@@ -49,7 +49,7 @@ extern "C" __global__ void attn_f16_partial(
         qs[c] = i < Dh ? q[((i64)n * Hq + h) * Dh + i] * scale : 0.0f;
         acc[c] = 0.0f;
     }
-    float m = -INFINITY, l = 0.0f;
+    float m = NEG_INF, l = 0.0f;
     const int t0 = split * chunk, t1 = min(T, t0 + chunk);
     for (int t = t0 + w; t < t1; t += ATT_WARPS) {
         const i64 kp = kv_pos[t];
@@ -80,12 +80,12 @@ extern "C" __global__ void attn_f16_partial(
     for (int c = 0; c < ATT_PER; ++c) s_acc[w][lane + WARP * c] = acc[c];
     __syncthreads();
     if (w != 0) return;
-    float mm = -INFINITY;
+    float mm = NEG_INF;
     for (int j = 0; j < ATT_WARPS; ++j) mm = fmaxf(mm, s_m[j]);
     float ll = 0.0f;
     float f[ATT_WARPS];
     for (int j = 0; j < ATT_WARPS; ++j) {
-        f[j] = s_m[j] == -INFINITY ? 0.0f : expf(s_m[j] - mm);
+        f[j] = s_m[j] == NEG_INF ? 0.0f : expf(s_m[j] - mm);
         ll += s_l[j] * f[j];
     }
     const i64 o = ((i64)split * N + n) * Hq + h;
@@ -102,19 +102,19 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_m,
                                         const float* __restrict__ part_acc, int S, int NH,
                                         int Dv, float* __restrict__ out) {  // out [N, Hq, Dv]
     const i64 nh = blockIdx.x;
-    float mm = -INFINITY;
+    float mm = NEG_INF;
     for (int s = 0; s < S; ++s) mm = fmaxf(mm, part_m[s * (i64)NH + nh]);
     float ll = 0.0f;
     for (int s = 0; s < S; ++s) {
         const float ms = part_m[s * (i64)NH + nh];
-        if (ms != -INFINITY) ll += part_l[s * (i64)NH + nh] * expf(ms - mm);
+        if (ms != NEG_INF) ll += part_l[s * (i64)NH + nh] * expf(ms - mm);
     }
     const float inv = ll > 0.0f ? 1.0f / ll : 0.0f;  // no visible key: zeros
     for (int i = threadIdx.x; i < Dv; i += blockDim.x) {
         float a = 0.0f;
         for (int s = 0; s < S; ++s) {
             const float ms = part_m[s * (i64)NH + nh];
-            if (ms != -INFINITY) a += part_acc[(s * (i64)NH + nh) * Dv + i] * expf(ms - mm);
+            if (ms != NEG_INF) a += part_acc[(s * (i64)NH + nh) * Dv + i] * expf(ms - mm);
         }
         out[nh * Dv + i] = a * inv;
     }

@@ -3,7 +3,8 @@
 // Every .cu file includes this header and nothing else: NVRTC (what cupy.RawModule compiles
 // with) ships no C library headers, so fixed-width types are spelled out here and the
 // half <-> float conversions are single PTX instructions instead of cuda_fp16.h.
-#pragma once
+#ifndef LOCALLLM_COMMON_CUH
+#define LOCALLLM_COMMON_CUH
 
 typedef unsigned char u8;
 typedef signed char i8;
@@ -16,6 +17,7 @@ typedef long long i64;
 #define QK 32     // weights per block of the 32-weight types
 #define QK_K 256  // weights per K-quant super-block
 #define EMPTY_POS (-(1LL << 40))  // kv_quant.EMPTY_POS: a cache entry that holds nothing
+#define NEG_INF (__uint_as_float(0xFF800000u))  // math.h's INFINITY is not there under NVRTC
 
 // fp16 bits -> float (exact).
 __device__ __forceinline__ float h2f(u16 h) {
@@ -66,3 +68,5 @@ __device__ __forceinline__ int load_i32_a2(const u8* p, int word) {
 __device__ __forceinline__ float load_f16(const u8* p) {
     return h2f(*reinterpret_cast<const u16*>(p));
 }
+
+#endif  // LOCALLLM_COMMON_CUH

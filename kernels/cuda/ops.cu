@@ -67,7 +67,7 @@ extern "C" __global__ void softmax_rows(const float* x, float* out, int D) {
     const i64 row = blockIdx.x;
     const float* xr = x + row * D;
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    float m = -INFINITY;
+    float m = NEG_INF;
     for (int i = threadIdx.x; i < D; i += blockDim.x) m = fmaxf(m, xr[i]);
     m = warp_max(m);
     if (lane == 0) s_red[w] = m;
