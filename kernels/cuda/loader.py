@@ -9,7 +9,7 @@ beyond `cuda_available()`, which answers (False, reason) instead of raising.
 
 Launch geometry and scratch sizes are computed by the pure-Python `plan_*` functions, so they
 are tested without a GPU; the `cupy`-facing wrappers (`quantize_act`, `mmv`, `rms_norm`,
-`attention_f16`, ...) only allocate what a plan names and launch.
+`attention`, ...) only allocate what a plan names and launch.
 
 Status: the kernels compile for sm_80/sm_90 with nvcc (tests/test_cuda.py) but the numeric
 GPU tests have not run on hardware yet, and no model forward uses them: `--device cuda` is
@@ -194,8 +194,24 @@ def row_bytes(qtype: int, k: int) -> int:
     return k // per * nbytes
 
 
-def plan_attention(n: int, hq: int, hkv: int, dh: int, dv: int, t: int,
-                   n_sm: int = 132) -> tuple[Launch, Launch]:
+KV_TYPES: tuple[str, ...] = ("f32", "f16", "q8_0", "q4_0")  # kv_quant's storage types
+
+
+def kv_row_bytes(kv_type: str, d: int) -> int:
+    """Bytes of one cached head row of d elements in kv_quant's storage layout."""
+    if kv_type == "f32":
+        return 4 * d
+    if kv_type == "f16":
+        return 2 * d
+    if kv_type not in ("q8_0", "q4_0"):
+        raise ValueError(f"unknown KV cache type {kv_type!r} (have {', '.join(KV_TYPES)})")
+    if d % QK:
+        raise ValueError(f"{kv_type} needs a head size that is a multiple of {QK}, got {d}")
+    return d // QK * (34 if kv_type == "q8_0" else 18)
+
+
+def plan_attention(n: int, hq: int, hkv: int, dh: int, dv: int, t: int, n_sm: int = 132,
+                   k_type: str = "f16", v_type: str = "f16") -> tuple[Launch, Launch]:
     """(partial pass, combine pass) of attention of n query rows over t cache entries.
 
     The keys are split into S chunks when n * hq blocks alone would leave SMs idle (decode
@@ -209,12 +225,14 @@ def plan_attention(n: int, hq: int, hkv: int, dh: int, dv: int, t: int,
         raise ValueError(f"{hq} query heads are not a multiple of {hkv} kv heads")
     if dh > ATT_DMAX or dv > ATT_DMAX:
         raise ValueError(f"head size {max(dh, dv)} exceeds the CUDA kernel's {ATT_DMAX}")
+    kw, vw = kv_row_bytes(k_type, dh), kv_row_bytes(v_type, dv)
     s = max(1, min(math.ceil(t / ATT_MIN_CHUNK), math.ceil(2 * n_sm / (n * hq))))
     chunk = math.ceil(t / s)
     s = math.ceil(t / chunk)  # no empty trailing chunk
-    partial = Launch("attn_f16_partial", (n * hq, s), (32 * ATT_WARPS,), {
+    partial = Launch(f"attn_partial_{k_type}_{v_type}", (n * hq, s), (32 * ATT_WARPS,), {
         "part_m": ((s, n, hq), "float32"), "part_l": ((s, n, hq), "float32"),
-        "part_acc": ((s, n, hq, dv), "float32")}, {"chunk": chunk, "splits": s})
+        "part_acc": ((s, n, hq, dv), "float32")},
+        {"chunk": chunk, "splits": s, "kw": kw, "vw": vw})
     combine = Launch("attn_combine", (n * hq,), (32,), {"out": ((n, hq, dv), "float32")})
     return partial, combine
 
@@ -330,33 +348,37 @@ def gated(kind: str, gate: Any, up: Any) -> Any:
     return out
 
 
-def attention_f16(q: Any, k: Any, v: Any, q_pos: Any, kv_pos: Any, window: int, scale: float,
-                  softcap: float) -> Any:
-    """out [N, Hq, Dv] f32 of q [N, Hq, Dh] f32 over an f16 cache slot k [T, Hkv, Dh],
-    v [T, Hkv, Dv] (float16 or their uint16 bits) at positions kv_pos [T] int64."""
+def attention(k_type: str, v_type: str, q: Any, k: Any, v: Any, q_pos: Any, kv_pos: Any,
+              window: int, scale: float, softcap: float, dv: int | None = None) -> Any:
+    """out [N, Hq, Dv] f32 of q [N, Hq, Dh] f32 over one cache slot in kv_quant's storage:
+    k [T, Hkv, Wk], v [T, Hkv, Wv] (float32 / uint16 f16 bits / uint8 blocks) at positions
+    kv_pos [T] int64. Quantized storage is Hadamard-rotated by KVCache: rotate q before and
+    the output after, as KVCache.attend does on the CPU. dv: V head size (default Dh)."""
     import cupy
 
     q = cupy.ascontiguousarray(q, dtype=cupy.float32)
     n, hq, dh = q.shape
     t, hkv, _ = k.shape
-    dv = v.shape[2]
-    if k.shape[2] != dh or v.shape[:2] != (t, hkv):
-        raise ValueError(f"cache k {k.shape} / v {v.shape} do not fit q {q.shape}")
-    k16 = cupy.ascontiguousarray(k).view(cupy.uint16)
-    v16 = cupy.ascontiguousarray(v).view(cupy.uint16)
+    dv = dh if dv is None else dv
     dev = cupy.cuda.Device()
     partial, combine = plan_attention(n, hq, hkv, dh, dv, t,
-                                      dev.attributes["MultiProcessorCount"])
+                                      dev.attributes["MultiProcessorCount"], k_type, v_type)
+    kb = cupy.ascontiguousarray(k).view(cupy.uint8)
+    vb = cupy.ascontiguousarray(v).view(cupy.uint8)
+    pp = partial.params
+    if kb.shape != (t, hkv, pp["kw"]) or vb.shape != (t, hkv, pp["vw"]):
+        raise ValueError(f"cache k {k.shape} / v {v.shape} do not fit q {q.shape} as "
+                         f"{k_type}/{v_type} storage")
     parts = _alloc(partial)
-    chunk = partial.params["chunk"]
     get_kernel("attention", partial.kernel)(partial.grid, partial.block, (
-        q, k16, v16, cupy.ascontiguousarray(q_pos, dtype=cupy.int64),
+        q, kb, vb, cupy.ascontiguousarray(q_pos, dtype=cupy.int64),
         cupy.ascontiguousarray(kv_pos, dtype=cupy.int64), cupy.int32(t), cupy.int32(hq),
-        cupy.int32(hkv), cupy.int32(dh), cupy.int32(dv), cupy.int32(chunk),
-        cupy.int64(window), cupy.float32(scale), cupy.float32(softcap),
+        cupy.int32(hkv), cupy.int32(dh), cupy.int32(dv), cupy.int32(pp["kw"]),
+        cupy.int32(pp["vw"]), cupy.int32(pp["chunk"]), cupy.int64(window),
+        cupy.float32(scale), cupy.float32(softcap),
         parts["part_m"], parts["part_l"], parts["part_acc"], cupy.int32(n)))
     out = _alloc(combine)["out"]
     get_kernel("attention", combine.kernel)(combine.grid, combine.block, (
-        parts["part_m"], parts["part_l"], parts["part_acc"], cupy.int32(partial.params["splits"]),
+        parts["part_m"], parts["part_l"], parts["part_acc"], cupy.int32(pp["splits"]),
         cupy.int32(n * hq), cupy.int32(dv), out))
     return out
