@@ -55,6 +55,7 @@ def test_every_kernel_is_exported(tmp_path: Path) -> None:
     wanted = {
         "quant_act": ["quantize_q8_1", "quantize_q8_k"],
         "mmv": [k for k, _ in loader.MMV_KERNELS.values()],
+        "get_rows": [loader.plan_get_rows(t, 1, 256).kernel for t in loader.MMV_KERNELS],
         "ops": ["rms_norm", "rope_apply", "silu_mul", "gelu_tanh_mul", "softmax_rows"],
         "attention": ["attn_combine"] + [f"attn_partial_{a}_{b}" for a in loader.KV_TYPES
                                          for b in loader.KV_TYPES],
@@ -140,6 +141,14 @@ def test_attention_plan_split() -> None:
         loader.plan_attention(1, 6, 4, 64, 64, 16)
     with pytest.raises(ValueError, match="multiple of 32"):
         loader.plan_attention(1, 8, 2, 80, 80, 16, k_type="q4_0")
+
+
+def test_get_rows_plan() -> None:
+    plan = loader.plan_get_rows(12, 5, 512)
+    assert plan.kernel == "get_rows_q4_k" and plan.grid == (5,) and plan.block == (256,)
+    assert plan.buffers == {"out": ((5, 512), "float32")}
+    with pytest.raises(ValueError):
+        loader.plan_get_rows(2, 1, 40)
 
 
 def test_rows_plan() -> None:
@@ -232,6 +241,20 @@ def test_mmv_matches_reference(qtype: int, n: int) -> None:
     scale = np.abs(xa) @ np.abs(wf).T + 1e-6
     # fp16 rounding of the Q8_1 sum term (Q4_1/Q5_1) costs ~1e-5 on the CPU as well
     assert np.max(np.abs(got - want) / scale) < 3e-5
+
+
+@needs_gpu
+@pytest.mark.parametrize("qtype", sorted(loader.MMV_KERNELS))
+def test_get_rows_matches_dequantize(qtype: int) -> None:
+    import cupy
+
+    rng = np.random.default_rng(qtype)
+    rows, k = 40, 512
+    w = _random_weights(qtype, rows, k, rng)
+    ids = np.array([3, 0, 39, 3, 17], np.int32)
+    got = cupy.asnumpy(loader.get_rows(cupy.asarray(w), qtype, cupy.asarray(ids), k))
+    want = dequantize(w, qtype, (rows, k))[ids]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)  # FMA contraction only
 
 
 @needs_gpu

@@ -26,7 +26,7 @@ from typing import Any
 
 from localllm.formats.qtypes import QK, QK_K
 
-SOURCES: tuple[str, ...] = ("quant_act", "mmv", "ops", "attention")
+SOURCES: tuple[str, ...] = ("quant_act", "mmv", "get_rows", "ops", "attention")
 _DIR = Path(__file__).resolve().parent
 _HEADER = "common.cuh"
 NVRTC_OPTIONS: tuple[str, ...] = ("--std=c++17",)
@@ -237,6 +237,15 @@ def plan_attention(n: int, hq: int, hkv: int, dh: int, dv: int, t: int, n_sm: in
     return partial, combine
 
 
+def plan_get_rows(qtype: int, n_ids: int, k: int) -> Launch:
+    """Dequantizing lookup of n_ids rows of k weights: one block of 256 threads per row."""
+    per, _ = _check_type(qtype)
+    if n_ids <= 0 or k <= 0 or k % per:
+        raise ValueError(f"bad lookup: {n_ids} rows of {k} weights ({per}-weight blocks)")
+    name = MMV_KERNELS[qtype][0].replace("mmv_", "get_rows_", 1)
+    return Launch(name, (n_ids,), (256,), {"out": ((n_ids, k), "float32")})
+
+
 def plan_rows(kernel: str, rows: int, d: int) -> Launch:
     """rms_norm / softmax_rows: one block per row, a multiple of 32 threads up to 1024."""
     if rows <= 0 or d <= 0:
@@ -292,6 +301,24 @@ def mmv(w: Any, qtype: int, rows: int, x: Any) -> Any:
     dummy16 = cupy.zeros(1, dtype=cupy.int16)
     fn(plan.grid, plan.block, (w, cupy.int64(rb), a["xq"], a["xd"], a.get("xs", dummy),
                                a.get("xbs", dummy16), out, cupy.int32(rows), cupy.int32(k)))
+    return out
+
+
+def get_rows(w: Any, qtype: int, ids: Any, k: int) -> Any:
+    """out [n, k] f32: rows ids [n] of raw GGUF weights w [rows, row_bytes] uint8, dequantized
+    (the embedding lookup)."""
+    import cupy
+
+    ids = cupy.ascontiguousarray(ids, dtype=cupy.int32)
+    plan = plan_get_rows(qtype, ids.size, k)
+    rb = row_bytes(qtype, k)
+    if w.dtype != cupy.uint8 or w.ndim != 2 or w.shape[1] != rb:
+        raise ValueError(f"weights must be [rows, {rb}] uint8")
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= w.shape[0]):
+        raise IndexError(f"row id out of range for {w.shape[0]} rows")
+    out = _alloc(plan)["out"]
+    get_kernel("get_rows", plan.kernel)(plan.grid, plan.block, (
+        cupy.ascontiguousarray(w), cupy.int64(rb), ids, out, cupy.int32(k)))
     return out
 
 
