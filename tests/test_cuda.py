@@ -56,7 +56,8 @@ def test_every_kernel_is_exported(tmp_path: Path) -> None:
         "quant_act": ["quantize_q8_1", "quantize_q8_k"],
         "mmv": [k for k, _ in loader.MMV_KERNELS.values()],
         "get_rows": [loader.plan_get_rows(t, 1, 256).kernel for t in loader.MMV_KERNELS],
-        "ops": ["rms_norm", "rope_apply", "silu_mul", "gelu_tanh_mul", "softmax_rows"],
+        "ops": ["rms_norm", "rope_apply", "silu_mul", "gelu_tanh_mul", "softmax_rows",
+                "hadamard_rows"],
         "attention": ["attn_combine"] + [f"attn_partial_{a}_{b}" for a in loader.KV_TYPES
                                          for b in loader.KV_TYPES],
     }
@@ -149,6 +150,15 @@ def test_get_rows_plan() -> None:
     assert plan.buffers == {"out": ((5, 512), "float32")}
     with pytest.raises(ValueError):
         loader.plan_get_rows(2, 1, 40)
+
+
+def test_hadamard_plan() -> None:
+    plan = loader.plan_hadamard(24, 128, 64)
+    assert plan.grid == (24,) and plan.block == (64,)
+    assert loader.plan_hadamard(2, 2048, 2048).block == (512,)
+    for d, block in ((96, 64), (128, 48), (4096, 64)):
+        with pytest.raises(ValueError):
+            loader.plan_hadamard(1, d, block)
 
 
 def test_rows_plan() -> None:
@@ -306,6 +316,11 @@ def test_row_ops_match_cpu() -> None:
         ref(g, u, want)
         got = cupy.asnumpy(loader.gated(kind, cupy.asarray(g), cupy.asarray(u)))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    h = rng.standard_normal((3, 4, 256)).astype(np.float32)
+    hg = cupy.asarray(h)
+    loader.hadamard_(hg, 64)
+    ops.hadamard_(h, 64)
+    np.testing.assert_allclose(cupy.asnumpy(hg), h, rtol=1e-6, atol=1e-6)
     for neox in (True, False):
         q = rng.standard_normal((4, 3, 64)).astype(np.float32)
         cos, sin = ops.rope_tables(np.arange(10, 14), 10000.0, n_rot=64)

@@ -254,6 +254,18 @@ def plan_rows(kernel: str, rows: int, d: int) -> Launch:
     return Launch(kernel, (rows,), (threads,))
 
 
+HAD_DMAX = 2048  # must match ops.cu
+
+
+def plan_hadamard(rows: int, d: int, block: int) -> Launch:
+    """In-place Hadamard rotation of x [rows, d] in blocks of `block` (a power of two)."""
+    if block <= 1 or block & (block - 1) or d % block:
+        raise ValueError(f"Hadamard block {block} must be a power of two dividing {d}")
+    if rows <= 0 or d > HAD_DMAX:
+        raise ValueError(f"Hadamard rows of {d} values: at most {HAD_DMAX} on the GPU")
+    return Launch("hadamard_rows", (rows,), (min(d // 2, 512),))
+
+
 # --------------------------------------------------------------------------- GPU wrappers
 # Arrays are cupy arrays on the current device; outputs are allocated per plan.
 
@@ -357,6 +369,18 @@ def rope_apply(x: Any, cos: Any, sin: Any, neox: bool) -> None:
         x, cupy.ascontiguousarray(cos, dtype=cupy.float32),
         cupy.ascontiguousarray(sin, dtype=cupy.float32), cupy.int32(h), cupy.int32(dh),
         cupy.int32(half), cupy.int32(int(neox))))
+
+
+def hadamard_(x: Any, block: int) -> None:
+    """In place, as ops.hadamard_: x (cupy float32, C-contiguous), last axis in blocks."""
+    import cupy
+
+    if x.dtype != cupy.float32 or not x.flags.c_contiguous:
+        raise ValueError("x must be a C-contiguous float32 array")
+    d = x.shape[-1]
+    plan = plan_hadamard(x.size // d, d, block)
+    get_kernel("ops", plan.kernel)(plan.grid, plan.block, (
+        x, cupy.int32(d), cupy.int32(block), cupy.float32(1.0 / math.sqrt(block))))
 
 
 def gated(kind: str, gate: Any, up: Any) -> Any:

@@ -85,3 +85,27 @@ extern "C" __global__ void softmax_rows(const float* x, float* out, int D) {
     const float inv = 1.0f / s;
     for (int i = threadIdx.x; i < D; i += blockDim.x) out[row * D + i] = expf(xr[i] - m) * inv;
 }
+
+// In place: every consecutive `block` values of each row of x [rows, D] rotated by the
+// orthonormal Walsh-Hadamard matrix (ops.hadamard_: KVCache rotates q, k, v and the attention
+// output of quantized caches). The butterflies run in the CPU's order, so the sums are the
+// same. grid (rows), block (min(D / 2, 512)); D <= HAD_DMAX, block a power of two dividing D.
+#define HAD_DMAX 2048
+extern "C" __global__ void hadamard_rows(float* x, int D, int block, float norm) {
+    __shared__ float s[HAD_DMAX];
+    float* xr = x + (i64)blockIdx.x * D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) s[i] = xr[i];
+    __syncthreads();
+    const int half = block / 2;
+    for (int h = 1; h < block; h *= 2) {
+        for (int p = threadIdx.x; p < D / 2; p += blockDim.x) {
+            const int b0 = (p / half) * block, r = p % half;
+            const int j = b0 + (r / h) * 2 * h + r % h;
+            const float a = s[j], c = s[j + h];
+            s[j] = a + c;
+            s[j + h] = a - c;
+        }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < D; i += blockDim.x) xr[i] = s[i] * norm;
+}
