@@ -25,6 +25,7 @@ def _add_model_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--ctx", type=int, default=None, help="context size in tokens (default: 4096 or the model's, if smaller)")
     p.add_argument("--kv-type", "-ctk", choices=KV_TYPES, default="f16", help="KV cache type (default f16); K and V unless --kv-type-v")
     p.add_argument("--kv-type-v", "-ctv", choices=KV_TYPES, default=None, help="V cache type (default: as --kv-type)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="compute device (default auto: the CPU; cuda needs CuPy and an NVIDIA GPU)")
 
 
 def _add_sampling_opts(p: argparse.ArgumentParser) -> None:
@@ -195,6 +196,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from localllm.warmup import skip_numba_blas_probe
 
             skip_numba_blas_probe()
+        if getattr(ns, "device", "auto") != "auto":
+            from localllm.kernels.cuda.loader import resolve_device
+
+            ns.device = resolve_device(ns.device)  # cuda that cannot be served: one error line
         if ns.command == "run":
             from localllm.run import cmd_run
 

@@ -1,0 +1,232 @@
+// Decode matrix-vector products on raw GGUF blocks: out[n, r] = sum_k W[r, k] * x[n, k].
+//
+// W stays as the file stores it ([rows, row_bytes] bytes, uploaded once): no dequantized copy.
+// The numerics contract is the CPU's (kernels/cpu/matmul.py): integer weight types are dotted
+// with the activations quantized by quant_act.cu (Q8_0/Q8_1 blocks of 32 for the 32-weight
+// types, Q8_K blocks of 256 for the K-quants) through dp4a, then scaled by the two block
+// scales; F16/BF16 weights see activations rounded to that float type, F32 the floats.
+//
+// Work split: one warp per output row (blockDim = (32, ROWS)), grid = (ceil(rows / ROWS), N).
+// The unit of work of a lane is one 32-weight block (for the K-quants: one 32-weight
+// sub-block of a super-block), lanes striding over the row, then a warp sum. Every weight byte
+// is read once per activation row; for N > 1 the re-reads are served by L2. Untuned: a
+// coalescing-friendly layout (ggml's mmvq gives each lane a few ints of several blocks) is the
+// next step once this can be measured on hardware.
+#include "common.cuh"
+
+// 4 bytes of 4-bit codes -> the 4 low / the 4 high nibbles as 4 bytes
+#define LO4(v) ((v) & 0x0F0F0F0F)
+#define HI4(v) (((v) >> 4) & 0x0F0F0F0F)
+
+// 4 bits of qh -> bit 4 of each of 4 bytes (Q5 high bits)
+__device__ __forceinline__ int expand_qh4(u32 x) {
+    return (int)(((x & 1u) << 4) | ((x & 2u) << 11) | ((x & 4u) << 18) | ((x & 8u) << 25));
+}
+
+// sum of the 32 activation quants of a block (their dot with ones), exact
+__device__ __forceinline__ int sum_q32(const int* u) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s = __dp4a(0x01010101, u[i], s);
+    return s;
+}
+
+// ---- 32-weight types; u = block index; activations Q8_0/Q8_1 ---------------------------
+
+__device__ __forceinline__ float dot_q8_0(const u8* row, int u, const i8* xq, const float* xd,
+                                          const float*, const i16*) {
+    const u8* b = row + u * 34;
+    const int* x = reinterpret_cast<const int*>(xq + u * QK);
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s = __dp4a(load_i32_a2(b + 2, i), x[i], s);
+    return load_f16(b) * xd[u] * (float)s;
+}
+
+__device__ __forceinline__ float dot_q4_0(const u8* row, int u, const i8* xq, const float* xd,
+                                          const float*, const i16*) {
+    const u8* b = row + u * 18;
+    const int* x = reinterpret_cast<const int*>(xq + u * QK);
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int v = load_i32_a2(b + 2, i);
+        s = __dp4a(LO4(v), x[i], s);      // weights 4i..4i+3
+        s = __dp4a(HI4(v), x[i + 4], s);  // weights 16+4i..
+    }
+    return load_f16(b) * xd[u] * (float)(s - 8 * sum_q32(x));
+}
+
+__device__ __forceinline__ float dot_q4_1(const u8* row, int u, const i8* xq, const float* xd,
+                                          const float* xs, const i16*) {
+    const u8* b = row + u * 20;
+    const int* x = reinterpret_cast<const int*>(xq + u * QK);
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int v = load_i32_a2(b + 4, i);
+        s = __dp4a(LO4(v), x[i], s);
+        s = __dp4a(HI4(v), x[i + 4], s);
+    }
+    return load_f16(b) * xd[u] * (float)s + load_f16(b + 2) * xs[u];
+}
+
+__device__ __forceinline__ int q5_sumi(const u8* qs, u32 qh, const int* x) {
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int v = load_i32_a2(qs, i);
+        s = __dp4a(LO4(v) | expand_qh4(qh >> (4 * i)), x[i], s);
+        s = __dp4a(HI4(v) | expand_qh4(qh >> (16 + 4 * i)), x[i + 4], s);
+    }
+    return s;
+}
+
+__device__ __forceinline__ float dot_q5_0(const u8* row, int u, const i8* xq, const float* xd,
+                                          const float*, const i16*) {
+    const u8* b = row + u * 22;
+    const int* x = reinterpret_cast<const int*>(xq + u * QK);
+    const int s = q5_sumi(b + 6, (u32)load_i32_a2(b + 2, 0), x);
+    return load_f16(b) * xd[u] * (float)(s - 16 * sum_q32(x));
+}
+
+__device__ __forceinline__ float dot_q5_1(const u8* row, int u, const i8* xq, const float* xd,
+                                          const float* xs, const i16*) {
+    const u8* b = row + u * 24;
+    const int* x = reinterpret_cast<const int*>(xq + u * QK);
+    const int s = q5_sumi(b + 8, (u32)load_i32_a2(b + 4, 0), x);
+    return load_f16(b) * xd[u] * (float)s + load_f16(b + 2) * xs[u];
+}
+
+// ---- K-quants; u = 32-weight sub-block index (super-block u / 8, sub-block u % 8); Q8_K ----
+
+// Q4_K/Q5_K packed 6-bit (scale, min) of sub-block j (formats/quants._k4_scales_mins)
+__device__ __forceinline__ void k4_scale_min(const u8* s, int j, int* sc, int* m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+__device__ __forceinline__ float dot_q4_k(const u8* row, int u, const i8* xq, const float* xd,
+                                          const float*, const i16* xbs) {
+    const int sb = u / 8, j = u % 8;
+    const u8* b = row + sb * 144;
+    const int* x = reinterpret_cast<const int*>(xq + u * QK);
+    const u8* qs = b + 16 + (j / 2) * 32;
+    const int shift = 4 * (j % 2);
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s = __dp4a((load_i32_a2(qs, i) >> shift) & 0x0F0F0F0F, x[i], s);
+    int sc, m;
+    k4_scale_min(b + 4, j, &sc, &m);
+    const int bsum = xbs[2 * u] + xbs[2 * u + 1];
+    return xd[sb] * (load_f16(b) * (float)(sc * s) - load_f16(b + 2) * (float)(m * bsum));
+}
+
+__device__ __forceinline__ float dot_q5_k(const u8* row, int u, const i8* xq, const float* xd,
+                                          const float*, const i16* xbs) {
+    const int sb = u / 8, j = u % 8;
+    const u8* b = row + sb * 176;
+    const int* x = reinterpret_cast<const int*>(xq + u * QK);
+    const u8* qs = b + 48 + (j / 2) * 32;
+    const int shift = 4 * (j % 2);
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int lo = (load_i32_a2(qs, i) >> shift) & 0x0F0F0F0F;
+        const int hi = ((load_i32_a2(b + 16, i) >> j) & 0x01010101) << 4;
+        s = __dp4a(lo | hi, x[i], s);
+    }
+    int sc, m;
+    k4_scale_min(b + 4, j, &sc, &m);
+    const int bsum = xbs[2 * u] + xbs[2 * u + 1];
+    return xd[sb] * (load_f16(b) * (float)(sc * s) - load_f16(b + 2) * (float)(m * bsum));
+}
+
+__device__ __forceinline__ float dot_q6_k(const u8* row, int u, const i8* xq, const float* xd,
+                                          const float*, const i16* xbs) {
+    const int sb = u / 8, j = u % 8, h = j / 4, k = j % 4;
+    const u8* b = row + sb * 210;
+    const int* x = reinterpret_cast<const int*>(xq + u * QK);
+    const u8* ql = b + h * 64 + (k % 2) * 32;
+    const u8* qh = b + 128 + h * 32;
+    const int lshift = 4 * (k / 2), hshift = 2 * k;
+    int s0 = 0, s1 = 0;  // weights 0..15 and 16..31 of the sub-block: one scale each
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int lo = (load_i32_a2(ql, i) >> lshift) & 0x0F0F0F0F;
+        const int hi = ((load_i32_a2(qh, i) >> hshift) & 0x03030303) << 4;
+        if (i < 4) s0 = __dp4a(lo | hi, x[i], s0);
+        else s1 = __dp4a(lo | hi, x[i], s1);
+    }
+    const i8* sc = reinterpret_cast<const i8*>(b + 192 + h * 8 + k * 2);
+    const int t = sc[0] * (s0 - 32 * xbs[2 * u]) + sc[1] * (s1 - 32 * xbs[2 * u + 1]);
+    return xd[sb] * load_f16(b + 208) * (float)t;
+}
+
+// ---- kernels -----------------------------------------------------------------------------
+
+// xd_per: activation scales per row (K/32 for Q8_0/Q8_1, K/256 for Q8_K).
+#define MMV_Q(name, dotfn, XD_DIV)                                                           \
+    extern "C" __global__ void name(const u8* __restrict__ W, i64 row_bytes,                 \
+                                    const i8* __restrict__ xq, const float* __restrict__ xd, \
+                                    const float* __restrict__ xs,                            \
+                                    const i16* __restrict__ xbs, float* __restrict__ out,    \
+                                    int rows, int K) {                                       \
+        const int r = blockIdx.x * blockDim.y + threadIdx.y;                                 \
+        if (r >= rows) return;                                                               \
+        const i64 n = blockIdx.y;                                                            \
+        const u8* wr = W + (i64)r * row_bytes;                                               \
+        const i8* q = xq + n * K;                                                            \
+        const float* d = xd + n * (K / XD_DIV);                                              \
+        const float* s = xs + n * (K / QK);                                                  \
+        const i16* bs = xbs + n * (K / 16);                                                  \
+        float acc = 0.0f;                                                                    \
+        for (int u = threadIdx.x; u < K / QK; u += WARP) acc += dotfn(wr, u, q, d, s, bs);   \
+        acc = warp_sum(acc);                                                                 \
+        if (threadIdx.x == 0) out[n * rows + r] = acc;                                       \
+    }
+
+MMV_Q(mmv_q8_0, dot_q8_0, QK)
+MMV_Q(mmv_q4_0, dot_q4_0, QK)
+MMV_Q(mmv_q4_1, dot_q4_1, QK)
+MMV_Q(mmv_q5_0, dot_q5_0, QK)
+MMV_Q(mmv_q5_1, dot_q5_1, QK)
+MMV_Q(mmv_q4_k, dot_q4_k, QK_K)
+MMV_Q(mmv_q5_k, dot_q5_k, QK_K)
+MMV_Q(mmv_q6_k, dot_q6_k, QK_K)
+
+// Float weights: x [N, K] f32, rounded per element as the CPU rounds the activation row.
+__device__ __forceinline__ float w_f32(const u8* row, int k) {
+    return reinterpret_cast<const float*>(row)[k];
+}
+__device__ __forceinline__ float w_f16(const u8* row, int k) {
+    return h2f(reinterpret_cast<const u16*>(row)[k]);
+}
+__device__ __forceinline__ float w_bf16(const u8* row, int k) {
+    return __uint_as_float((u32)reinterpret_cast<const u16*>(row)[k] << 16);
+}
+__device__ __forceinline__ float x_same(float v) { return v; }
+
+#define MMV_F(name, wfn, xfn)                                                                 \
+    extern "C" __global__ void name(const u8* __restrict__ W, i64 row_bytes,                  \
+                                    const float* __restrict__ x, float* __restrict__ out,     \
+                                    int rows, int K) {                                        \
+        const int r = blockIdx.x * blockDim.y + threadIdx.y;                                  \
+        if (r >= rows) return;                                                                \
+        const i64 n = blockIdx.y;                                                             \
+        const u8* wr = W + (i64)r * row_bytes;                                                \
+        const float* xr = x + n * K;                                                          \
+        float acc = 0.0f;                                                                     \
+        for (int k = threadIdx.x; k < K; k += WARP) acc += wfn(wr, k) * xfn(xr[k]);           \
+        acc = warp_sum(acc);                                                                  \
+        if (threadIdx.x == 0) out[n * rows + r] = acc;                                        \
+    }
+
+MMV_F(mmv_f32, w_f32, x_same)
+MMV_F(mmv_f16, w_f16, f16_round)
+MMV_F(mmv_bf16, w_bf16, bf16_round)
