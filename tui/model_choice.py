@@ -38,11 +38,12 @@ def looks_like_chat_model(name: str) -> bool:
 
 
 def _store() -> Any | None:
-    try:
-        from localllm import models_store  # type: ignore[attr-defined]
+    import importlib
+
+    try:  # import_module consults sys.modules (a package attribute would not)
+        return importlib.import_module("localllm.models_store")
     except ImportError:
         return None
-    return models_store
 
 
 def _entry_path(entry: Any) -> Path | None:
