@@ -538,10 +538,19 @@ def _attention_kernel(
         for i in range(ni):
             r = r0 + i // g
             h = hk * g + i % g
+            if n_chunks == 1:
+                # the merge below with one chunk: exp(0) = 1 and 0 + acc * 1 = acc exactly,
+                # so writing acc / den here gives its bits without a second parallel region
+                inv = np.float32(1.0) / den[i] if den[i] > np.float32(0.0) else np.float32(0.0)
+                for e in range(dv):
+                    out[r, h, e] = acc[i, e] * inv
+                continue
             part_m[c, r, h] = m[i]
             part_l[c, r, h] = den[i]
             for e in range(dv):
                 part_acc[c, r, h, e] = acc[i, e]
+    if n_chunks == 1:
+        return
     # flash-decoding merge of the per-chunk partial softmaxes, always in chunk order
     for rh in prange(n_rows * n_hq):
         r = rh // n_hq
