@@ -81,7 +81,7 @@ def test_key_covers_sources_versions_and_switches(tmp_path: Path, monkeypatch) -
     a.write_text("x = 2\n")
     k2 = cache.cache_key([a])
     assert k2 != k1
-    monkeypatch.setenv("LOCALLLM_NO_SIMD", "1")
+    monkeypatch.setenv("LOCALLLM_NO_SIMD", "" if os.environ.get("LOCALLLM_NO_SIMD") else "1")
     assert cache.cache_key([a]) != k2
     names = {p.name for p in cache.kernel_sources()}
     assert {"matmul.py", "simd.py", "kv_quant.py", "qtypes.py", "halfbits.py"} <= names

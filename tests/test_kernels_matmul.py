@@ -462,12 +462,14 @@ def test_plain_avx2_target() -> None:
         "assert 'vpsignb' in asm and 'vpmaddubsw' in asm and 'vpdpbusd' not in asm\n"
     )
     env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=_HASWELL)
+    env.pop("LOCALLLM_NO_SIMD", None)  # this test is about the SIMD kernels on an AVX2 target
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
 
 
-@pytest.mark.skipif(not FEATURES.simd, reason="no AVX2/FMA/F16C: the portable path runs")
+@pytest.mark.skipif(mm.kernel_path() == "portable",
+                    reason="the portable path runs (no AVX2/FMA/F16C, or LOCALLLM_NO_SIMD)")
 def test_simd_kernels_use_integer_dot_instructions() -> None:
     """The generated code is what the design says: 8-bit integer dot products
     (vpmaddubsw + vpmaddwd, or the VNNI vpdpbusd), fp16 scales via vcvtph2ps, FMA."""
