@@ -1,12 +1,19 @@
 """The Engine: one loaded model, its tokenizer and template, a KV cache, and step(batch).
 
-One engine thread owns every kernel call (Numba's workqueue threading layer must not be
-entered from two Python threads at once); front doors talk to it through queues.
+The engine has no thread or queue of its own: it is called from one thread at a time
+(Numba's workqueue threading layer must not be entered from two Python threads at once).
+The server's scheduler and the chat's backend each own an engine thread and take requests
+through their own queues; the CLI simply calls it.
+
+The boundaries: the model computes (logits, K/V stores), the KV cache keeps its own books
+(which tokens a slot holds, how much a new prompt can reuse), and the engine returns what
+happened (`prefill` -> `Prefill`) instead of leaving notes on itself.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +34,16 @@ def set_threads(n: int | None) -> int:
     n = limit if n is None or n <= 0 else min(n, limit)
     numba.set_num_threads(n)
     return n
+
+
+@dataclass
+class Prefill:
+    """What Engine.prefill did: the logits it computed and how much came from the cache."""
+
+    logits: np.ndarray  # [1, V] for the last token ("last") or [n_evaluated, V] ("all")
+    n_evaluated: int  # tokens run through the model
+    n_reused: int  # leading tokens kept from the slot's cache
+    note: str | None = None  # why less of the cache was reused than was shared, if so
 
 
 class Engine:
@@ -60,7 +77,6 @@ class Engine:
             n_slots=n_slots, layer_window=self.cfg.layer_window, k_type=kv_type,
             v_type=v_type, n_batch=self.n_batch,
         )
-        self.last_reuse_note: str | None = None
         self._template = None
 
     @property
@@ -75,21 +91,17 @@ class Engine:
         """One forward pass: logits [rows wanted, V] float32."""
         return self.model.forward(batch, self.kv)
 
-    def prefill(
-        self, tokens: list[int], slot: int = 0, logits: str = "last"
-    ) -> tuple[np.ndarray, int]:
+    def prefill(self, tokens: list[int], slot: int = 0, logits: str = "last") -> Prefill:
         """Bring slot's cache to hold exactly `tokens`, evaluating only what it does not
-        already hold (prefix reuse), in chunks of n_batch. Returns (logits, n_evaluated):
-        logits [1, V] for the last token ("last") or [n_evaluated, V] ("all")."""
+        already hold (prefix reuse, decided by the cache), in chunks of n_batch. Returns
+        what happened: logits [1, V] for the last token ("last") or [n_evaluated, V]
+        ("all"), the evaluated and reused counts and the cache's note."""
         if len(tokens) > self.n_ctx:
             raise PromptTooLongError(len(tokens), self.n_ctx)
         if not tokens:
             raise ValueError("nothing to evaluate: the prompt is empty")
-        keep = self.kv.common_prefix(slot, tokens)
-        if keep == len(tokens):  # all cached: re-evaluate the last one to get its logits
-            keep -= 1
-        keep, self.last_reuse_note = self.kv.reusable_prefix(slot, keep)
-        self.kv.truncate(slot, keep)
+        reuse = self.kv.reuse_prefix(slot, tokens)
+        keep = reuse.kept
         todo = tokens[keep:]
         outs = []
         for i in range(0, len(todo), self.n_batch):
@@ -100,7 +112,7 @@ class Engine:
             if out.shape[0]:
                 outs.append(out)
         result = outs[0] if len(outs) == 1 else np.concatenate(outs)
-        return result, len(todo)
+        return Prefill(result, len(todo), keep, reuse.note)
 
     def decode(self, token: int, slot: int = 0) -> np.ndarray:
         """Append one token to a slot and return its logits [V]."""

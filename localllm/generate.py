@@ -51,6 +51,7 @@ class GenerationStats:
     draft_tokens: int = 0  # tokens proposed by the drafter and verified
     draft_accepted: int = 0  # of those, accepted
     steps: int = 0  # engine steps after the prompt
+    reuse_note: str | None = None  # why less of the cached prefix was reused than shared
 
     @property
     def prompt_tps(self) -> float:
@@ -125,7 +126,8 @@ def generate_tokens(
         sampler = ConstrainedSampler(sampler, constraint, sorted(engine.tokenizer.eog_ids))
     n_ctx = engine.n_ctx
     t0 = time.perf_counter()
-    logits, stats.prompt_eval_tokens = engine.prefill(prompt_tokens, slot)
+    pre = engine.prefill(prompt_tokens, slot)
+    logits, stats.prompt_eval_tokens, stats.reuse_note = pre.logits, pre.n_evaluated, pre.note
     stats.prompt_eval_s = time.perf_counter() - t0
 
     history = list(prompt_tokens)
@@ -283,8 +285,7 @@ def _shift_context(engine: Engine, slot: int, token: int, n_keep: int):  # noqa:
     keep = min(max(0, n_keep) + (1 if engine.tokenizer.add_bos else 0), len(held) // 2)
     n_discard = max(1, (len(held) - keep) // 2)
     survivors = held[:keep] + held[keep + n_discard :] + [token]
-    logits, _ = engine.prefill(survivors, slot)
-    return logits[-1]
+    return engine.prefill(survivors, slot).logits[-1]
 
 
 def _first_stop(text: str, stops: Sequence[str]) -> int | None:

@@ -21,11 +21,18 @@ Quantized K (or V) is stored Hadamard-rotated, as llama.cpp does: an orthonormal
 spreads outlier channels over a block, so 4/8-bit blocks lose less. q and k are rotated
 alike (q.k unchanged); v is rotated in 64-blocks and the attention output rotated back.
 
-Prefix reuse: the cache remembers which tokens a slot holds (`tokens[slot]`). A new request
-keeps the longest common prefix it can and evaluates only the rest; see reusable_prefix().
+Bookkeeping is the cache's alone: it records which tokens a slot holds (`tokens[slot]`,
+`commit()` once a forward pass stored their K/V; `truncate()` to forget), and
+`reuse_prefix()` decides how much of it a new token sequence keeps. Callers read these
+books (`n_past`, `common_prefix`) and never write them.
+
+Prefix reuse: a new request keeps the longest common prefix it can and evaluates only the
+rest; see reuse_prefix() and reusable_prefix().
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,6 +44,14 @@ EMPTY_POS = kv_quant.EMPTY_POS
 
 class ContextOverflowError(ValueError):
     """A position at or past the context size was asked for."""
+
+
+@dataclass(frozen=True)
+class PrefixReuse:
+    """What a slot kept for a new token sequence (KVCache.reuse_prefix)."""
+
+    kept: int  # leading positions still cached; evaluation resumes here
+    note: str | None = None  # why less than the common prefix was kept (None: nothing lost)
 
 
 class KVCache:
@@ -113,6 +128,22 @@ class KVCache:
         for pos in self.ring_pos.values():
             row = pos[slot]
             row[row >= n] = EMPTY_POS
+
+    def commit(self, slot: int, start: int, tokens: list[int]) -> None:
+        """Record that positions start .. start + len(tokens) - 1 of a slot now hold `tokens`
+        (their K/V are stored); whatever the slot held past them is forgotten."""
+        self.tokens[slot][start:] = tokens
+
+    def reuse_prefix(self, slot: int, tokens: list[int]) -> PrefixReuse:
+        """Prepare a slot to hold `tokens`: keep the longest prefix it already holds and can
+        resume after (always leaving the last token to evaluate, for its logits), forget the
+        rest. The caller then evaluates tokens[kept:] at positions kept.. ."""
+        keep = self.common_prefix(slot, tokens)
+        if keep == len(tokens):  # all cached: re-evaluate the last one to get its logits
+            keep -= 1
+        keep, note = self.reusable_prefix(slot, max(0, keep))
+        self.truncate(slot, keep)
+        return PrefixReuse(keep, note)
 
     def common_prefix(self, slot: int, tokens: list[int]) -> int:
         """Length of the longest prefix of `tokens` this slot already holds."""

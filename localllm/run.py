@@ -231,8 +231,8 @@ def _one_shot(engine, ids, ns, cfg, load_s, model_name) -> int:  # noqa: ANN001
               "sliding-window rings)", file=err)
         if st.context_shifts:
             print(f"context shifts:       {st.context_shifts}", file=err)
-        if engine.last_reuse_note:
-            print(f"prefix reuse:         {engine.last_reuse_note}", file=err)
+        if st.reuse_note:
+            print(f"prefix reuse:         {st.reuse_note}", file=err)
         print(f"peak memory (RSS):    {peak_rss_bytes() / 2**20:.0f} MiB", file=err)
         print(f"threads:              {engine.n_threads}", file=err)
     return 0

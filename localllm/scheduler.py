@@ -373,12 +373,9 @@ class Scheduler:
         free = [s for s in range(self.n_slots) if s not in self._active]
         slot = max(free, key=lambda s: (self._useful_prefix(s, req.prompt),
                                         -self._last_used[s]))
-        keep = kv.common_prefix(slot, req.prompt)
-        if keep == len(req.prompt):  # all cached: re-evaluate the last token for logits
-            keep -= 1
-        keep, _ = kv.reusable_prefix(slot, keep)
-        kv.truncate(slot, keep)
-        seq = _Seq(req, h, self.engine, slot, keep, self.spec, self.costs, t, sampler)
+        reuse = kv.reuse_prefix(slot, req.prompt)
+        seq = _Seq(req, h, self.engine, slot, reuse.kept, self.spec, self.costs, t, sampler)
+        seq.stats.reuse_note = reuse.note
         self._active[slot] = seq
         self.counters["prompt_tokens"] += len(req.prompt)
         self.counters["prompt_eval_tokens"] += len(seq.pending)

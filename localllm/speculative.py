@@ -156,7 +156,7 @@ class ModelDrafter:
         ctx = self.tokens
         if not ctx or len(ctx) + k > self.n_ctx:
             return []
-        logits, _ = self.engine.prefill(ctx, 0)
+        logits = self.engine.prefill(ctx, 0).logits
         out = [int(np.argmax(logits[-1]))]
         while len(out) < k:
             out.append(int(np.argmax(self.engine.decode(out[-1], 0))))

@@ -259,8 +259,8 @@ class DecoderModel:
                 ops.rms_norm(o, L.post_ffn_norm, cfg.rms_eps, o)
             x += o
 
-        for sid, a, b in segments:
-            kv.tokens[sid][int(pos[a]) :] = batch.tokens[a:b].tolist()
+        for sid, a, b in segments:  # the cache's books: these positions now hold these tokens
+            kv.commit(sid, int(pos[a]), batch.tokens[a:b].tolist())
         if not batch.want_logits.any():
             return np.empty((0, cfg.n_vocab), dtype=np.float32)
         return self.logits(x)

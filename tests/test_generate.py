@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from localllm.engine import Prefill
 from localllm.errors import PromptTooLongError
 from localllm.generate import _held_back, generate
 from localllm.sampling import Sampler, SamplerConfig
@@ -48,9 +49,9 @@ class ScriptedEngine:
         self.i += 1
         return x
 
-    def prefill(self, tokens: list[int], slot: int = 0):  # noqa: ANN201
+    def prefill(self, tokens: list[int], slot: int = 0) -> Prefill:
         self.kv.n = len(tokens)
-        return self._next_logits()[None, :], len(tokens)
+        return Prefill(self._next_logits()[None, :], len(tokens), 0)
 
     def decode(self, token: int, slot: int = 0) -> np.ndarray:
         self.kv.n += 1

@@ -49,7 +49,7 @@ def test_sliding_ring_equals_full_cache_past_the_window(gemma_path: Path) -> Non
     toks = _toks(ring, 30, seed=1)
     ref = reference_logits(gemma_path, toks)
     # chunked prefill of 22 (chunks of 4), then 8 single decode steps: all past the window
-    logits, _ = ring.prefill(toks[:22], logits="all")
+    logits = ring.prefill(toks[:22], logits="all").logits
     steps = [ring.decode(t) for t in toks[22:]]
     got = np.concatenate([logits, np.stack(steps)])
     np.testing.assert_allclose(got, ref, atol=2e-3 * np.abs(ref).max(), rtol=0)
@@ -69,16 +69,17 @@ def test_prefix_reuse_equals_fresh_evaluation(gemma_path: Path) -> None:
     a = _toks(e, 20, seed=2)
     b = a[:15] + _toks(e, 6, seed=3)  # shares 15 tokens
     e.prefill(a)
-    logits_b, n_eval = e.prefill(b, logits="all")
-    assert n_eval == len(b) - 15
-    assert e.last_reuse_note is None
+    pre = e.prefill(b, logits="all")
+    logits_b = pre.logits
+    assert pre.n_evaluated == len(b) - 15 and pre.n_reused == 15
+    assert pre.note is None
     fresh = _engine(gemma_path, n_batch=8, kv_type="f32")
-    ref, _ = fresh.prefill(b, logits="all")
+    ref = fresh.prefill(b, logits="all").logits
     np.testing.assert_allclose(logits_b, ref[15:], atol=1e-5, rtol=0)
 
     # Re-running the same prompt evaluates only its last token.
-    _, n_eval = e.prefill(b)
-    assert n_eval == 1
+    pre = e.prefill(b)
+    assert pre.n_evaluated == 1 and pre.n_reused == len(b) - 1
 
 
 def test_prefix_reuse_falls_back_when_the_ring_lost_the_window(gemma_path: Path) -> None:
@@ -87,10 +88,12 @@ def test_prefix_reuse_falls_back_when_the_ring_lost_the_window(gemma_path: Path)
     e.prefill(a)
     # Resuming at position 10 needs positions 3..9 in the rings, long overwritten.
     b = a[:10] + _toks(e, 3, seed=5)
-    logits, n_eval = e.prefill(b)
-    assert n_eval == len(b) and "re-evaluating" in (e.last_reuse_note or "")
+    pre = e.prefill(b)
+    logits = pre.logits
+    assert pre.n_evaluated == len(b) and pre.n_reused == 0
+    assert "re-evaluating" in (pre.note or "")
     fresh = _engine(gemma_path, n_batch=4, kv_type="f32")
-    ref, _ = fresh.prefill(b)
+    ref = fresh.prefill(b).logits
     np.testing.assert_allclose(logits, ref, atol=1e-5, rtol=0)
 
 
@@ -102,8 +105,8 @@ def test_quantized_cache_close_to_f32(gemma_path: Path, kv_type: str, tol: float
     q8_0 1.1%, q4_0 18%; random weights have none of the structure that makes real K/V
     quantize well: the real model's perplexity with each type is in BENCHMARKS.md)."""
     toks = _toks(_engine(gemma_path), 24, seed=6)
-    ref, _ = _engine(gemma_path, kv_type="f32", n_batch=4).prefill(toks, logits="all")
-    got, _ = _engine(gemma_path, kv_type=kv_type, n_batch=4).prefill(toks, logits="all")
+    ref = _engine(gemma_path, kv_type="f32", n_batch=4).prefill(toks, logits="all").logits
+    got = _engine(gemma_path, kv_type=kv_type, n_batch=4).prefill(toks, logits="all").logits
     err = float(np.abs(got - ref).mean() / np.abs(ref).mean())
     assert 0 < err < tol, (kv_type, err)
     assert np.mean(got.argmax(1) == ref.argmax(1)) >= agree
@@ -112,7 +115,7 @@ def test_quantized_cache_close_to_f32(gemma_path: Path, kv_type: str, tol: float
 def test_truncate_empties_ring_entries() -> None:
     kv = KVCache(2, 32, 1, 32, layer_window=[4, 0], n_batch=2, k_type="f32")
     kv.place(0, np.arange(5, dtype=np.int64)[:2])
-    kv.tokens[0] = [1, 2]
+    kv.commit(0, 0, [1, 2])
     kv.truncate(0, 1)
     assert set(kv.ring_pos[4][0].tolist()) == {0, EMPTY_POS}
 
@@ -142,8 +145,8 @@ def test_context_shift_keeps_generating_past_the_limit(gemma_path: Path) -> None
     held = list(e.kv.tokens[0])
     assert held[:2] == prompt[:2]
     fresh = _engine(gemma_path, n_ctx=24, n_batch=8, kv_type="f16")
-    ref, _ = fresh.prefill(held)
-    got, _ = e.prefill(held)  # all cached: re-evaluates only the last token
+    ref = fresh.prefill(held).logits
+    got = e.prefill(held).logits  # all cached: re-evaluates only the last token
     np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
 
 

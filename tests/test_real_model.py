@@ -41,7 +41,7 @@ def test_logits_match_reference(engine: Engine, default_model_path: Path) -> Non
     assert ids == [2, 818, 5279, 529, 7001, 563]  # llama-tokenize's ids
     ref = reference_logits(default_model_path, ids)
     engine.kv.clear(0)
-    got, _ = engine.prefill(ids, logits="all")
+    got = engine.prefill(ids, logits="all").logits
     diff = np.abs(got - ref)
     # Weights are the same 4/5/6/8-bit blocks on both sides; the engine also rounds
     # activations to 8 bits per block (as llama.cpp does), the reference does not. Measured
@@ -64,7 +64,7 @@ def _greedy_steps(engine: Engine, prompt: str, n: int) -> list[tuple[str, float]
 
     engine.kv.clear(0)
     ids = engine.tokenizer.encode(prompt, add_special=True, parse_special=False)
-    logits, _ = engine.prefill(ids)
+    logits = engine.prefill(ids).logits
     logits = logits[-1]
     detok = StreamDetokenizer(engine.tokenizer)
     text, steps = "", []

@@ -307,8 +307,7 @@ class ChatBackend:
                 if h.cancelled:
                     h.put(self._cancelled(n, pre_evaluated, time.perf_counter() - t0, 0, 0.0))
                     return
-                _, k = eng.prefill(ids[:end], SLOT)
-                pre_evaluated += k
+                pre_evaluated += eng.prefill(ids[:end], SLOT).n_evaluated
                 if todo > chunk:
                     h.put(Progress(end - cached, todo))
         pre_s = time.perf_counter() - t0
