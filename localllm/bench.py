@@ -15,10 +15,15 @@ import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from localllm.batch import Batch
+from localllm.cli_options import add_model_opts, engine_options
+
+if TYPE_CHECKING:
+    from localllm.engine import Engine
 
 
 @dataclass
@@ -38,20 +43,21 @@ class BenchResult:
         return statistics.stdev(self.samples_ts) if len(self.samples_ts) > 1 else 0.0
 
 
-def _random_tokens(engine, n: int, rng: np.random.Generator) -> list[int]:  # noqa: ANN001
+def _random_tokens(engine: Engine, n: int, rng: np.random.Generator) -> list[int]:
     ids = rng.integers(0, engine.cfg.n_vocab, size=n).tolist()
     if engine.tokenizer.add_bos and ids:
         ids[0] = engine.tokenizer.bos_id
     return ids
 
 
-def _fill_depth(engine, depth: int, rng: np.random.Generator) -> None:  # noqa: ANN001
+def _fill_depth(engine: Engine, depth: int, rng: np.random.Generator) -> None:
     engine.kv.clear(0)
     if depth:
         engine.prefill(_random_tokens(engine, depth, rng), 0)
 
 
-def run_pp(engine, n: int, depth: int, reps: int, rng) -> BenchResult:  # noqa: ANN001
+def run_pp(engine: Engine, n: int, depth: int, reps: int,
+           rng: np.random.Generator) -> BenchResult:
     samples = []
     for r in range(reps + 1):
         _fill_depth(engine, depth, rng)
@@ -67,7 +73,8 @@ def run_pp(engine, n: int, depth: int, reps: int, rng) -> BenchResult:  # noqa: 
     return BenchResult(f"pp{n}", n, depth, engine.n_threads, samples)
 
 
-def run_tg(engine, n: int, depth: int, reps: int, rng) -> BenchResult:  # noqa: ANN001
+def run_tg(engine: Engine, n: int, depth: int, reps: int,
+           rng: np.random.Generator) -> BenchResult:
     samples = []
     for r in range(reps + 1):
         _fill_depth(engine, depth, rng)
@@ -83,7 +90,8 @@ def run_tg(engine, n: int, depth: int, reps: int, rng) -> BenchResult:  # noqa: 
     return BenchResult(f"tg{n}", n, depth, engine.n_threads, samples)
 
 
-def run_step(engine, n_rows: int, depth: int, reps: int, rng) -> BenchResult:  # noqa: ANN001
+def run_step(engine: Engine, n_rows: int, depth: int, reps: int,
+             rng: np.random.Generator) -> BenchResult:
     """Steps per second of an N-row step (all rows want logits)."""
     samples = []
     _fill_depth(engine, max(depth, 1), rng)
@@ -103,7 +111,7 @@ def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x.strip()]
 
 
-def model_label(engine) -> tuple[str, float, float]:  # noqa: ANN001
+def model_label(engine: Engine) -> tuple[str, float, float]:
     from localllm.describe import describe
 
     d = describe(engine.gf)
@@ -123,34 +131,45 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     if any(v < 0 for v in pps + tgs + depths) or any(v <= 0 for v in steps) or ns.reps < 1:
         raise ValueError("token counts must be >= 0, --steps > 0 and -r >= 1")
     need = max(depths) + max(pps + tgs + steps + [1]) + 1
-    engine = Engine(resolve_model(ns.model), n_ctx=max(ns.ctx or 0, need), n_threads=ns.threads,
-                    n_batch=ns.batch, kv_type=ns.kv_type, v_type=ns.kv_type_v)
+    opts = engine_options(ns) | {"n_ctx": max(ns.ctx or 0, need)}
+    engine = Engine(resolve_model(ns.model), n_batch=ns.batch, **opts)
     ensure_kernels_compiled(engine)
-    rng = np.random.default_rng(ns.seed)
+    results = run_all(engine, pps, tgs, depths, steps, ns.reps, np.random.default_rng(ns.seed))
+    print(json.dumps(json_report(engine, results), indent=2) if ns.json
+          else table_report(engine, results))
+    return 0
+
+
+def run_all(engine: Engine, pps: list[int], tgs: list[int], depths: list[int],
+            steps: list[int], reps: int, rng: np.random.Generator) -> list[BenchResult]:
+    """Every test, llama-bench's order: per depth, the pp sizes, the tg sizes, the steps."""
     results: list[BenchResult] = []
     for d in depths:
-        for p in pps:
-            if p:
-                results.append(run_pp(engine, p, d, ns.reps, rng))
-        for g in tgs:
-            if g:
-                results.append(run_tg(engine, g, d, ns.reps, rng))
-        for s in steps:
-            results.append(run_step(engine, s, d, ns.reps, rng))
+        results += [run_pp(engine, p, d, reps, rng) for p in pps if p]
+        results += [run_tg(engine, g, d, reps, rng) for g in tgs if g]
+        results += [run_step(engine, s, d, reps, rng) for s in steps]
+    return results
+
+
+def json_report(engine: Engine, results: list[BenchResult]) -> dict:
     name, size_mib, params = model_label(engine)
     kv = engine.kv
-    if ns.json:
-        print(json.dumps({
-            "model": name, "model_path": str(engine.path), "size_mib": size_mib,
-            "params_m": params, "threads": engine.n_threads, "n_batch": engine.n_batch,
-            "kv_bytes_per_token": kv.bytes_per_token(), "kv_bytes": kv.nbytes(),
-            "kv_full_cache_bytes": kv.full_cache_nbytes(), "kv_type": [kv.k_type, kv.v_type],
-            "n_ctx": kv.n_ctx,
-            "results": [asdict(r) | {"mean_ts": r.mean, "std_ts": r.std} for r in results],
-        }, indent=2))
-        return 0
-    print("| model | size | params | backend | threads | test | t/s |")
-    print("| --- | ---: | ---: | --- | ---: | --- | ---: |")
+    return {
+        "model": name, "model_path": str(engine.path), "size_mib": size_mib,
+        "params_m": params, "threads": engine.n_threads, "n_batch": engine.n_batch,
+        "kv_bytes_per_token": kv.bytes_per_token(), "kv_bytes": kv.nbytes(),
+        "kv_full_cache_bytes": kv.full_cache_nbytes(), "kv_type": [kv.k_type, kv.v_type],
+        "n_ctx": kv.n_ctx,
+        "results": [asdict(r) | {"mean_ts": r.mean, "std_ts": r.std} for r in results],
+    }
+
+
+def table_report(engine: Engine, results: list[BenchResult]) -> str:
+    """llama-bench's Markdown table, then the KV cache's size."""
+    name, size_mib, params = model_label(engine)
+    kv = engine.kv
+    lines = ["| model | size | params | backend | threads | test | t/s |",
+             "| --- | ---: | ---: | --- | ---: | --- | ---: |"]
     base_step = next((r.mean for r in results if r.test == "step1"), None)
     for r in results:
         test = r.test + (f" @ d{r.depth}" if r.depth else "")
@@ -159,15 +178,15 @@ def cmd_bench(ns: argparse.Namespace) -> int:
             unit = f"{1000 / r.mean:.2f} ms/step"
             if base_step:
                 unit += f" ({base_step / r.mean:.2f}x step1)"
-        print(f"| {name} | {size_mib:.2f} MiB | {params:.2f} M | CPU (numba) | {r.threads} "
-              f"| {test} | {unit} |")
-    print(f"\nKV cache (K {kv.k_type}, V {kv.v_type}): {kv.nbytes() / 2**20:.1f} MiB for "
-          f"{kv.n_ctx} tokens; {kv.bytes_per_token() / 1024:.1f} KiB per token in all layers; "
-          f"{kv.full_cache_nbytes() / 2**20:.1f} MiB without sliding-window rings")
-    return 0
+        lines.append(f"| {name} | {size_mib:.2f} MiB | {params:.2f} M | CPU (numba) | "
+                     f"{r.threads} | {test} | {unit} |")
+    lines.append(f"\nKV cache (K {kv.k_type}, V {kv.v_type}): {kv.nbytes() / 2**20:.1f} MiB for "
+                 f"{kv.n_ctx} tokens; {kv.bytes_per_token() / 1024:.1f} KiB per token in all "
+                 f"layers; {kv.full_cache_nbytes() / 2**20:.1f} MiB without sliding-window rings")
+    return "\n".join(lines)
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="prompt and generation speed (like llama-bench)")
     p.add_argument("model", nargs="?", default=None)
     p.add_argument("-p", "--n-prompt", default="512", help="prompt sizes, comma-separated")
@@ -175,10 +194,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-d", "--depth", default="0", help="context depths, comma-separated")
     p.add_argument("-r", "--reps", type=int, default=5)
     p.add_argument("-b", "--batch", type=int, default=512, help="tokens per prefill step")
-    p.add_argument("-t", "--threads", type=int, default=None)
-    p.add_argument("-c", "--ctx", type=int, default=None)
-    p.add_argument("--kv-type", "-ctk", default="f16")
-    p.add_argument("--kv-type-v", "-ctv", default=None)
+    add_model_opts(p, ctx_help="context size (default: what the tests need)")
     p.add_argument("--steps", default="", help="also time single steps of these row counts, e.g. 1,4,8")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)

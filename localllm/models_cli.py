@@ -18,13 +18,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pull", help="download a model by name (smollm2, gemma3, hf.co/OWNER/REPO[:QUANT])")
     p.add_argument("name")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_pull)
     p = sub.add_parser("list", aliases=["ls"], help="models on this machine (ours, Ollama's, Hugging Face's, LM Studio's)")
     p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
     p = sub.add_parser("rm", help="remove a model from the localllm store (never another tool's)")
     p.add_argument("names", nargs="+", metavar="NAME")
+    p.set_defaults(func=cmd_rm)
     p = sub.add_parser("import", help="copy an existing .gguf into the store under a name")
     p.add_argument("file")
     p.add_argument("name")
+    p.set_defaults(func=cmd_import)
 
 
 def _header_facts(path: Path) -> tuple[str, str]:
@@ -70,16 +74,18 @@ def cmd_list(ns: argparse.Namespace) -> int:
     from localllm.models_store import list_models
 
     rows = [_row(e) for e in list_models()]
-    if ns.json:
-        print(json.dumps(rows, indent=2))
-        return 0
+    print(json.dumps(rows, indent=2) if ns.json else list_report(rows))
+    return 0
+
+
+def list_report(rows: list[dict]) -> str:
+    """`ollama list`'s table: one aligned line per model under a header."""
     head = ("NAME", "SIZE", "QUANT", "ARCH", "WHERE", "MODIFIED")
     table = [head] + [(r["name"], _size(r["size"]), r["quant"], r["architecture"], r["where"],
                        _ago(r["modified"])) for r in rows]
     widths = [max(len(t[i]) for t in table) for i in range(len(head))]
-    for t in table:
-        print("  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip())
-    return 0
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(t, widths, strict=True)).rstrip()
+                     for t in table)
 
 
 def cmd_pull(ns: argparse.Namespace) -> int:
@@ -106,5 +112,3 @@ def cmd_import(ns: argparse.Namespace) -> int:
     print(f"{e.ref}: {e.path} ({_size(e.size)})")
     return 0
 
-
-COMMANDS = {"pull": cmd_pull, "list": cmd_list, "ls": cmd_list, "rm": cmd_rm, "import": cmd_import}

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from localllm.batch import Batch
+from localllm.cli_options import add_model_opts, add_model_then, engine_options
 
 
 @dataclass
@@ -89,6 +90,17 @@ def perplexity(engine, tokens: list[int], n_ctx: int, n_batch: int = 512,  # noq
                             time.perf_counter() - t0, chunk_ppl)
 
 
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("perplexity", help="perplexity of a text file (the method of llama-perplexity)")
+    add_model_then(p, "file", "FILE", "model path (optional) and the text file",
+                   join_rest=False)
+    p.add_argument("--chunks", type=int, default=-1, help="max chunks (-1: all)")
+    p.add_argument("-b", "--batch", type=int, default=512, help="tokens per forward pass")
+    p.add_argument("--json", action="store_true")
+    add_model_opts(p, ctx_help="tokens per chunk (default 512)")
+    p.set_defaults(func=cmd_perplexity)
+
+
 def cmd_perplexity(ns: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -97,14 +109,13 @@ def cmd_perplexity(ns: argparse.Namespace) -> int:
     from localllm.engine import Engine
     from localllm.warmup import ensure_kernels_compiled
 
-    model_arg, file_arg = (ns.args[0], ns.args[1]) if len(ns.args) >= 2 else (None, ns.args[0])
-    text_path = Path(file_arg)
+    text_path = Path(ns.file)
     if not text_path.is_file():
-        raise FileNotFoundError(f"{file_arg}: no such text file")
+        raise FileNotFoundError(f"{ns.file}: no such text file")
     text = text_path.read_text(encoding="utf-8", errors="replace")
     n_ctx = ns.ctx or 512
-    engine = Engine(resolve_model(model_arg), n_ctx=n_ctx, n_threads=ns.threads,
-                    n_batch=min(ns.batch, n_ctx), kv_type=ns.kv_type, v_type=ns.kv_type_v)
+    engine = Engine(resolve_model(ns.model), **(engine_options(ns) | {"n_ctx": n_ctx}),
+                    n_batch=min(ns.batch, n_ctx))
     ensure_kernels_compiled(engine)
     tokens = engine.tokenizer.encode(text, add_special=True, parse_special=False)
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
@@ -116,12 +127,15 @@ def cmd_perplexity(ns: argparse.Namespace) -> int:
             prog.update(task, completed=done, total=total, description=f"PPL {ppl:.4f}")
 
         res = perplexity(engine, tokens, n_ctx, engine.n_batch, ns.chunks, report)
-    if ns.json:
-        print(json.dumps(res.__dict__))
-    else:
-        print(f"chunk PPLs: {', '.join(f'[{i + 1}]{p:.4f}' for i, p in enumerate(res.chunk_ppl))}")
-        print(f"Final estimate: PPL = {res.ppl:.4f} +/- {res.ppl_err:.5f}  "
-              f"({res.n_chunks} chunks of {res.n_ctx}, {res.n_scored} tokens scored, "
-              f"{res.seconds:.1f} s)")
+    print(json.dumps(res.__dict__) if ns.json else perplexity_report(res))
     sys.stdout.flush()
     return 0
+
+
+def perplexity_report(res: PerplexityResult) -> str:
+    """llama-perplexity's closing lines: the running estimate per chunk, then the final one."""
+    chunks = ", ".join(f"[{i + 1}]{p:.4f}" for i, p in enumerate(res.chunk_ppl))
+    return (f"chunk PPLs: {chunks}\n"
+            f"Final estimate: PPL = {res.ppl:.4f} +/- {res.ppl_err:.5f}  "
+            f"({res.n_chunks} chunks of {res.n_ctx}, {res.n_scored} tokens scored, "
+            f"{res.seconds:.1f} s)")

@@ -1,6 +1,11 @@
 """`localllm run [MODEL] [PROMPT]`: one-shot generation streamed to stdout (Ollama's `run`,
 llama.cpp's `llama-cli`/`llama-completion`), or a line-based chat when no prompt is given on
-an interactive terminal."""
+an interactive terminal.
+
+A front door that only formats: `generate()` yields text events and the final stats; this
+module writes the text as it comes and builds the reports (`json_report`, `verbose_report`)
+from what the final event says.
+"""
 
 from __future__ import annotations
 
@@ -9,39 +14,51 @@ import json
 import resource
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from localllm.default_model import looks_like_model, resolve_model
+from localllm.cli_options import (
+    add_model_opts,
+    add_model_then,
+    add_sampling_opts,
+    add_spec_opts,
+    engine_options,
+    sampler_config,
+    spec_options,
+)
+from localllm.default_model import resolve_model
 from localllm.sampling import Sampler, SamplerConfig
 from localllm.speculative import SpecOptions
 
-
-def sampler_config(ns: argparse.Namespace) -> SamplerConfig:
-    return SamplerConfig(
-        temperature=ns.temperature,
-        top_k=ns.top_k,
-        top_p=ns.top_p,
-        min_p=ns.min_p,
-        typical_p=ns.typical_p,
-        repeat_penalty=ns.repeat_penalty,
-        presence_penalty=ns.presence_penalty,
-        frequency_penalty=ns.frequency_penalty,
-        repeat_last_n=ns.repeat_last_n,
-        seed=ns.seed,
-    )
+if TYPE_CHECKING:
+    from localllm.engine import Engine
+    from localllm.generate import Event
+    from localllm.speculative import Drafter, StepCosts
 
 
-def spec_options(ns: argparse.Namespace) -> SpecOptions:
-    opts = SpecOptions(mode=ns.speculate, draft_model=ns.draft_model, draft_max=ns.draft_max)
-    opts.validate()
-    return opts
-
-
-def _model_and_prompt(args: list[str]) -> tuple[str | None, str | None]:
-    if len(args) >= 2:
-        return args[0], " ".join(args[1:])
-    if len(args) == 1:
-        return (args[0], None) if looks_like_model(args[0]) else (None, args[0])
-    return None, None
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="generate text from a prompt (streams to stdout)")
+    add_model_then(p, "prompt", "[PROMPT]", "model path (optional) and prompt (else stdin)",
+                   optional=True)
+    p.add_argument("-n", "--num-predict", type=int, default=-1, help="max tokens to generate (-1: until EOS or context end)")
+    p.add_argument("--system", default=None, help="system prompt (chat template mode)")
+    p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--truncate", action="store_true", help="keep the end of a prompt longer than the context instead of failing")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    p.add_argument("--context-shift", action="store_true", help="when the context is full, drop the older half and continue (else stop with 'length')")
+    p.add_argument("--keep", type=int, default=0, help="prompt tokens kept by --context-shift (after BOS)")
+    p.add_argument("--verbose", action="store_true", help="print load time, token counts, speeds and memory")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, stats)")
+    p.add_argument("--format", default=None, metavar="json|SCHEMA",
+                   help="structured output: 'json' (any JSON object), a JSON schema inline, or a schema file")
+    p.add_argument("--json-schema", default=None, metavar="FILE", help="structured output following the JSON schema in FILE")
+    p.add_argument("--show-prompt", action="store_true", help="print the prompt the chat template renders, then exit")
+    add_model_opts(p)
+    add_sampling_opts(p)
+    add_spec_opts(p)
+    p.set_defaults(func=cmd_run)
 
 
 def peak_rss_bytes() -> int:
@@ -81,9 +98,37 @@ def output_format(ns: argparse.Namespace) -> object | None:
     return schema
 
 
+@dataclass
+class _Session:
+    """The loaded model and what every generation of this process shares: one drafter (and
+    draft model), the learned step costs, the output format."""
+
+    engine: Engine
+    ns: argparse.Namespace
+    spec: SpecOptions
+    drafter: Drafter | None
+    step_costs: StepCosts
+    fmt: object | None  # structured output (output_format), or None
+
+    def events(self, ids: list[int], sampler: Sampler, truncate: bool) -> Iterator[Event]:
+        from localllm.generate import generate
+
+        ns, constraint = self.ns, None
+        if self.fmt is not None:
+            from localllm.constraint import make_constraint
+
+            constraint = make_constraint(self.fmt, self.engine.tokenizer)
+        return generate(
+            self.engine, ids, sampler, max_tokens=ns.num_predict, stop=ns.stop,
+            truncate=truncate, ignore_eos=ns.ignore_eos, context_shift=ns.context_shift,
+            n_keep=ns.keep, spec=self.spec, drafter=self.drafter, step_costs=self.step_costs,
+            constraint=constraint,
+        )
+
+
 def cmd_run(ns: argparse.Namespace) -> int:
-    model_arg, prompt = _model_and_prompt(ns.args)
-    ns.output_format = output_format(ns)
+    prompt = ns.prompt
+    fmt = output_format(ns)
     cfg = sampler_config(ns)
     cfg.validate()
     spec = spec_options(ns)
@@ -91,7 +136,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
         spec.draft_model = str(resolve_model(spec.draft_model))
     if ns.num_predict < -1:
         raise ValueError("-n/--num-predict must be -1 (no limit) or >= 0")
-    path = resolve_model(model_arg)
+    path = resolve_model(ns.model)
     interactive = prompt is None and sys.stdin.isatty() and not ns.json
     if prompt is None and not interactive:
         prompt = sys.stdin.read()
@@ -99,31 +144,31 @@ def cmd_run(ns: argparse.Namespace) -> int:
             raise ValueError("no prompt: pass it as an argument or on standard input")
 
     from localllm.engine import Engine
+    from localllm.speculative import StepCosts, make_drafter
     from localllm.warmup import ensure_kernels_compiled
 
     t0 = time.perf_counter()
-    engine = Engine(path, n_ctx=ns.ctx, n_threads=ns.threads, kv_type=ns.kv_type,
-                    v_type=ns.kv_type_v)
+    engine = Engine(path, **engine_options(ns))
     ensure_kernels_compiled(engine)
-    from localllm.speculative import StepCosts, make_drafter
-
-    ns.spec, ns.drafter = spec, make_drafter(spec, engine)  # one drafter (and draft model) for the process
-    ns.step_costs = StepCosts()
+    # one drafter (and draft model) for the process
+    session = _Session(engine, ns, spec, make_drafter(spec, engine), StepCosts(), fmt)
     load_s = time.perf_counter() - t0
-    if interactive and not getattr(ns, "show_prompt", False):
-        return _chat_loop(engine, ns, cfg)
-    ids = _prompt_ids(engine, prompt, ns, history=[])
-    if getattr(ns, "show_prompt", False):
-        sys.stdout.write(engine.tokenizer.decode(ids) if ns.raw else ns.rendered_prompt)
-        sys.stdout.write("\n")
+    if ns.show_prompt:
+        ids, rendered = _prompt_ids(engine, prompt or "", ns, history=[])
+        sys.stdout.write((engine.tokenizer.decode(ids) if ns.raw else rendered) + "\n")
         return 0
-    return _one_shot(engine, ids, ns, cfg, load_s, str(path))
+    if interactive:
+        return _chat_loop(session, cfg)
+    ids, _ = _prompt_ids(engine, prompt, ns, history=[])
+    return _one_shot(session, ids, cfg, load_s, str(path))
 
 
-def _prompt_ids(engine, text: str, ns: argparse.Namespace, history: list[dict]) -> list[int]:  # noqa: ANN001
+def _prompt_ids(engine: Engine, text: str, ns: argparse.Namespace,
+                history: list[dict]) -> tuple[list[int], str]:
+    """The prompt's token ids and its text (the chat template's rendering unless --raw)."""
     tok = engine.tokenizer
     if ns.raw:
-        return tok.encode(text, add_special=True, parse_special=False)
+        return tok.encode(text, add_special=True, parse_special=False), text
     from localllm.chat_template import encode_chat
 
     messages = []
@@ -132,40 +177,23 @@ def _prompt_ids(engine, text: str, ns: argparse.Namespace, history: list[dict]) 
     messages += history
     messages.append({"role": "user", "content": text})
     template = engine.template
-    ns.rendered_prompt = template.render(messages, add_generation_prompt=True)
+    rendered = template.render(messages, add_generation_prompt=True)
     if template.last_missing:
         print(f"warning: the chat template ({template.name}) does not show "
               f"{len(template.last_missing)} of the messages (roles: "
               + ", ".join(messages[i]["role"] if i < len(messages) else "?"
                           for i in template.last_missing) + ")", file=sys.stderr)
-    return encode_chat(tok, ns.rendered_prompt)
+    return encode_chat(tok, rendered), rendered
 
 
-def _constraint(engine, ns: argparse.Namespace):  # noqa: ANN001, ANN202
-    fmt = getattr(ns, "output_format", None)
-    if fmt is None:
-        return None
-    from localllm.constraint import make_constraint
-
-    return make_constraint(fmt, engine.tokenizer)
-
-
-def _one_shot(engine, ids, ns, cfg, load_s, model_name) -> int:  # noqa: ANN001
-    from localllm.generate import generate
-
-    sampler = Sampler(cfg)
-    out = sys.stdout
+def _one_shot(session: _Session, ids: list[int], cfg: SamplerConfig, load_s: float,
+              model_name: str) -> int:
+    ns, out = session.ns, sys.stdout
     pieces: list[str] = []
     final = None
     t0 = time.perf_counter()
     try:
-        for ev in generate(
-            engine, ids, sampler, max_tokens=ns.num_predict, stop=ns.stop,
-            truncate=ns.truncate, ignore_eos=ns.ignore_eos,
-            context_shift=ns.context_shift, n_keep=ns.keep,
-            spec=ns.spec, drafter=ns.drafter, step_costs=ns.step_costs,
-            constraint=_constraint(engine, ns),
-        ):
+        for ev in session.events(ids, Sampler(cfg), truncate=ns.truncate):
             if ev.done:
                 final = ev
                 break
@@ -180,69 +208,86 @@ def _one_shot(engine, ids, ns, cfg, load_s, model_name) -> int:  # noqa: ANN001
         print("interrupted", file=sys.stderr)
         return 130
     total_s = time.perf_counter() - t0 + load_s
-    st = final.stats
     if ns.json:
-        print(json.dumps({
-            "model": model_name,
-            "text": "".join(pieces),
-            "prompt_tokens": ids,
-            "tokens": final.tokens,
-            "done_reason": final.done_reason,
-            "stats": {
-                "load_s": load_s,
-                "total_s": total_s,
-                "prompt_eval_count": st.prompt_eval_tokens,
-                "prompt_eval_s": st.prompt_eval_s,
-                "prompt_tokens_per_s": st.prompt_tps,
-                "eval_count": st.eval_tokens,
-                "eval_s": st.eval_s,
-                "tokens_per_s": st.eval_tps,
-                "draft_tokens": st.draft_tokens,
-                "draft_accepted": st.draft_accepted,
-                "kv_cache_bytes": engine.kv.nbytes(),
-                "peak_rss_bytes": peak_rss_bytes(),
-            },
-        }, ensure_ascii=False))
+        report = json_report(session.engine, model_name, ids, "".join(pieces), final, load_s,
+                             total_s)
+        print(json.dumps(report, ensure_ascii=False))
     else:
         out.write("\n")
         out.flush()
     if ns.verbose:
-        err = sys.stderr
-        kv = engine.kv
-        print(f"total duration:       {_fmt_s(total_s)}", file=err)
-        print(f"load duration:        {_fmt_s(load_s)}", file=err)
-        print(f"prompt eval count:    {st.prompt_eval_tokens} token(s)"
-              + (f" ({st.prompt_tokens - st.prompt_eval_tokens} from cache)" if st.prompt_tokens != st.prompt_eval_tokens else ""), file=err)
-        print(f"prompt eval duration: {_fmt_s(st.prompt_eval_s)}", file=err)
-        print(f"prompt eval rate:     {st.prompt_tps:.2f} tokens/s", file=err)
-        print(f"eval count:           {st.eval_tokens} token(s)", file=err)
-        print(f"eval duration:        {_fmt_s(st.eval_s)}", file=err)
-        print(f"eval rate:            {st.eval_tps:.2f} tokens/s", file=err)
-        if st.draft_tokens:
-            print(f"draft tokens:         {st.draft_tokens} drafted, {st.draft_accepted} "
-                  f"accepted ({100 * st.acceptance:.1f}%), {st.steps} steps for "
-                  f"{st.eval_tokens} tokens", file=err)
-        elif ns.drafter is None:
-            print("speculation:          off", file=err)
-        print(f"done reason:          {final.done_reason}", file=err)
-        print(f"kv cache:             {kv.nbytes() / 2**20:.1f} MiB for {kv.n_ctx} tokens, "
-              f"K {kv.k_type} / V {kv.v_type} ({kv.bytes_per_token() / 1024:.1f} KiB per "
-              f"token in all layers; {kv.full_cache_nbytes() / 2**20:.1f} MiB without "
-              "sliding-window rings)", file=err)
-        if st.context_shifts:
-            print(f"context shifts:       {st.context_shifts}", file=err)
-        if st.reuse_note:
-            print(f"prefix reuse:         {st.reuse_note}", file=err)
-        print(f"peak memory (RSS):    {peak_rss_bytes() / 2**20:.0f} MiB", file=err)
-        print(f"threads:              {engine.n_threads}", file=err)
+        lines = verbose_report(session.engine, final, load_s, total_s,
+                               speculating=session.drafter is not None)
+        print("\n".join(lines), file=sys.stderr)
     return 0
 
 
-def _chat_loop(engine, ns, cfg) -> int:  # noqa: ANN001
+def json_report(engine: Engine, model_name: str, ids: list[int], text: str, final: Event,
+                load_s: float, total_s: float) -> dict:
+    """`run --json`: the text, the token ids and the stats, as one JSON-ready dict."""
+    st = final.stats
+    return {
+        "model": model_name,
+        "text": text,
+        "prompt_tokens": ids,
+        "tokens": final.tokens,
+        "done_reason": final.done_reason,
+        "stats": {
+            "load_s": load_s,
+            "total_s": total_s,
+            "prompt_eval_count": st.prompt_eval_tokens,
+            "prompt_eval_s": st.prompt_eval_s,
+            "prompt_tokens_per_s": st.prompt_tps,
+            "eval_count": st.eval_tokens,
+            "eval_s": st.eval_s,
+            "tokens_per_s": st.eval_tps,
+            "draft_tokens": st.draft_tokens,
+            "draft_accepted": st.draft_accepted,
+            "kv_cache_bytes": engine.kv.nbytes(),
+            "peak_rss_bytes": peak_rss_bytes(),
+        },
+    }
+
+
+def verbose_report(engine: Engine, final: Event, load_s: float, total_s: float,
+                   speculating: bool) -> list[str]:
+    """`run --verbose`: Ollama's timing lines, then the cache, memory and threads."""
+    st, kv = final.stats, engine.kv
+    cached = st.prompt_tokens - st.prompt_eval_tokens
+    lines = [
+        f"total duration:       {_fmt_s(total_s)}",
+        f"load duration:        {_fmt_s(load_s)}",
+        f"prompt eval count:    {st.prompt_eval_tokens} token(s)"
+        + (f" ({cached} from cache)" if cached else ""),
+        f"prompt eval duration: {_fmt_s(st.prompt_eval_s)}",
+        f"prompt eval rate:     {st.prompt_tps:.2f} tokens/s",
+        f"eval count:           {st.eval_tokens} token(s)",
+        f"eval duration:        {_fmt_s(st.eval_s)}",
+        f"eval rate:            {st.eval_tps:.2f} tokens/s",
+    ]
+    if st.draft_tokens:
+        lines.append(f"draft tokens:         {st.draft_tokens} drafted, {st.draft_accepted} "
+                     f"accepted ({100 * st.acceptance:.1f}%), {st.steps} steps for "
+                     f"{st.eval_tokens} tokens")
+    elif not speculating:
+        lines.append("speculation:          off")
+    lines.append(f"done reason:          {final.done_reason}")
+    lines.append(f"kv cache:             {kv.nbytes() / 2**20:.1f} MiB for {kv.n_ctx} tokens, "
+                 f"K {kv.k_type} / V {kv.v_type} ({kv.bytes_per_token() / 1024:.1f} KiB per "
+                 f"token in all layers; {kv.full_cache_nbytes() / 2**20:.1f} MiB without "
+                 "sliding-window rings)")
+    if st.context_shifts:
+        lines.append(f"context shifts:       {st.context_shifts}")
+    if st.reuse_note:
+        lines.append(f"prefix reuse:         {st.reuse_note}")
+    lines.append(f"peak memory (RSS):    {peak_rss_bytes() / 2**20:.0f} MiB")
+    lines.append(f"threads:              {engine.n_threads}")
+    return lines
+
+
+def _chat_loop(session: _Session, cfg: SamplerConfig) -> int:
     """Plain line-based chat on a terminal: the conversation is re-rendered each turn and the
     KV cache keeps the common prefix, so only the new turn is evaluated."""
-    from localllm.generate import generate
-
     sampler = Sampler(cfg)
     history: list[dict] = []
     print("Chatting with the model. Ctrl-D or /bye to quit.", file=sys.stderr)
@@ -259,14 +304,10 @@ def _chat_loop(engine, ns, cfg) -> int:  # noqa: ANN001
             return 0
         if not line.strip():
             continue
-        ids = _prompt_ids(engine, line, ns, history)
+        ids, _ = _prompt_ids(session.engine, line, session.ns, history)
         reply: list[str] = []
         try:
-            for ev in generate(engine, ids, sampler, max_tokens=ns.num_predict, stop=ns.stop,
-                               truncate=True, ignore_eos=ns.ignore_eos,
-                               context_shift=ns.context_shift, n_keep=ns.keep,
-                               spec=ns.spec, drafter=ns.drafter,
-                               step_costs=ns.step_costs, constraint=_constraint(engine, ns)):
+            for ev in session.events(ids, sampler, truncate=True):
                 if ev.text:
                     reply.append(ev.text)
                     sys.stdout.write(ev.text)

@@ -1,4 +1,5 @@
-"""`localllm chat [MODEL]`: the streaming chat app (Textual).
+"""The streaming chat app (Textual) behind `localllm chat [MODEL]` (its options and entry
+point: tui/chat_cli.py).
 
 Layout, top to bottom: the conversation (scrolls; follows the reply while it streams), a
 progress bar shown only while a long prompt is evaluated, the input box, the status bar and
@@ -16,9 +17,7 @@ truncated silently: the app asks to drop the oldest whole turns (the system prom
 
 from __future__ import annotations
 
-import argparse
 import queue
-import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -586,52 +585,3 @@ def code_blocks(markdown: str) -> list[str]:
 
     return [t.content for t in MarkdownIt("commonmark").parse(markdown)
             if t.type in ("fence", "code_block")]
-
-
-# --- the command ------------------------------------------------------------------------
-
-
-def cmd_chat(ns: argparse.Namespace) -> int:
-    """Entry point of `localllm chat`: choose the model, then the app, or the line chat with
-    --no-tui or when stdin or stdout is not a terminal (a pipe, a file)."""
-    from localllm.run import sampler_config, spec_options
-    from localllm.tui.line_chat import line_chat
-    from localllm.tui.model_choice import choose_model, fallback_to_base, pull_chat_model
-
-    if ns.num_predict < -1 or ns.num_predict == 0:
-        raise ValueError("-n/--num-predict must be -1 (no limit) or a positive number")
-    config = sampler_config(ns)
-    config.validate()
-    spec = spec_options(ns)
-    conversation = Conversation(system=ns.system or "", config=config, max_tokens=ns.num_predict)
-    if ns.load:
-        conversation = Conversation.load(resolve_chat_path(ns.load, for_writing=False))
-    tty = sys.stdin.isatty() and sys.stdout.isatty()  # the app needs a terminal both ways
-    choice = choose_model(ns.model)
-    if choice.path is None:
-        if choice.can_pull and tty and _ask_pull():
-            choice.path = pull_chat_model()
-        else:
-            choice = fallback_to_base()
-    if spec.draft_model:
-        from localllm.default_model import resolve_model
-
-        spec.draft_model = str(resolve_model(spec.draft_model))
-    opts = dict(n_ctx=ns.ctx, n_threads=ns.threads, kv_type=ns.kv_type, v_type=ns.kv_type_v)
-    backend = ChatBackend(choice.path, spec=spec, **opts)
-    if ns.no_tui or not tty:
-        return line_chat(backend, conversation, choice.note)
-    app = ChatApp(choice.path, conversation=conversation, note=choice.note, backend=backend)
-    app.run()
-    return app.return_code or 0
-
-
-def _ask_pull() -> bool:
-    from localllm.tui.model_choice import PULL_NAME, PULL_SIZE
-
-    try:
-        ans = input(f"No chat model found. Download SmolLM2-135M-Instruct ({PULL_SIZE}) with "
-                    f"`localllm pull {PULL_NAME}` now? [Y/n] ")
-    except EOFError:
-        return False
-    return ans.strip().lower() in ("", "y", "yes")

@@ -123,42 +123,39 @@ def build_app(state: ServerState) -> Starlette:
 # --- `localllm serve` ------------------------------------------------------------------------
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    from localllm.kv_cache import KV_TYPES
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    from localllm.cli_options import add_model_opts, add_spec_opts
 
     p = sub.add_parser("serve", help="serve the Ollama API and OpenAI /v1 over HTTP")
     p.add_argument("model", nargs="?", default=None, help="model path (default: the built-in model)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     p.add_argument("--port", type=int, default=11434, help="port (default 11434, Ollama's)")
     p.add_argument("--parallel", "-np", type=int, default=4, help="sequence slots served at once (default 4)")
-    p.add_argument("-c", "--ctx", type=int, default=None, help="context size per slot (default: 4096 or the model's)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    p.add_argument("--kv-type", "-ctk", choices=KV_TYPES, default="f16", help="KV cache type (default f16)")
+    add_model_opts(p, ctx_help="context size per slot (default: 4096 or the model's)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 503 (default 64)")
     p.add_argument("--prefill-chunk", type=int, default=None, help="most prompt rows per engine step (default: the batch size, 512)")
     p.add_argument("--name", default=None, help="the model's name over HTTP (default: from the file name)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
-    p.add_argument("--speculate", choices=("auto", "off"), default="auto", help="n-gram speculative decoding (lossless)")
-    p.add_argument("--draft-max", type=int, default=8, metavar="K", help="most tokens drafted per step (default 8)")
+    add_spec_opts(p, draft_model=False)  # n-gram drafting only: no draft model per server yet
+    p.set_defaults(func=cmd_serve)
 
 
 def make_state(ns: argparse.Namespace) -> ServerState:
     from pathlib import Path
 
+    from localllm.cli_options import engine_options, spec_options
     from localllm.default_model import resolve_model
     from localllm.engine import Engine
     from localllm.scheduler import Scheduler
     from localllm.server.common import default_name
-    from localllm.speculative import SpecOptions
 
     if ns.parallel < 1:
         raise ValueError(f"--parallel must be at least 1, got {ns.parallel}")
     if ns.max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {ns.max_queue}")
     path = Path(resolve_model(ns.model))
-    engine = Engine(path, n_ctx=ns.ctx, n_threads=ns.threads, n_slots=ns.parallel,
-                    kv_type=ns.kv_type)
-    spec = SpecOptions(mode=ns.speculate, draft_max=ns.draft_max)
+    spec = spec_options(ns)
+    engine = Engine(path, n_slots=ns.parallel, **engine_options(ns))
     sched = Scheduler(engine, max_queue=ns.max_queue, prefill_chunk=ns.prefill_chunk, spec=spec)
     sched.call(engine.warmup)  # on the engine thread, where every kernel call belongs
     name = ns.name or default_name(path)

@@ -1,0 +1,158 @@
+"""What several `localllm` commands take, declared once: one CLI convention.
+
+Each command module owns its parser and its entry point: `add_parsers(sub)` registers its
+subcommand(s) with `set_defaults(func=cmd_...)`, and `localllm/cli.py` only lists the modules,
+runs `ns.func(ns)` and turns errors into one line. What the commands share lives here, with
+its choices and help written once:
+
+- `add_model_opts`: threads, context, K/V cache types, device -- every command that loads
+  the model (run, chat, perplexity, bench, serve); it also marks the command as one that
+  runs the model (`ns.runs_model`), which main() uses to skip work only they need;
+- `add_sampling_opts` / `sampler_config`, `add_spec_opts` / `spec_options`;
+- `add_model_then`: the `[MODEL] ARG` positional (an optional model before a command's own
+  argument), parsed by one rule, `split_model_arg`.
+
+Commands print reports built by functions that return text (or JSON-ready dicts); the
+parsing code here never prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from localllm.kv_cache import KV_TYPES
+from localllm.sampling import SamplerConfig
+from localllm.speculative import SPECULATE_MODES, SpecOptions
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def add_model_opts(p: argparse.ArgumentParser, ctx_help: str | None = None) -> None:
+    """-t/--threads, -c/--ctx, --kv-type/-ctk, --kv-type-v/-ctv, --device."""
+    p.add_argument("-t", "--threads", type=int, default=None,
+                   help="CPU threads (default: all cores)")
+    p.add_argument("-c", "--ctx", type=int, default=None, help=ctx_help or (
+        "context size in tokens (default: 4096 or the model's, if smaller)"))
+    p.add_argument("--kv-type", "-ctk", choices=KV_TYPES, default="f16",
+                   help="KV cache type (default f16); K and V unless --kv-type-v")
+    p.add_argument("--kv-type-v", "-ctv", choices=KV_TYPES, default=None,
+                   help="V cache type (default: as --kv-type)")
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="compute device (default auto: the CPU; cuda needs CuPy and an NVIDIA GPU)")
+    p.set_defaults(runs_model=True)
+
+
+def engine_options(ns: argparse.Namespace) -> dict[str, object]:
+    """The Engine keyword arguments add_model_opts declared."""
+    return {"n_ctx": ns.ctx, "n_threads": ns.threads, "kv_type": ns.kv_type,
+            "v_type": ns.kv_type_v}
+
+
+def add_sampling_opts(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temperature", "--temp", type=float, default=0.8, help="0 = greedy (default 0.8)")
+    g.add_argument("--top-k", type=int, default=40, help="0 = off (default 40)")
+    g.add_argument("--top-p", type=float, default=0.95, help="1 = off (default 0.95)")
+    g.add_argument("--min-p", type=float, default=0.05, help="0 = off (default 0.05)")
+    g.add_argument("--typical-p", type=float, default=1.0, help="1 = off (default 1.0)")
+    g.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off (default 1.0)")
+    g.add_argument("--repeat-last-n", type=int, default=64, help="tokens the penalties look back over; -1 = all")
+    g.add_argument("--presence-penalty", type=float, default=0.0)
+    g.add_argument("--frequency-penalty", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None, help="random seed (same seed + settings = same output)")
+
+
+def sampler_config(ns: argparse.Namespace) -> SamplerConfig:
+    """The sampling options as a (not yet validated) SamplerConfig."""
+    return SamplerConfig(
+        temperature=ns.temperature,
+        top_k=ns.top_k,
+        top_p=ns.top_p,
+        min_p=ns.min_p,
+        typical_p=ns.typical_p,
+        repeat_penalty=ns.repeat_penalty,
+        presence_penalty=ns.presence_penalty,
+        frequency_penalty=ns.frequency_penalty,
+        repeat_last_n=ns.repeat_last_n,
+        seed=ns.seed,
+    )
+
+
+def add_spec_opts(p: argparse.ArgumentParser, draft_model: bool = True) -> None:
+    """--speculate, --draft-max and (where a draft model can be loaded) --draft-model."""
+    g = p.add_argument_group("speculative decoding (lossless: the same output, faster)")
+    g.add_argument("--speculate", choices=SPECULATE_MODES, default="auto",
+                   help="auto (default): n-gram prompt lookup"
+                   + (", or --draft-model," if draft_model else "")
+                   + " with an adaptive draft length; off: plain decoding")
+    if draft_model:
+        g.add_argument("--draft-model", default=None, metavar="PATH",
+                       help="a smaller GGUF with the same vocabulary to draft with")
+    g.add_argument("--draft-max", type=int, default=8, metavar="K",
+                   help="most tokens drafted per step (default 8)")
+
+
+def spec_options(ns: argparse.Namespace) -> SpecOptions:
+    """The speculation options, checked (a bad value is one error line)."""
+    opts = SpecOptions(mode=ns.speculate, draft_model=getattr(ns, "draft_model", None),
+                       draft_max=ns.draft_max)
+    opts.validate()
+    return opts
+
+
+# --- `[MODEL] ARG` ------------------------------------------------------------------------
+
+
+def split_model_arg(
+    args: Sequence[str],
+    join_rest: bool = True,
+    is_model: Callable[[str], bool] | None = None,
+) -> tuple[str | None, str | None]:
+    """The one rule for `[MODEL] ARG`: with two or more words the first is the model and the
+    rest the argument (joined with spaces, so an unquoted prompt still works; with
+    join_rest=False more than one is an error). One word is the argument, unless the
+    argument is optional (`is_model` given) and the word names a model. None: absent."""
+    if len(args) >= 2:
+        if not join_rest and len(args) > 2:
+            raise ValueError(f"expected [MODEL] and one argument, got {len(args)} words")
+        return args[0], " ".join(args[1:])
+    if len(args) == 1:
+        if is_model is not None and is_model(args[0]):
+            return args[0], None
+        return None, args[0]
+    return None, None
+
+
+class _ModelThen(argparse.Action):
+    """Stores `[MODEL] ARG` as ns.model and ns.<dest>."""
+
+    def __init__(self, *args: Any, join_rest: bool = True, arg_optional: bool = False,
+                 **kwargs: Any) -> None:
+        self.join_rest, self.arg_optional = join_rest, arg_optional
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        is_model = None
+        if self.arg_optional:
+            from localllm.default_model import looks_like_model
+
+            is_model = looks_like_model
+        try:
+            model, arg = split_model_arg(list(values or []), self.join_rest, is_model)
+        except ValueError as e:
+            raise argparse.ArgumentError(self, str(e)) from None
+        ns.model = model
+        setattr(ns, self.dest, arg)
+
+
+def add_model_then(p: argparse.ArgumentParser, dest: str, metavar: str, help: str,
+                   optional: bool = False, join_rest: bool = True) -> None:
+    """The `[MODEL] ARG` positional: sets ns.model (None: the default model) and ns.<dest>
+    (None when optional and absent). optional: a lone word that names a model (a .gguf, a
+    file, a known name) is the model, as in `localllm run smollm2`."""
+    p.add_argument(dest, nargs="*" if optional else "+", metavar=f"[MODEL] {metavar}",
+                   help=help, action=_ModelThen, join_rest=join_rest, arg_optional=optional)
+    p.set_defaults(model=None)

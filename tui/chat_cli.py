@@ -1,0 +1,81 @@
+"""`localllm chat [MODEL]`: its options and entry point.
+
+Kept apart from tui/app.py so that building the command line never imports Textual: the
+entry chooses the model, then starts the app, or the line chat with --no-tui or when stdin
+or stdout is not a terminal (a pipe, a file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from localllm.cli_options import (
+    add_model_opts,
+    add_sampling_opts,
+    add_spec_opts,
+    engine_options,
+    sampler_config,
+    spec_options,
+)
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chat", help="chat in a terminal app (streaming Markdown replies)")
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help="a .gguf path (default: a chat model if one is installed)")
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("-n", "--num-predict", type=int, default=-1, help="max tokens per reply (-1: until the end of the turn)")
+    p.add_argument("--load", default=None, metavar="FILE", help="resume a saved conversation (JSON)")
+    p.add_argument("--no-tui", action="store_true", help="plain line chat instead of the app (also when stdin or stdout is not a terminal)")
+    add_model_opts(p)
+    add_sampling_opts(p)
+    add_spec_opts(p)
+    p.set_defaults(func=cmd_chat)
+
+
+def cmd_chat(ns: argparse.Namespace) -> int:
+    """Choose the model, then run the app or the line chat."""
+    from localllm.tui.backend import ChatBackend
+    from localllm.tui.conversation import Conversation, resolve_chat_path
+    from localllm.tui.line_chat import line_chat
+    from localllm.tui.model_choice import choose_model, fallback_to_base, pull_chat_model
+
+    if ns.num_predict < -1 or ns.num_predict == 0:
+        raise ValueError("-n/--num-predict must be -1 (no limit) or a positive number")
+    config = sampler_config(ns)
+    config.validate()
+    spec = spec_options(ns)
+    conversation = Conversation(system=ns.system or "", config=config, max_tokens=ns.num_predict)
+    if ns.load:
+        conversation = Conversation.load(resolve_chat_path(ns.load, for_writing=False))
+    tty = sys.stdin.isatty() and sys.stdout.isatty()  # the app needs a terminal both ways
+    choice = choose_model(ns.model)
+    if choice.path is None:
+        if choice.can_pull and tty and _ask_pull():
+            choice.path = pull_chat_model()
+        else:
+            choice = fallback_to_base()
+    if spec.draft_model:
+        from localllm.default_model import resolve_model
+
+        spec.draft_model = str(resolve_model(spec.draft_model))
+    backend = ChatBackend(choice.path, spec=spec, **engine_options(ns))
+    if ns.no_tui or not tty:
+        return line_chat(backend, conversation, choice.note)
+    from localllm.tui.app import ChatApp
+
+    app = ChatApp(choice.path, conversation=conversation, note=choice.note, backend=backend)
+    app.run()
+    return app.return_code or 0
+
+
+def _ask_pull() -> bool:
+    from localllm.tui.model_choice import PULL_NAME, PULL_SIZE
+
+    try:
+        ans = input(f"No chat model found. Download SmolLM2-135M-Instruct ({PULL_SIZE}) with "
+                    f"`localllm pull {PULL_NAME}` now? [Y/n] ")
+    except EOFError:
+        return False
+    return ans.strip().lower() in ("", "y", "yes")
