@@ -1,42 +1,53 @@
-"""The generation loop in two layers: tokens, then text.
+"""Generation in layers: tokens, then text, then the front doors.
 
-- `generate_tokens()` is the token loop: prefill, then per step sample one token or, with
-  speculation, verify k drafted tokens in one (k+1)-row engine step and roll the KV cache
-  back past the first rejected draft; context shift when the context fills. It yields
-  `TokenStep`s (token and the logits it was sampled from) and never sees text.
-- `generate()` adds text: the streaming detokenizer, end-of-generation tokens, stop strings
-  (holding back any text that might be the start of one, so a stop string never leaks into
-  the stream), limits and stats; it yields `Event`s that front doors only format.
+- `generate_tokens()` is the token-level generator: prefill (the engine reuses the cached
+  prefix and says how much), then per step sample one token or, with speculation, verify k
+  drafted tokens in one (k+1)-row engine step and roll the KV cache back past the first
+  rejected draft; context shift when the context fills. It yields `TokenStep`s (the token,
+  the logits it was sampled from, its log-probability on demand) and never sees text. Here
+  speculation (`Speculator`) and structured output (a constrained sampler) plug in; the
+  scheduler runs the same steps for many sequences in one batch.
+- `generate()` is the text-level stream: a `TextStream` (localllm/text_stream.py: the
+  streaming detokenizer, end-of-generation tokens, stop strings held back so they never
+  leak) over the token steps, plus the reply's stats; it yields `Event`s.
+- Front doors (`localllm run`, the chat, the server) only format those events.
 
 Boundaries: the engine returns logits, the sampler turns logits into a token, the
-detokenizer turns tokens into text.
+detokenizer turns tokens into text. mlx-lm is layered the same way (generate_step,
+stream_generate, the CLI on top).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from localllm.batch import Batch
-from localllm.detokenizer import StreamDetokenizer
 from localllm.errors import PromptTooLongError
 from localllm.sampling import Sampler
 from localllm.speculative import (
     Drafter,
     DraftPolicy,
     SpecOptions,
+    Speculator,
     StepCosts,
     make_drafter,
     sample_and_accept,
 )
+from localllm.text_stream import Event, TextStream, first_stop, held_back
 
 if TYPE_CHECKING:
     from localllm.constraint import TokenConstraint
     from localllm.engine import Engine
+
+__all__ = ["Event", "GenerationStats", "TokenStep", "generate", "generate_tokens", "held_back"]
+
+_held_back = held_back  # the names the tests and older callers use
+_first_stop = first_stop
 
 
 @dataclass
@@ -66,15 +77,6 @@ class GenerationStats:
         return self.draft_accepted / self.draft_tokens if self.draft_tokens else 0.0
 
 
-@dataclass
-class Event:
-    text: str = ""  # new text, safe to show
-    token: int | None = None
-    done: bool = False
-    done_reason: str | None = None  # "stop" (EOS/EOT or stop string) or "length"
-    stats: GenerationStats | None = None
-    tokens: list[int] = field(default_factory=list)  # all generated ids, on the final event
-
 
 @dataclass
 class TokenStep:
@@ -82,19 +84,13 @@ class TokenStep:
     logits: np.ndarray  # [V] the target's logits the token was sampled from (no copy)
     drafted: bool = False  # a draft token the target accepted
 
-
-def held_back(text: str, stops: Sequence[str]) -> int:
-    """How many trailing characters of `text` could begin a stop string."""
-    keep = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                keep = max(keep, k)
-                break
-    return keep
-
-
-_held_back = held_back  # the name the tests and older callers use
+    @property
+    def logprob(self) -> float:
+        """log p(token) under the model's distribution (the raw logits, before the sampler's
+        temperature and truncation), in float64."""
+        x = self.logits.astype(np.float64)
+        m = float(x.max())
+        return float(x[self.token] - m - np.log(np.exp(x - m).sum()))
 
 
 def generate_tokens(
@@ -124,57 +120,38 @@ def generate_tokens(
         from localllm.constraint import ConstrainedSampler
 
         sampler = ConstrainedSampler(sampler, constraint, sorted(engine.tokenizer.eog_ids))
-    n_ctx = engine.n_ctx
     t0 = time.perf_counter()
     pre = engine.prefill(prompt_tokens, slot)
-    logits, stats.prompt_eval_tokens, stats.reuse_note = pre.logits, pre.n_evaluated, pre.note
+    stats.prompt_eval_tokens, stats.reuse_note = pre.n_evaluated, pre.note
     stats.prompt_eval_s = time.perf_counter() - t0
 
     history = list(prompt_tokens)
-    token = sampler(logits[-1], history)
+    token = sampler(pre.logits[-1], history)
     history.append(token)
-    yield TokenStep(token, logits[-1])
+    yield TokenStep(token, pre.logits[-1])
     if constraint is not None and constraint.is_finished():
         return
-    if drafter is not None:
-        drafter.reset(history)
-        policy = policy or DraftPolicy(8)
+    spec = Speculator(drafter, policy or DraftPolicy(8)) if drafter is not None else None
+    if spec is not None:
+        spec.start(history)
     n_out = 1
     while token not in eog and (max_tokens < 0 or n_out < max_tokens):
-        pos = engine.kv.n_past(slot)
-        if pos >= n_ctx:
-            if not context_shift:
-                return
-            rows = _shift_context(engine, slot, token, n_keep)[None, :]
-            stats.context_shifts += 1
-            draft: list[int] = []
-        else:
-            draft = []
-            if drafter is not None:
-                room = min(n_ctx - pos - 1, engine.n_batch - 1)
-                if max_tokens >= 0:
-                    room = min(room, max_tokens - n_out - 1)
-                k = policy.choose(room)
-                draft = drafter.propose(k)[:k] if k > 0 else []
-            t = time.perf_counter()
-            if draft:
-                rows = engine.step(Batch.for_sequence([token, *draft], pos, slot, "all"))
-            else:
-                rows = engine.decode(token, slot)[None, :]
-            if policy is not None:
-                policy.costs.observe(len(draft) + 1, time.perf_counter() - t)
+        left = max_tokens - n_out if max_tokens >= 0 else -1
+        step = _forward_next(engine, slot, token, spec, left, context_shift, n_keep, stats)
+        if step is None:  # the context is full and may not shift
+            return
+        rows, draft, pos = step
         stats.steps += 1
         before = len(history)
         accepted = sample_and_accept(sampler, rows, draft, history, eog)
         if draft:
             stats.draft_tokens += len(draft)
             stats.draft_accepted += accepted
-            policy.update(len(draft), accepted)
             if accepted < len(draft):  # drop the rejected drafts' K/V (rings included)
                 engine.kv.truncate(slot, pos + 1 + accepted)
         new = history[before:]
-        if drafter is not None:
-            drafter.extend(new)
+        if spec is not None:
+            spec.settle(draft, accepted, new)
         for i, tok in enumerate(new):
             n_out += 1
             yield TokenStep(tok, rows[i], drafted=i < accepted)
@@ -185,6 +162,35 @@ def generate_tokens(
         if constraint is not None and constraint.is_finished():
             return
         token = new[-1]
+
+
+def _forward_next(
+    engine: Engine, slot: int, token: int, spec: Speculator | None, left: int,
+    context_shift: bool, n_keep: int, stats: GenerationStats,
+) -> tuple[np.ndarray, list[int], int] | None:
+    """Evaluate the last sampled token, and a draft after it when speculation pays. Returns
+    (logits [1 + len(draft), V], draft, position of `token`), or None when the context is
+    full and may not shift. left: tokens still allowed after this one (-1: no limit)."""
+    pos = engine.kv.n_past(slot)
+    if pos >= engine.n_ctx:
+        if not context_shift:
+            return None
+        stats.context_shifts += 1
+        return _shift_context(engine, slot, token, n_keep)[None, :], [], engine.kv.n_past(slot) - 1
+    draft: list[int] = []
+    if spec is not None:
+        room = min(engine.n_ctx - pos - 1, engine.n_batch - 1)
+        if left >= 0:
+            room = min(room, left - 1)
+        draft = spec.draft(room)
+    t = time.perf_counter()
+    if draft:
+        rows = engine.step(Batch.for_sequence([token, *draft], pos, slot, "all"))
+    else:
+        rows = engine.decode(token, slot)[None, :]
+    if spec is not None:
+        spec.policy.costs.observe(len(draft) + 1, time.perf_counter() - t)
+    return rows, draft, pos
 
 
 def generate(
@@ -217,11 +223,7 @@ def generate(
     """
     stats = GenerationStats(prompt_tokens=len(prompt_tokens))
     t_start = time.perf_counter()
-    n_ctx = engine.n_ctx
-    if len(prompt_tokens) >= n_ctx:
-        if not truncate:
-            raise PromptTooLongError(len(prompt_tokens), n_ctx)
-        prompt_tokens = prompt_tokens[-(n_ctx // 2) :]
+    prompt_tokens = _fit_prompt(prompt_tokens, engine.n_ctx, truncate)
     if max_tokens == 0:
         yield Event(done=True, done_reason="length", stats=stats)
         return
@@ -229,70 +231,48 @@ def generate(
     if drafter is None:
         drafter = make_drafter(spec, engine)
     policy = DraftPolicy(spec.draft_max, step_costs) if drafter is not None else None
-    stops = [s for s in stop if s]
-    eog = engine.tokenizer.eog_ids
-    generated: list[int] = []
-    detok = StreamDetokenizer(engine.tokenizer)
-    pending = ""  # text not yet emitted (may be the start of a stop string)
-    reason = "length"
-    hit_stop_string = False
-    t_eval = None
+    text = TextStream(engine.tokenizer, stop, () if ignore_eos else engine.tokenizer.eog_ids)
     steps = generate_tokens(engine, prompt_tokens, sampler, stats, max_tokens, slot,
                             context_shift, n_keep, drafter, policy, ignore_eos, constraint)
+    t_eval = None
     for step in steps:
         if t_eval is None:
             t_eval = time.perf_counter()
-        token = step.token
-        if token in eog and not ignore_eos:
-            reason = "stop"
+        ev = text.push(step.token)
+        if ev is not None:
+            yield ev
+        if text.stopped:
             break
-        generated.append(token)
-        stats.eval_tokens += 1
-        pending += detok.push(token)
-        hit = _first_stop(pending, stops)
-        if hit is not None:
-            if hit:
-                yield Event(text=pending[:hit])
-            pending = ""
-            reason = "stop"
-            hit_stop_string = True
-            break
-        safe = len(pending) - held_back(pending, stops)
-        if safe > 0:
-            yield Event(text=pending[:safe], token=token)
-            pending = pending[safe:]
     steps.close()
-    if constraint is not None and constraint.is_finished():
-        reason = "stop"
+    stats.eval_tokens = len(text.tokens)
     stats.eval_s = time.perf_counter() - t_eval if t_eval is not None else 0.0
-    if not hit_stop_string:
-        tail = pending + detok.flush()
-        hit = _first_stop(tail, stops)
-        if hit is not None:
-            tail, reason = tail[:hit], "stop"
-        if tail:
-            yield Event(text=tail)
+    tail = text.finish()
+    if tail is not None:
+        yield tail
+    finished = constraint is not None and constraint.is_finished()
     stats.total_s = time.perf_counter() - t_start
-    yield Event(done=True, done_reason=reason, stats=stats, tokens=generated)
+    yield Event(done=True, done_reason="stop" if text.stopped or finished else "length",
+                stats=stats, tokens=text.tokens)
 
 
-def _shift_context(engine: Engine, slot: int, token: int, n_keep: int):  # noqa: ANN202
+def _fit_prompt(prompt_tokens: list[int], n_ctx: int, truncate: bool) -> list[int]:
+    """The prompt, leaving room for at least one generated token: too long is an error, or
+    with truncate=True its last n_ctx // 2 tokens."""
+    if len(prompt_tokens) < n_ctx:
+        return prompt_tokens
+    if not truncate:
+        raise PromptTooLongError(len(prompt_tokens), n_ctx)
+    return prompt_tokens[-(n_ctx // 2) :]
+
+
+def _shift_context(engine: Engine, slot: int, token: int, n_keep: int) -> np.ndarray:
     """Make room in a full context: keep BOS + n_keep tokens, drop half of the rest, then
     evaluate `token` after the survivors. The survivors get new positions, so they are
     re-evaluated (prefix reuse keeps the first n_keep where the cache layout allows); the
-    result is what a fresh run on the shortened history computes. Returns token's logits."""
+    result is what a fresh run on the shortened history computes. Returns token's logits
+    [V]."""
     held = list(engine.kv.tokens[slot])
     keep = min(max(0, n_keep) + (1 if engine.tokenizer.add_bos else 0), len(held) // 2)
     n_discard = max(1, (len(held) - keep) // 2)
     survivors = held[:keep] + held[keep + n_discard :] + [token]
     return engine.prefill(survivors, slot).logits[-1]
-
-
-def _first_stop(text: str, stops: Sequence[str]) -> int | None:
-    """Index where the earliest stop string starts in text, or None."""
-    best = None
-    for s in stops:
-        i = text.find(s)
-        if i >= 0 and (best is None or i < best):
-            best = i
-    return best

@@ -19,10 +19,11 @@ free slot whose cached tokens share the longest prefix with its prompt (ties: le
 used; a prefix counts when it is at least half of the prompt or of the slot's cache, so a
 common BOS does not evict a long conversation), so a shared system prompt or the earlier turns of a chat are not evaluated again; only
 the suffix is prefilled and `stats.prompt_eval_tokens` counts just that. Sliding-window rings
-are honoured through `KVCache.reusable_prefix` (a ring that lost the window recomputes).
+are honoured by `KVCache.reuse_prefix` (a ring that lost the window recomputes).
 
 Text handling (detokenizer, stop strings held back until they cannot match, end-of-generation
-tokens) mirrors `generate()`, so a request gives the same `Event`s through either path; with
+tokens) is the same `TextStream` that `generate()` uses, and drafting the same `Speculator`
+as `generate_tokens`, so a request gives the same `Event`s through either path; with
 batch-invariant logits, the same tokens too.
 
 Structured output: a request's `constraint` wraps its sampler in a `ConstrainedSampler`, as
@@ -48,17 +49,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from localllm.batch import Batch
-from localllm.detokenizer import StreamDetokenizer
 from localllm.errors import PromptTooLongError
-from localllm.generate import Event, GenerationStats, _first_stop, held_back
+from localllm.generate import GenerationStats
 from localllm.sampling import Sampler, SamplerConfig
 from localllm.speculative import (
     DraftPolicy,
     NgramDrafter,
     SpecOptions,
+    Speculator,
     StepCosts,
     sample_and_accept,
 )
+from localllm.text_stream import Event, TextStream
 
 if TYPE_CHECKING:
     from localllm.constraint import TokenConstraint
@@ -144,11 +146,8 @@ class _Seq:
         self.history: list[int] = list(req.prompt)
         self.sampler = sampler
         self.eog = frozenset() if req.ignore_eos else frozenset(engine.tokenizer.eog_ids)
-        self.stops = [s for s in req.stop if s]
-        self.detok = StreamDetokenizer(engine.tokenizer)
-        self.text_pending = ""
-        self.stops_hit = False
-        self.generated: list[int] = []
+        self.text = TextStream(engine.tokenizer, req.stop, self.eog)
+        self.generated = self.text.tokens  # the generated ids that count
         self.last: int | None = None  # last sampled token, not yet in the cache
         self.stats = GenerationStats(prompt_tokens=len(req.prompt),
                                      prompt_eval_tokens=len(self.pending))
@@ -157,8 +156,8 @@ class _Seq:
         self.t_eval: float | None = None
         draft_max = req.draft_max or spec.draft_max
         use_spec = req.speculate and spec.enabled and draft_max > 0
-        self.drafter = NgramDrafter(spec.ngram_min, spec.ngram_max) if use_spec else None
-        self.policy = DraftPolicy(draft_max, costs) if use_spec else None
+        self.spec = Speculator(NgramDrafter(spec.ngram_min, spec.ngram_max),
+                               DraftPolicy(draft_max, costs)) if use_spec else None
         self.draft: list[int] = []  # drafted rows in the current step
 
     # --- text --------------------------------------------------------------------------------
@@ -167,34 +166,22 @@ class _Seq:
         """Take one sampled token; emit text; return a done_reason when the sequence ends."""
         if self.t_eval is None:
             self.t_eval = time.perf_counter()
-        if token in self.eog:
+        ev = self.text.push(token)
+        self.stats.eval_tokens = len(self.generated)
+        if ev is not None:
+            self.handle._emit(ev)
+        if self.text.stopped:
             return "stop"
-        self.generated.append(token)
-        self.stats.eval_tokens += 1
-        self.text_pending += self.detok.push(token)
-        hit = _first_stop(self.text_pending, self.stops)
-        if hit is not None:
-            if hit:
-                self.handle._emit(Event(text=self.text_pending[:hit]))
-            self.text_pending = ""
-            self.stops_hit = True
-            return "stop"
-        safe = len(self.text_pending) - held_back(self.text_pending, self.stops)
-        if safe > 0:
-            self.handle._emit(Event(text=self.text_pending[:safe], token=token))
-            self.text_pending = self.text_pending[safe:]
         if 0 <= self.req.max_tokens <= len(self.generated):
             return "length"
         return None
 
     def finish(self, reason: str) -> None:
-        if not self.stops_hit:
-            tail = self.text_pending + self.detok.flush()
-            hit = _first_stop(tail, self.stops)
-            if hit is not None:
-                tail, reason = tail[:hit], "stop"
-            if tail:
-                self.handle._emit(Event(text=tail))
+        tail = self.text.finish()
+        if tail is not None:
+            self.handle._emit(tail)
+        if self.text.stopped:  # a stop string in the held-back tail
+            reason = "stop"
         now = time.perf_counter()
         self.stats.eval_s = now - self.t_eval if self.t_eval is not None else 0.0
         self.stats.total_s = now - self.t_submit
@@ -425,12 +412,11 @@ class Scheduler:
         n_rows = len(decoding) + sum(len(c) for _, c in chunks)
         for s in decoding:
             draft: list[int] = []
-            if s.drafter is not None:
+            if s.spec is not None:
                 room = min(eng.n_ctx - s.pos - 1, eng.n_batch - 1)
                 if s.req.max_tokens >= 0:
                     room = min(room, s.req.max_tokens - len(s.generated) - 1)
-                k = s.policy.choose(room, n_rows - 1)
-                draft = s.drafter.propose(k)[:k] if k > 0 else []
+                draft = s.spec.draft(room, n_rows - 1)
             s.draft = draft
             n_rows += len(draft)
             parts.append(Batch.for_sequence([s.last, *draft], s.pos, s.slot,
@@ -469,8 +455,8 @@ class Scheduler:
             return
         token = s.sampler(rows[0], s.history)
         s.history.append(token)
-        if s.drafter is not None:
-            s.drafter.reset(s.history)
+        if s.spec is not None:
+            s.spec.start(s.history)
         self._emit_tokens(s, [token])
 
     def _after_decode(self, s: _Seq, rows: np.ndarray, dt: float) -> None:
@@ -483,12 +469,11 @@ class Scheduler:
         if draft:
             s.stats.draft_tokens += len(draft)
             s.stats.draft_accepted += accepted
-            s.policy.update(len(draft), accepted)
             if accepted < len(draft):
                 self.engine.kv.truncate(s.slot, s.pos)
         new = s.history[before:]
-        if s.drafter is not None:
-            s.drafter.extend(new)
+        if s.spec is not None:
+            s.spec.settle(draft, accepted, new)
         self._emit_tokens(s, new)
 
     def _emit_tokens(self, s: _Seq, new: list[int]) -> None:

@@ -16,6 +16,8 @@ gained for almost nothing. Three pieces, each small:
   uses one random draw per emitted token in the same order as plain decoding: the same seed
   gives the same text with and without speculation (greedy included). It relies on the
   engine giving a token the same logits in a (k+1)-row step as alone (batch invariance).
+- `Speculator` ties one sequence's drafter and policy together; the token loop
+  (`generate_tokens`) and the scheduler both drive it: start, draft, settle.
 - Adaptivity (`DraftPolicy`): the draft length that maximises expected tokens per unit of
   step cost, from the running acceptance rate and step times measured online on this
   machine; 0 (plain decoding) when no length pays. Drafts need a match of at least
@@ -284,6 +286,31 @@ class DraftPolicy:
         step_rate = accepted / drafted
         self.rate += 0.3 * (step_rate - self.rate)
         self.cap = min(self.draft_max, accepted + 2)
+
+
+class Speculator:
+    """One sequence's speculation: its drafter and the policy that sizes each draft. The
+    token loop and the scheduler drive it the same way: `start(history)` once the first
+    token is sampled, `draft(room, other_rows)` before a step, `settle(draft, accepted,
+    new)` after verification."""
+
+    def __init__(self, drafter: Drafter, policy: DraftPolicy) -> None:
+        self.drafter, self.policy = drafter, policy
+
+    def start(self, history: Sequence[int]) -> None:
+        self.drafter.reset(history)
+
+    def draft(self, room: int, other_rows: int = 0) -> list[int]:
+        """Up to `room` tokens to verify after the next one (room: what the context, the
+        batch and the token limit allow); [] when plain decoding pays better."""
+        k = self.policy.choose(room, other_rows)
+        return self.drafter.propose(k)[:k] if k > 0 else []
+
+    def settle(self, draft: Sequence[int], accepted: int, new: Sequence[int]) -> None:
+        """After verification: learn from the acceptance, index the emitted tokens."""
+        if draft:
+            self.policy.update(len(draft), accepted)
+        self.drafter.extend(new)
 
 
 def make_drafter(opts: SpecOptions, engine: Engine) -> Drafter | None:

@@ -352,7 +352,7 @@ class ToolStream:
         self.sent = 0  # characters of self.text already passed on
 
     def push(self, piece: str) -> str:
-        from localllm.generate import held_back
+        from localllm.text_stream import held_back
         from localllm.tool_calls import tool_call_start
 
         self.text += piece
