@@ -90,3 +90,31 @@ def test_tokenize_like_llama_tokenize() -> None:
     r = cli("tokenize", "Hello", "--json")
     d = json.loads(r.stdout)
     assert d["ids"][0] == 2 and len(d["ids"]) == len(d["pieces"])
+
+
+def test_model_then_arg_and_shared_options(capsys: pytest.CaptureFixture) -> None:
+    """`[MODEL] ARG` has one rule; every command that loads the model takes the same options
+    with the same choices (parsing only: nothing is loaded)."""
+    from localllm.cli import build_parser
+    from localllm.cli_options import split_model_arg
+
+    assert split_model_arg(["m.gguf", "hello", "world"]) == ("m.gguf", "hello world")
+    assert split_model_arg(["hello"]) == (None, "hello")
+    assert split_model_arg([]) == (None, None)
+    assert split_model_arg(["m.gguf"], is_model=lambda s: s.endswith(".gguf")) == ("m.gguf", None)
+    with pytest.raises(ValueError, match="3 words"):
+        split_model_arg(["m", "a.txt", "b.txt"], join_rest=False)
+
+    p = build_parser()
+    ns = p.parse_args(["tokenize", "m.gguf", "two", "words"])
+    assert (ns.model, ns.text) == ("m.gguf", "two words")
+    ns = p.parse_args(["perplexity", "wiki.txt"])
+    assert (ns.model, ns.file) == (None, "wiki.txt")
+    for cmd in ("run", "chat", "perplexity", "bench", "serve"):
+        ns = p.parse_args([cmd, "-t", "2", "-c", "64", "-ctk", "q8_0", "-ctv", "q4_0"])
+        assert (ns.threads, ns.ctx, ns.kv_type, ns.kv_type_v, ns.runs_model) == (
+            2, 64, "q8_0", "q4_0", True), cmd
+        with pytest.raises(SystemExit):
+            p.parse_args([cmd, "--kv-type", "q3_k"])
+        assert "invalid choice" in capsys.readouterr().err
+    assert not getattr(p.parse_args(["list"]), "runs_model", False)

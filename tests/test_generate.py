@@ -115,3 +115,28 @@ def test_held_back() -> None:
     assert _held_back("abc EN", ["END"]) == 2
     assert _held_back("abc", ["END"]) == 0
     assert _held_back("xE", ["END", "EX"]) == 1
+
+
+def test_text_stream_holds_back_stop_strings_and_flushes() -> None:
+    """The text layer alone (what generate() and the scheduler both use)."""
+    from localllm.text_stream import TextStream
+
+    ts = TextStream(FakeTokenizer(), stop=["END"], eog={0})
+    shown = [ev.text for t in (1, 2, 6) if (ev := ts.push(t)) is not None]
+    assert shown == ["Hel", "lo"] and ts.pending == "EN" and not ts.stopped
+    ev = ts.push(7)  # "END" completes: nothing of it is shown, the reply stops
+    assert ev is None and ts.stopped and ts.finish() is None and ts.tokens == [1, 2, 6, 7]
+
+    ts = TextStream(FakeTokenizer(), eog={0})
+    assert ts.push(8) is None and ts.push(0) is None  # half a character, then end of text
+    assert ts.stopped and ts.tokens == [8]
+    tail = ts.finish()
+    assert tail is not None and tail.text == "\ufffd"  # the unfinished character
+
+
+def test_token_step_logprob() -> None:
+    from localllm.generate import TokenStep
+
+    logits = np.array([1.0, 2.0, 0.5, -1.0], dtype=np.float32)
+    want = np.log(np.exp(logits[1]) / np.exp(logits.astype(np.float64)).sum())
+    assert abs(TokenStep(1, logits).logprob - want) < 1e-12
