@@ -131,7 +131,8 @@ class KVCache:
 
     def commit(self, slot: int, start: int, tokens: list[int]) -> None:
         """Record that positions start .. start + len(tokens) - 1 of a slot now hold `tokens`
-        (their K/V are stored); whatever the slot held past them is forgotten."""
+        (called by the forward pass once their K/V are stored); the record of anything past
+        them is dropped (a caller that rewinds a slot calls truncate() first)."""
         self.tokens[slot][start:] = tokens
 
     def reuse_prefix(self, slot: int, tokens: list[int]) -> PrefixReuse:
