@@ -111,10 +111,11 @@ def test_model_then_arg_and_shared_options(capsys: pytest.CaptureFixture) -> Non
     ns = p.parse_args(["perplexity", "wiki.txt"])
     assert (ns.model, ns.file) == (None, "wiki.txt")
     for cmd in ("run", "chat", "perplexity", "bench", "serve"):
-        ns = p.parse_args([cmd, "-t", "2", "-c", "64", "-ctk", "q8_0", "-ctv", "q4_0"])
+        pos = ["wiki.txt"] if cmd == "perplexity" else []
+        ns = p.parse_args([cmd, *pos, "-t", "2", "-c", "64", "-ctk", "q8_0", "-ctv", "q4_0"])
         assert (ns.threads, ns.ctx, ns.kv_type, ns.kv_type_v, ns.runs_model) == (
             2, 64, "q8_0", "q4_0", True), cmd
         with pytest.raises(SystemExit):
-            p.parse_args([cmd, "--kv-type", "q3_k"])
+            p.parse_args([cmd, *pos, "--kv-type", "q3_k"])
         assert "invalid choice" in capsys.readouterr().err
     assert not getattr(p.parse_args(["list"]), "runs_model", False)

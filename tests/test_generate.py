@@ -138,5 +138,6 @@ def test_token_step_logprob() -> None:
     from localllm.generate import TokenStep
 
     logits = np.array([1.0, 2.0, 0.5, -1.0], dtype=np.float32)
-    want = np.log(np.exp(logits[1]) / np.exp(logits.astype(np.float64)).sum())
+    x = logits.astype(np.float64)
+    want = np.log(np.exp(x[1]) / np.exp(x).sum())
     assert abs(TokenStep(1, logits).logprob - want) < 1e-12
