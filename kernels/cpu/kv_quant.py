@@ -53,6 +53,7 @@ __all__ = [
     "store",
     "load",
     "attention",
+    "attention_slots",
 ]
 
 KV_TYPES: tuple[str, ...] = ("f32", "f16", "q8_0", "q4_0")
@@ -380,9 +381,12 @@ def _attention_kernel(
     v8, v16, v32,  # V storage, likewise for vk
     n_hkv: int,
     q_pos,     # [N] int64
-    kv_pos,    # [T] int64: position p is stored at entry p % T (kv_pos[p % T] == p)
+    row_slot,  # [N] int64: the sequence slot whose keys row i reads
+    kv_pos,    # [S * T] int64: slot s stores position p at entry s * T + p % T
+    n_ent: int,  # T, entries per slot
     window: int, scale: np.float32, softcap: np.float32,
     out,       # [N, Hq, Dv] float32
+    tiles,     # [n_tiles + 1] int64: row bounds of the tiles (one slot per tile)
     rows_per_tile: int, c_lo: int, n_chunks: int,
     part_m,    # [n_chunks, N, Hq] float32
     part_l,    # [n_chunks, N, Hq] float32
@@ -398,11 +402,10 @@ def _attention_kernel(
     Work items are (row tile, kv head, chunk); every row's chunks are merged in chunk order.
     """
     n_rows, n_hq, dh = q.shape
-    n_kv = kv_pos.shape[0]
     dv = out.shape[2]
     g = n_hq // n_hkv
     rt = rows_per_tile
-    n_tiles = (n_rows + rt - 1) // rt
+    n_tiles = tiles.shape[0] - 1
     n_items = n_tiles * n_hkv * n_chunks
     rg = rt * g
     bk = _KEY_BLOCK
@@ -415,8 +418,9 @@ def _attention_kernel(
         # Zig-zag tile order: with a causal mask late rows see more keys; pairing first and
         # last tiles evens out the contiguous blocks of items prange gives each thread.
         tile = z // 2 if z % 2 == 0 else n_tiles - 1 - z // 2
-        r0 = tile * rt
-        nr = min(rt, n_rows - r0)
+        r0 = tiles[tile]
+        nr = tiles[tile + 1] - r0
+        base = row_slot[r0] * n_ent  # the tile's slot: its first storage entry
         ni = nr * g  # (row, head) pairs of this item: i = r * g + head-in-group
         m = np.full(rg, neg_inf, dtype=np.float32)  # running max logit
         den = np.zeros(rg, dtype=np.float32)  # running sum of exp(logit - m)
@@ -443,7 +447,7 @@ def _attention_kernel(
                 any_key = False
                 for j in range(bk):
                     p = b0 + j
-                    t = p % n_kv
+                    t = base + p % n_ent
                     ent[j] = t
                     present = kv_pos[t] == p
                     seen = False
@@ -547,8 +551,9 @@ def _attention_kernel(
                 continue
             part_m[c, r, h] = m[i]
             part_l[c, r, h] = den[i]
-            for e in range(dv):
-                part_acc[c, r, h, e] = acc[i, e]
+            if den[i] > np.float32(0.0):  # the merge reads acc only where den > 0
+                for e in range(dv):
+                    part_acc[c, r, h, e] = acc[i, e]
     if n_chunks == 1:
         return
     # flash-decoding merge of the per-chunk partial softmaxes, always in chunk order
@@ -767,25 +772,99 @@ def attention(
         kv_pos, k_store, v_store = _canonical(kv_pos, k_store, v_store)
         k8, k16, k32 = _views(k_type, k_store, "k_store")
         v8, v16, v32 = _views(v_type, v_store, "v_store")
+    _run(_KIND[k_type], _KIND[v_type], q, (k8, k16, k32), (v8, v16, v32), n_hkv, q_pos,
+         np.zeros(n_rows, np.int64), kv_pos, kv_pos.shape[0], window, scale, softcap, res)
+    if not direct:
+        out[...] = res
+
+
+def attention_slots(
+    k_type: str,
+    v_type: str,
+    q: np.ndarray,  # [N, Hq, Dh] float32, the rows of each slot contiguous
+    k_store: np.ndarray,  # [S, T, Hkv, Wk] storage of k_type, slot s position p at [s, p % T]
+    v_store: np.ndarray,  # [S, T, Hkv, Wv] storage of v_type, likewise
+    q_pos: np.ndarray,  # [N] int64
+    row_slot: np.ndarray,  # [N] int64: the slot whose cache row i attends to
+    kv_pos: np.ndarray,  # [S, T] int64: kv_pos[s, p % T] == p, EMPTY_POS where empty
+    window: int,
+    scale: float,
+    softcap: float,
+    out: np.ndarray,  # [N, Hq, Dv] float32, C-contiguous
+) -> None:
+    """`attention` for the rows of several sequences in one call (one parallel region instead
+    of one per sequence: the per-call cost is what batched decode of many short sequences
+    pays). Each row gets exactly the bits it would get alone (see _attention_kernel)."""
+    if k_store.ndim != 4 or v_store.ndim != 4 or kv_pos.ndim != 2:
+        raise ValueError("k_store / v_store must be [S, T, Hkv, W] and kv_pos [S, T]")
+    n_slots, n_ent = kv_pos.shape
+    if k_store.shape[:2] != (n_slots, n_ent) or v_store.shape[:2] != (n_slots, n_ent):
+        raise ValueError(f"storage {k_store.shape} / {v_store.shape} does not match kv_pos "
+                         f"{kv_pos.shape}")
+    kf = k_store.reshape(n_slots * n_ent, *k_store.shape[2:])
+    vf = v_store.reshape(n_slots * n_ent, *v_store.shape[2:])
+    kv = _views(k_type, kf, "k_store")
+    vv = _views(v_type, vf, "v_store")
+    n_rows, n_hq, dh = q.shape
+    n_hkv = kf.shape[1]
+    if _head_dim_of(k_type, kf.shape[2]) != dh or _head_dim_of(v_type, vf.shape[2]) != out.shape[2]:
+        raise ValueError("head sizes of q / out do not match the cache")
+    if n_hkv == 0 or n_hq % n_hkv != 0 or vf.shape[1] != n_hkv:
+        raise ValueError(f"{n_hq} query heads are not a multiple of {n_hkv} kv heads")
+    if out.shape[:2] != (n_rows, n_hq) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous float32 [{n_rows}, {n_hq}, Dv]")
+    row_slot = np.ascontiguousarray(row_slot, dtype=np.int64)
+    q_pos = np.ascontiguousarray(q_pos, dtype=np.int64)
+    if row_slot.shape != (n_rows,) or q_pos.shape != (n_rows,):
+        raise ValueError(f"q_pos and row_slot must be [{n_rows}]")
+    if n_rows == 0:
+        return
+    if int(row_slot.min()) < 0 or int(row_slot.max()) >= n_slots:
+        raise IndexError(f"row_slot out of range for {n_slots} slots")
+    _run(_KIND[k_type], _KIND[v_type], np.ascontiguousarray(q, dtype=np.float32), kv, vv,
+         n_hkv, q_pos, row_slot, np.ascontiguousarray(kv_pos.reshape(-1)), n_ent, window,
+         scale, softcap, out)
+
+
+def _run(kk: int, vk: int, q: np.ndarray, kv: tuple, vv: tuple, n_hkv: int,
+         q_pos: np.ndarray, row_slot: np.ndarray, kv_pos: np.ndarray, n_ent: int,
+         window: int, scale: float, softcap: float, res: np.ndarray) -> None:
+    """Tile the rows (never across a slot boundary), bound the partial results, call the
+    kernel. Nothing here changes a row's arithmetic: chunks are fixed by absolute position."""
+    n_rows, n_hq, _ = q.shape
+    dv = res.shape[2]
+    g = n_hq // n_hkv
+    rows_per_tile = max(1, min(n_rows, _TILE_HEADS // g))
+    # tile bounds: a new tile at every slot change and every rows_per_tile rows
+    change = np.flatnonzero(row_slot[1:] != row_slot[:-1]) + 1
+    starts = np.concatenate(([0], change))
+    ends = np.concatenate((change, [n_rows]))
+    bounds = [np.arange(a, b, rows_per_tile) for a, b in zip(starts, ends, strict=True)]
+    tiles = np.concatenate([*bounds, [n_rows]]).astype(np.int64)
     # Chunks: the absolute position range any row can see; the split depends on positions
-    # alone, never on N or the thread count (see _attention_kernel).
+    # alone, never on N, the other rows or the thread count (see _attention_kernel).
     q_lo, q_hi = int(q_pos.min()), int(q_pos.max())
     first = max(0, q_lo - int(window) + 1) if window > 0 else 0
     c_lo = first // _CHUNK
     n_chunks = q_hi // _CHUNK - c_lo + 1
-    g = n_hq // n_hkv
-    rows_per_tile = max(1, min(n_rows, _TILE_HEADS // g))
-    group = max(rows_per_tile, _PART_MAX // max(1, n_chunks * n_hq * dv)
-                // rows_per_tile * rows_per_tile)
-    for a in range(0, n_rows, group):
-        b = min(n_rows, a + group)
-        part_m = poison.empty((n_chunks, b - a, n_hq), np.float32)
-        part_l = poison.empty((n_chunks, b - a, n_hq), np.float32)
-        part_acc = poison.empty((n_chunks, b - a, n_hq, dv), np.float32)
+    # row groups at tile bounds, each holding at most ~_PART_MAX partial floats
+    per_row = max(1, n_chunks * n_hq * dv) if n_chunks > 1 else 1
+    max_rows = max(rows_per_tile, _PART_MAX // per_row)
+    t0 = 0
+    n_tiles = tiles.shape[0] - 1
+    while t0 < n_tiles:
+        t1 = t0 + 1
+        while t1 < n_tiles and tiles[t1 + 1] - tiles[t0] <= max_rows:
+            t1 += 1
+        a, b = int(tiles[t0]), int(tiles[t1])
+        m = b - a if n_chunks > 1 else 1  # one chunk: rows are written directly
+        part_m = poison.empty((n_chunks, m, n_hq), np.float32)
+        part_l = poison.empty((n_chunks, m, n_hq), np.float32)
+        part_acc = poison.empty((n_chunks, m, n_hq, dv), np.float32)
         _attention_kernel(
-            _KIND[k_type], _KIND[v_type], q[a:b], k8, k16, k32, v8, v16, v32, n_hkv,
-            q_pos[a:b], kv_pos, int(window), np.float32(scale), np.float32(softcap),
-            res[a:b], rows_per_tile, c_lo, n_chunks, part_m, part_l, part_acc,
+            kk, vk, q[a:b], *kv, *vv, n_hkv, q_pos[a:b], row_slot[a:b], kv_pos, n_ent,
+            int(window), np.float32(scale), np.float32(softcap), res[a:b],
+            tiles[t0 : t1 + 1] - a, rows_per_tile, c_lo, n_chunks, part_m, part_l, part_acc,
         )
-    if not direct:
-        out[...] = res
+        t0 = t1
+
