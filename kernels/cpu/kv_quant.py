@@ -639,6 +639,9 @@ def allocate(kv_type: str, n: int, n_head_kv: int, head_dim: int) -> np.ndarray:
 _DUMMY8 = np.zeros((1, 1, 1), dtype=np.uint8)
 _DUMMY16 = np.zeros((1, 1, 1), dtype=np.uint16)
 _DUMMY32 = np.zeros((1, 1, 1), dtype=np.float32)
+_NO_PART = np.zeros((1, 1, 1), dtype=np.float32)  # partial results of a one-chunk call
+_NO_PART4 = np.zeros((1, 1, 1, 1), dtype=np.float32)
+_ONE_TILE = np.array([0, 1], dtype=np.int64)
 
 
 def _views(kv_type: str, arr: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -836,11 +839,16 @@ def _run(kk: int, vk: int, q: np.ndarray, kv: tuple, vv: tuple, n_hkv: int,
     g = n_hq // n_hkv
     rows_per_tile = max(1, min(n_rows, _TILE_HEADS // g))
     # tile bounds: a new tile at every slot change and every rows_per_tile rows
-    change = np.flatnonzero(row_slot[1:] != row_slot[:-1]) + 1
-    starts = np.concatenate(([0], change))
-    ends = np.concatenate((change, [n_rows]))
-    bounds = [np.arange(a, b, rows_per_tile) for a, b in zip(starts, ends, strict=True)]
-    tiles = np.concatenate([*bounds, [n_rows]]).astype(np.int64)
+    if n_rows == 1:
+        tiles = _ONE_TILE
+    elif row_slot[0] == row_slot[-1]:  # one sequence (rows of a slot are contiguous)
+        tiles = np.append(np.arange(0, n_rows, rows_per_tile, dtype=np.int64), n_rows)
+    else:
+        change = np.flatnonzero(row_slot[1:] != row_slot[:-1]) + 1
+        starts = np.concatenate(([0], change))
+        ends = np.concatenate((change, [n_rows]))
+        bounds = [np.arange(a, b, rows_per_tile) for a, b in zip(starts, ends, strict=True)]
+        tiles = np.concatenate([*bounds, [n_rows]]).astype(np.int64)
     # Chunks: the absolute position range any row can see; the split depends on positions
     # alone, never on N, the other rows or the thread count (see _attention_kernel).
     q_lo, q_hi = int(q_pos.min()), int(q_pos.max())
@@ -857,10 +865,12 @@ def _run(kk: int, vk: int, q: np.ndarray, kv: tuple, vv: tuple, n_hkv: int,
         while t1 < n_tiles and tiles[t1 + 1] - tiles[t0] <= max_rows:
             t1 += 1
         a, b = int(tiles[t0]), int(tiles[t1])
-        m = b - a if n_chunks > 1 else 1  # one chunk: rows are written directly
-        part_m = poison.empty((n_chunks, m, n_hq), np.float32)
-        part_l = poison.empty((n_chunks, m, n_hq), np.float32)
-        part_acc = poison.empty((n_chunks, m, n_hq, dv), np.float32)
+        if n_chunks == 1:  # rows are written directly; the partials are never touched
+            part_m, part_l, part_acc = _NO_PART, _NO_PART, _NO_PART4
+        else:
+            part_m = poison.empty((n_chunks, b - a, n_hq), np.float32)
+            part_l = poison.empty((n_chunks, b - a, n_hq), np.float32)
+            part_acc = poison.empty((n_chunks, b - a, n_hq, dv), np.float32)
         _attention_kernel(
             kk, vk, q[a:b], *kv, *vv, n_hkv, q_pos[a:b], row_slot[a:b], kv_pos, n_ent,
             int(window), np.float32(scale), np.float32(softcap), res[a:b],
