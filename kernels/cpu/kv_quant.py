@@ -37,12 +37,13 @@ import math
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange
-from numba.core import types
+from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from localllm.kernels.cpu import poison
 from localllm.kernels.cpu.halfbits import f32_to_f16_bits as _f2h
 from localllm.kernels.cpu.halfbits import u32_as_f32 as _u32_as_f32
+from localllm.kernels.cpu.simd import F32x8, fma_f, hsumf, ld_f32x8, mulf, splatf, zerof
 
 __all__ = [
     "KV_TYPES",
@@ -73,9 +74,13 @@ _DTYPE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.uint16),
 _QK = 32  # elements per q8_0 / q4_0 block
 _BLOCK_BYTES = {"q8_0": 2 + 32, "q4_0": 2 + 16}
 
-# Float flags for the attention kernel: reassociation (vectorised dot products and sums) and
-# contraction (FMA), but not 'nnan'/'ninf': the running max starts at -inf.
-_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+# The attention kernel takes no fast-math flags: every float operation is strict IEEE and the
+# vector work is written out (F32x8 loads, explicit FMAs, fixed-tree sums). With 'reassoc' LLVM
+# chose the order of the dot products and sums itself, and chose differently when the same IR
+# was optimised a second time: the kernel a process compiled (its parallel body as a separate
+# library) and the one it cached (the body linked into the kernel's module and re-optimised)
+# gave bits that differed by an ulp on AVX2 targets, so a fresh process and a warm one
+# disagreed. Written out, any optimiser must keep the bits.
 
 # Keys are split by absolute position into chunks of this many positions (a multiple of
 # _KEY_BLOCK), merged afterwards (flash decoding): the work items decode needs to use every
@@ -129,6 +134,47 @@ def _store_f32(context, builder, arrty, arrval, elem_off, vec) -> None:
     """Store a float vector at element offset `elem_off` of a float32 array."""
     byte_off = builder.mul(elem_off, ir.Constant(elem_off.type, 4))
     builder.store(vec, _ptr_at(context, builder, arrty, arrval, byte_off, vec.type), align=4)
+
+
+@intrinsic
+def _fmaf(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma.f32: one vfmadd; never split or re-fused)."""
+    if not all(isinstance(t, types.Float) for t in (a, b, c)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        f = [v if v.type == _FLT else builder.fptrunc(v, _FLT) for v in args]
+        fn = cgutils.get_or_insert_function(builder.module,
+                                            ir.FunctionType(_FLT, [_FLT] * 3), "llvm.fma.f32")
+        return builder.call(fn, f)
+
+    return types.float32(a, b, c), codegen
+
+
+@intrinsic
+def _addf(typingctx, a, b):
+    """Lanewise a + b of two F32x8 (strict)."""
+    if a != F32x8 or b != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+
+    return F32x8(F32x8, F32x8), codegen
+
+
+@intrinsic
+def _st_f32x8(typingctx, arr, off, v):
+    """Store an F32x8 at byte offset `off` of a C-contiguous float32 array."""
+    if not _is_array(arr, types.float32) or v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _ptr_at(context, builder, sig.args[0], args[0], args[1], v.lltype)
+        builder.store(args[2], ptr, align=4)
+        return context.get_dummy_value()
+
+    return types.void(arr, types.intp, F32x8), codegen
 
 
 def _is_array(t, dtype=None) -> bool:
@@ -352,7 +398,7 @@ _LN2_HI = np.float32(0.693359375)  # ln 2 split in two (Cody-Waite) for an exact
 _LN2_LO = np.float32(-2.12194440e-4)
 
 
-@njit(cache=True, fastmath={"contract"})  # no reassoc: it would fold the Cody-Waite split
+@njit(cache=True)  # strict: every fused step is an explicit _fmaf
 def _expf(x: np.float32) -> np.float32:
     """exp(x) in float32 (Cephes expf polynomial, ~1 ulp), branch-free so loops vectorise.
 
@@ -360,20 +406,20 @@ def _expf(x: np.float32) -> np.float32:
     Returns exactly 0 for x <= -87 (so exp(-inf) of a masked logit is 0).
     """
     xc = min(max(x, np.float32(-87.0)), np.float32(88.0))
-    z = np.floor(xc * _LOG2E + np.float32(0.5))
-    r = xc - z * _LN2_HI - z * _LN2_LO
+    z = np.floor(_fmaf(xc, _LOG2E, np.float32(0.5)))
+    r = _fmaf(-z, _LN2_LO, xc - z * _LN2_HI)  # z * _LN2_HI is exact (9 + 8 bits)
     p = np.float32(1.9875691500e-4)
-    p = p * r + np.float32(1.3981999507e-3)
-    p = p * r + np.float32(8.3334519073e-3)
-    p = p * r + np.float32(4.1665795894e-2)
-    p = p * r + np.float32(1.6666665459e-1)
-    p = p * r + np.float32(5.0000001201e-1)
-    y = p * (r * r) + r + np.float32(1.0)
+    p = _fmaf(p, r, np.float32(1.3981999507e-3))
+    p = _fmaf(p, r, np.float32(8.3334519073e-3))
+    p = _fmaf(p, r, np.float32(4.1665795894e-2))
+    p = _fmaf(p, r, np.float32(1.6666665459e-1))
+    p = _fmaf(p, r, np.float32(5.0000001201e-1))
+    y = _fmaf(p, r * r, r) + np.float32(1.0)
     two_n = _u32_as_f32((np.int32(z) + np.int32(127)) << np.int32(23))
     return y * two_n if x > np.float32(-87.0) else np.float32(0.0)
 
 
-@njit(cache=True, parallel=True, fastmath=_FASTMATH)
+@njit(cache=True, parallel=True)  # strict IEEE (see the note above the constants)
 def _attention_kernel(
     kk: int, vk: int,
     q,         # [N, Hq, Dh] float32
@@ -409,6 +455,8 @@ def _attention_kernel(
     n_items = n_tiles * n_hkv * n_chunks
     rg = rt * g
     bk = _KEY_BLOCK
+    dh8 = dh - dh % 8  # the part of a head done in 8-lane vectors
+    dv8 = dv - dv % 8
     neg_inf = np.float32(-np.inf)
     for it in prange(n_items):
         c = it % n_chunks
@@ -472,17 +520,29 @@ def _attention_kernel(
                     r = i // g
                     rq = r0 + r
                     hq = hk * g + (i - r * g)
+                    qo = (rq * n_hq + hq) * dh * 4  # byte offset of the query row
                     for j in range(0, bk, 4):
-                        s0 = np.float32(0.0)
-                        s1 = np.float32(0.0)
-                        s2 = np.float32(0.0)
-                        s3 = np.float32(0.0)
-                        for e in range(dh):
+                        a0 = zerof()
+                        a1 = zerof()
+                        a2 = zerof()
+                        a3 = zerof()
+                        ko = j * dh * 4
+                        for e in range(0, dh8, 8):
+                            qv = ld_f32x8(q, qo + e * 4)
+                            a0 = fma_f(a0, qv, ld_f32x8(kb, ko + e * 4))
+                            a1 = fma_f(a1, qv, ld_f32x8(kb, ko + (dh + e) * 4))
+                            a2 = fma_f(a2, qv, ld_f32x8(kb, ko + (2 * dh + e) * 4))
+                            a3 = fma_f(a3, qv, ld_f32x8(kb, ko + (3 * dh + e) * 4))
+                        s0 = hsumf(a0)
+                        s1 = hsumf(a1)
+                        s2 = hsumf(a2)
+                        s3 = hsumf(a3)
+                        for e in range(dh8, dh):  # head sizes that are not a multiple of 8
                             qe = q[rq, hq, e]
-                            s0 += qe * kb[j, e]
-                            s1 += qe * kb[j + 1, e]
-                            s2 += qe * kb[j + 2, e]
-                            s3 += qe * kb[j + 3, e]
+                            s0 = _fmaf(qe, kb[j, e], s0)
+                            s1 = _fmaf(qe, kb[j + 1, e], s1)
+                            s2 = _fmaf(qe, kb[j + 2, e], s2)
+                            s3 = _fmaf(qe, kb[j + 3, e], s3)
                         sc[i, j] = s0
                         sc[i, j + 1] = s1
                         sc[i, j + 2] = s2
@@ -505,18 +565,18 @@ def _attention_kernel(
                             pr[i, j] = np.float32(0.0)
                         continue
                     if bmax > m[i]:
-                        alpha = np.float32(math.exp(m[i] - bmax))  # 0 while m is -inf
+                        alpha = _expf(m[i] - bmax)  # 0 while m is -inf
                         den[i] *= alpha
                         for e in range(dv):
                             acc[i, e] *= alpha
                         m[i] = bmax
                     mi = m[i]
-                    total = np.float32(0.0)
                     for j in range(bk):
-                        ex = _expf(sc[i, j] - mi)  # exactly 0 where masked (-inf)
-                        pr[i, j] = ex
-                        total += ex
-                    den[i] += total
+                        pr[i, j] = _expf(sc[i, j] - mi)  # exactly 0 where masked (-inf)
+                    po = i * bk * 4  # the block's 32 weights summed in one fixed tree
+                    t01 = _addf(ld_f32x8(pr, po), ld_f32x8(pr, po + 32))
+                    t23 = _addf(ld_f32x8(pr, po + 64), ld_f32x8(pr, po + 96))
+                    den[i] += hsumf(_addf(t01, t23))
                 # values: the block's visible rows decoded into vb (zeros elsewhere: an empty
                 # or masked entry may hold anything, and 0 * nan is nan)
                 for j in range(bk):
@@ -536,9 +596,23 @@ def _attention_kernel(
                         if (w0 == np.float32(0.0) and w1 == np.float32(0.0)
                                 and w2 == np.float32(0.0) and w3 == np.float32(0.0)):
                             continue
-                        for e in range(dv):
-                            acc[i, e] += (w0 * vb[j, e] + w1 * vb[j + 1, e]) + (
-                                w2 * vb[j + 2, e] + w3 * vb[j + 3, e])
+                        v0 = splatf(w0)
+                        v1 = splatf(w1)
+                        v2 = splatf(w2)
+                        v3 = splatf(w3)
+                        ao = i * dv * 4
+                        vo = j * dv * 4
+                        for e in range(0, dv8, 8):
+                            t = fma_f(mulf(v0, ld_f32x8(vb, vo + e * 4)), v1,
+                                      ld_f32x8(vb, vo + (dv + e) * 4))
+                            u = fma_f(mulf(v2, ld_f32x8(vb, vo + (2 * dv + e) * 4)), v3,
+                                      ld_f32x8(vb, vo + (3 * dv + e) * 4))
+                            _st_f32x8(acc, ao + e * 4,
+                                      _addf(ld_f32x8(acc, ao + e * 4), _addf(t, u)))
+                        for e in range(dv8, dv):  # the same arithmetic, one lane at a time
+                            t1 = _fmaf(w1, vb[j + 1, e], w0 * vb[j, e])
+                            u1 = _fmaf(w3, vb[j + 3, e], w2 * vb[j + 2, e])
+                            acc[i, e] = acc[i, e] + (t1 + u1)
         for i in range(ni):
             r = r0 + i // g
             h = hk * g + i % g
@@ -571,7 +645,7 @@ def _attention_kernel(
         total = np.float32(0.0)
         for c in range(n_chunks):
             if part_l[c, r, h] > np.float32(0.0):
-                f = np.float32(math.exp(part_m[c, r, h] - mx))
+                f = _expf(part_m[c, r, h] - mx)
                 total += part_l[c, r, h] * f
                 for e in range(dv):
                     out[r, h, e] += part_acc[c, r, h, e] * f
