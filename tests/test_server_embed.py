@@ -4,8 +4,8 @@ clients on SmolLM2-135M-Instruct (test_server's fixture) and on the default Gemm
 
 What must hold: one vector of n_embd floats per input, unit norm where the API normalises;
 the same text gives the bit-identical vector alone and inside a batch of inputs (the engine
-is batch-invariant and each vector is reduced in one fixed order); different texts differ;
-an embedding interleaved with a streaming generation changes neither the generated text nor
+is batch-invariant and each vector is reduced in one fixed order); different texts differ,
+and a paraphrase lands closer than an unrelated sentence or code; an embedding interleaved with a streaming generation changes neither the generated text nor
 the slots' cached prompts; bad input is a 400 the clients raise as their own typed errors."""
 
 from __future__ import annotations
@@ -37,6 +37,15 @@ from localllm.server.common import default_name
 CAT = "The cat sat on the mat."
 TEXTS = ["Paris is the capital of France.", CAT, "def add(a, b):\n    return a + b",
          "Quantum chromodynamics describes the strong interaction. " * 6]
+# a paraphrase, an unrelated sentence, code: the paraphrase must come closest
+MEANING = ["A cat sits on the mat.", "A kitten is lying on a rug.",
+           "The stock market fell sharply today.", "def add(a, b): return a + b"]
+
+
+def _paraphrase_closest(vecs: list[list[float]]) -> bool:
+    v = np.asarray(vecs)
+    cos = v[1:] @ v[0]
+    return bool(cos[0] > cos[1] and cos[0] > cos[2])
 
 
 # --- the engine function on tiny models -------------------------------------------------------
@@ -126,6 +135,7 @@ def test_embed_shapes_norms_and_batch_invariance(server, oc) -> None:  # noqa: A
     vecs = np.asarray(batch.embeddings)
     cos = vecs @ vecs.T
     assert np.all(cos[~np.eye(len(TEXTS), dtype=bool)] < 0.9999)  # different texts differ
+    assert _paraphrase_closest(oc.embed(model=m, input=MEANING).embeddings)
     np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
     # legacy /api/embeddings: the raw pooled vector, same direction
     raw = oc.embeddings(model=m, prompt=CAT).embedding
@@ -273,6 +283,7 @@ def test_default_model_embeddings(gemma) -> None:  # noqa: ANN001
     assert client.embed(model=m, input=TEXTS[1]).embeddings[0] == batch[1]
     vecs = np.asarray(batch)
     assert np.all((vecs @ vecs.T)[~np.eye(len(TEXTS), dtype=bool)] < 0.9999)
+    assert _paraphrase_closest(client.embed(model=m, input=MEANING).embeddings)
     # the server's vectors are the engine function's (run on the engine thread)
     direct = state.scheduler.call(lambda: embed_texts(state.engine, TEXTS))
     assert direct.tolist() == batch
