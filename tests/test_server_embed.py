@@ -238,6 +238,35 @@ def test_embedding_during_a_stream_changes_nothing(server, oc) -> None:  # noqa:
     assert again.response == alone and again.prompt_eval_count == 1
 
 
+def test_client_gone_stops_the_job(server, monkeypatch) -> None:  # noqa: ANN001, F811
+    from localllm.server import embeddings
+
+    jobs: list[EmbedJob] = []
+
+    class Counted(EmbedJob):
+        def __init__(self, *a, **k) -> None:  # noqa: ANN002, ANN003
+            super().__init__(*a, **k)
+            self.steps = 0
+            jobs.append(self)
+
+        def step(self) -> bool:
+            self.steps += 1
+            return super().step()
+
+    monkeypatch.setattr(embeddings, "EmbedJob", Counted)
+    # 24 inputs of ~400 tokens, one wave each, 7 passes of 64 rows each: ~170 steps
+    body = {"model": _model(server), "input": [f"{i} " + "lorem ipsum " * 190 for i in range(24)]}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server[0] + "/api/embed", json=body, timeout=httpx.Timeout(60, read=1.0))
+    seen = -1
+    for _ in range(120):  # polls until the job stopped stepping
+        time.sleep(1.0)
+        if jobs and jobs[0].steps == seen:
+            break
+        seen = jobs[0].steps if jobs else -1
+    assert jobs and not jobs[0].done and jobs[0].steps < 100, jobs and jobs[0].steps
+
+
 def test_cancelled_engine_call_is_skipped(server) -> None:  # noqa: ANN001, F811
     """An embedding step whose waiter was cancelled never runs, and the engine thread lives on."""
     sched = server[1].scheduler
