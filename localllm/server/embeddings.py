@@ -26,7 +26,7 @@ import numpy as np
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
-from localllm.embed import EmbedJob, InputTooLongError, encode_inputs, fit_context, l2_normalize
+from localllm.embed import EmbedJob, encode_inputs, fit_context, l2_normalize
 from localllm.scheduler import SchedulerClosedError
 from localllm.server.common import (
     ApiError,
@@ -54,9 +54,7 @@ async def run_embed(request: HttpRequest, state: ServerState,
             ids = [fit_context(list(t), eng.n_ctx, truncate, i, eos)  # type: ignore[arg-type]
                    for i, t in enumerate(inputs)]
         job = EmbedJob(eng, ids, n_batch=state.scheduler.prefill_chunk)
-    except InputTooLongError as e:
-        raise ApiError(400, str(e)) from None
-    except ValueError as e:
+    except ValueError as e:  # too long with truncate off (InputTooLongError), empty input
         raise ApiError(400, str(e)) from None
     while not job.done:
         if await request.is_disconnected():
