@@ -177,9 +177,12 @@ class DecoderModel:
             x *= np.float32(cfg.embd_scale)
         return x
 
-    def forward(self, batch: Batch, kv: KVCache) -> np.ndarray:
+    def forward(self, batch: Batch, kv: KVCache, hidden: bool = False) -> np.ndarray:
         """Run every row through every layer, writing K/V into the cache; return logits
-        [n_rows_wanted, V] float32 for the rows with want_logits, in batch order."""
+        [n_rows_wanted, V] float32 for the rows with want_logits, in batch order.
+
+        hidden: return those rows' final-normed hidden states [n_rows_wanted, D] instead
+        (the output head's input; embeddings pool them), skipping the output head."""
         cfg = self.cfg
         segments = batch.segments()
         for sid, _, _ in segments:
@@ -264,8 +267,8 @@ class DecoderModel:
         for sid, a, b in segments:
             kv.tokens[sid][int(pos[a]) :] = batch.tokens[a:b].tolist()
         if not batch.want_logits.any():
-            return np.empty((0, cfg.n_vocab), dtype=np.float32)
-        return self.logits(x)
+            return np.empty((0, cfg.n_embd if hidden else cfg.n_vocab), dtype=np.float32)
+        return self.final_norm(x) if hidden else self.logits(x)
 
     def _buffers(self, n: int) -> tuple[np.ndarray, ...]:
         """Activation buffers for an n-row step, kept between calls (decode reuses the same
@@ -288,14 +291,20 @@ class DecoderModel:
             self._scratch[n] = bufs
         return bufs
 
+    def final_norm(self, x: np.ndarray) -> np.ndarray:
+        """The output norm of the selected rows x [M, D] -> new array [M, D]."""
+        h = poison.empty(x.shape, np.float32)
+        if x.shape[0]:
+            ops.rms_norm(np.ascontiguousarray(x), self.output_norm, self.cfg.rms_eps, h)
+        return h
+
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final norm and output head for the selected rows x [M, D] -> [M, V]."""
         cfg = self.cfg
         out = poison.empty((x.shape[0], cfg.n_vocab), np.float32)
         if x.shape[0] == 0:
             return out
-        h = poison.empty(x.shape, np.float32)
-        ops.rms_norm(np.ascontiguousarray(x), self.output_norm, cfg.rms_eps, h)
+        h = self.final_norm(x)
         self.output(h, out)
         if cfg.final_softcap:
             c = np.float32(cfg.final_softcap)
