@@ -3,10 +3,11 @@ streams, and time to first token of a second chat turn with and without the pref
 
     python bench/serve_load.py [MODEL] [--clients 1 2 4 8] [--requests 3] [--tokens 64]
                                [--parallel 8] [-c 2048] [--url http://127.0.0.1:11434]
+                               [--api ollama|openai]
 
 Without --url a server is started in this process on a free loopback port (the scheduler
 and engine run in their own thread, as under `localllm serve`); with --url the load goes to
-a running server (ours or another Ollama-compatible one, e.g. for a side-by-side). Each
+a running server (ours, or llama-server with `--api openai`, for a side-by-side). Each
 client sends `--requests` streaming /api/generate requests one after another, greedy, with
 `--tokens` tokens each and distinct prompts (no prefix sharing between clients).
 
@@ -51,7 +52,12 @@ def start_server(args: argparse.Namespace) -> tuple[str, object]:
     return f"http://127.0.0.1:{port}", state
 
 
+API = "ollama"  # or "openai": /v1/completions and /v1/chat/completions (llama-server too)
+
+
 def one_request(url: str, model: str, prompt: str, tokens: int) -> dict[str, object]:
+    if API == "openai":
+        return one_request_openai(url, model, prompt, tokens)
     body = {"model": model, "prompt": prompt, "raw": True,
             "options": {"temperature": 0, "num_predict": tokens}}
     t0 = time.perf_counter()
@@ -70,6 +76,28 @@ def one_request(url: str, model: str, prompt: str, tokens: int) -> dict[str, obj
     return {"ttft": stamps[0] - t0 if stamps else float("nan"),
             "itl": [b - a for a, b in zip(stamps, stamps[1:], strict=False)],
             "tokens": int(final.get("eval_count", 0))}
+
+
+def one_request_openai(url: str, model: str, prompt: str, tokens: int) -> dict[str, object]:
+    """The same request through the OpenAI-compatible streaming /v1/completions (both servers
+    send one chunk per token; the count is of chunks that carry text)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+            "stream": True}
+    t0 = time.perf_counter()
+    stamps: list[float] = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            obj = json.loads(line[6:])
+            if "error" in obj:
+                raise RuntimeError(obj["error"])
+            if obj.get("choices") and obj["choices"][0].get("text"):
+                stamps.append(time.perf_counter())
+    return {"ttft": stamps[0] - t0 if stamps else float("nan"),
+            "itl": [b - a for a, b in zip(stamps, stamps[1:], strict=False)],
+            "tokens": len(stamps)}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -103,6 +131,8 @@ def second_turn_ttft(url: str, model: str, cached: bool) -> float:
     different system prompt, so no slot shares its prefix and all of it is evaluated."""
     system = "You are a careful assistant. " * 40
     msgs = [{"role": "system", "content": system}, {"role": "user", "content": "Hello!"}]
+    if API == "openai":
+        return second_turn_ttft_openai(url, model, msgs, cached)
     r = httpx.post(url + "/api/chat", json={"model": model, "messages": msgs, "stream": False,
                                             "options": {"temperature": 0, "num_predict": 16}},
                    timeout=600).json()
@@ -115,6 +145,27 @@ def second_turn_ttft(url: str, model: str, cached: bool) -> float:
             "options": {"temperature": 0, "num_predict": 2}}, timeout=600) as resp:
         for line in resp.iter_lines():
             if json.loads(line).get("message", {}).get("content"):
+                return time.perf_counter() - t0
+    return float("nan")
+
+
+def second_turn_ttft_openai(url: str, model: str, msgs: list[dict], cached: bool) -> float:
+    r = httpx.post(url + "/v1/chat/completions", json={
+        "model": model, "messages": msgs, "temperature": 0, "max_tokens": 16}, timeout=600)
+    reply = r.json()["choices"][0]["message"]
+    msgs += [{"role": "assistant", "content": reply["content"]},
+             {"role": "user", "content": "Tell me more."}]
+    if not cached:
+        msgs[0] = {"role": "system", "content": "You are a thoughtful helper. " * 40}
+    t0 = time.perf_counter()
+    with httpx.stream("POST", url + "/v1/chat/completions", json={
+            "model": model, "messages": msgs, "temperature": 0, "max_tokens": 2,
+            "stream": True}, timeout=600) as resp:
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ch = json.loads(line[6:]).get("choices") or [{}]
+            if ch[0].get("delta", {}).get("content"):
                 return time.perf_counter() - t0
     return float("nan")
 
@@ -143,13 +194,17 @@ def main() -> int:
     ap.add_argument("-c", "--ctx", type=int, default=2048)
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--speculate", choices=("auto", "off"), default="auto")
+    ap.add_argument("--api", choices=("ollama", "openai"), default="ollama",
+                    help="openai: load /v1/completions (for llama-server side by side)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    global API
+    API = args.api
 
     if args.url:
         url, model = args.url.rstrip("/"), args.name
         if model is None:
-            model = httpx.get(url + "/api/tags").json()["models"][0]["name"]
+            model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
     else:
         url, state = start_server(args)
         model = state.name

@@ -106,6 +106,7 @@ class KVCache:
         self.v_rot = _rot_block(v_type, self.head_dim_v, largest=False)
         self.positions = np.arange(n_ctx, dtype=np.int64)  # [n_ctx]: full layers' positions
         self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
+        self._full_pos: np.ndarray | None = None  # built on first use by attend_rows
 
     def _alloc(self, kv_type: str, cap: int, dim: int) -> np.ndarray:
         one = kv_quant.allocate(kv_type, cap, self.n_head_kv, dim)  # [cap, Hkv, W]
@@ -258,6 +259,66 @@ class KVCache:
             ops.hadamard_(q, self.k_rot)
         kv_quant.attention(self.k_type, self.v_type, q, ks, vs, q_pos, kpos, window, scale,
                            softcap, out, ring=True)  # position p at entry p % len(kpos)
+        if self.v_rot:
+            ops.hadamard_(out, self.v_rot)
+
+    # --- a whole batch at once (one kernel call per layer, whatever the number of sequences)
+
+    def place_rows(self, segments: list[tuple[int, int, int]], positions: np.ndarray
+                   ) -> dict[int, np.ndarray]:
+        """`place` for every (slot, a, b) segment of a batch: {window: [N] flat entries},
+        entry = slot * capacity + row, for `store_rows` (window 0 = full layers)."""
+        flat: dict[int, list[np.ndarray]] = {}
+        for sid, a, b in segments:
+            for w, idx in self.place(sid, positions[a:b]).items():
+                cap = self.ring_cap[w] if w > 0 else self.n_ctx
+                flat.setdefault(w, []).append(sid * cap + np.asarray(idx, np.int64))
+        return {w: np.concatenate(parts) for w, parts in flat.items()}
+
+    def store_rows(self, layer: int, entries: dict[int, np.ndarray],  # from place_rows()
+                   k: np.ndarray,  # [N, Hkv, Dh] float32
+                   v: np.ndarray,  # [N, Hkv, Dv] float32
+                   ) -> None:
+        """Write a batch's K/V rows, all slots in one call per tensor."""
+        idx = entries[self.layer_window[layer]]
+        if self.k_rot:
+            k = np.array(k, copy=True)
+            ops.hadamard_(k, self.k_rot)
+        if self.v_rot:
+            v = np.array(v, copy=True)
+            ops.hadamard_(v, self.v_rot)
+        ks, vs = self.k[layer], self.v[layer]  # [S, cap, Hkv, W]
+        kv_quant.store(self.k_type, k, ks.reshape(-1, *ks.shape[2:]), idx)
+        kv_quant.store(self.v_type, v, vs.reshape(-1, *vs.shape[2:]), idx)
+
+    def attend_rows(
+        self,
+        layer: int,
+        row_slot: np.ndarray,  # [n] int64: each row's slot, a slot's rows contiguous
+        q: np.ndarray,  # [n, Hq, Dh] float32
+        q_pos: np.ndarray,  # [n] int64
+        window: int,  # the model's attention window for this layer (0: full)
+        scale: float,
+        softcap: float,
+        out: np.ndarray,  # [n, Hq, Dv] float32, C-contiguous
+    ) -> None:
+        """`attend` for the rows of every sequence of a batch in one kernel call; each row
+        gets the bits it would get alone."""
+        w = self.layer_window[layer]
+        if w > 0:
+            if window <= 0 or window > w:
+                raise ValueError(f"layer {layer}: a ring cache for window {w} cannot serve "
+                                 f"attention with window {window}")
+            kpos = self.ring_pos[w]  # [S, cap]
+        else:
+            if self._full_pos is None:  # [S, n_ctx]: slot s holds position p at entry p
+                self._full_pos = np.tile(self.positions, (self.n_slots, 1))
+            kpos = self._full_pos
+        if self.k_rot:
+            q = np.array(q, copy=True)
+            ops.hadamard_(q, self.k_rot)
+        kv_quant.attention_slots(self.k_type, self.v_type, q, self.k[layer], self.v[layer],
+                                 q_pos, row_slot, kpos, window, scale, softcap, out)
         if self.v_rot:
             ops.hadamard_(out, self.v_rot)
 

@@ -274,11 +274,22 @@ class Scheduler:
         engine's warm-up). Kernels must all run on this one thread: with OpenMP, a second
         thread that has used them leaves a thread team behind that halves the engine's
         speed (measured: 184 -> 72 tok/s on 2 cores)."""
+        return self.call_soon(fn).result()
+
+    def call_soon(self, fn: Callable[[], object]) -> Future:
+        """As call(), without waiting: a Future of fn's result (asyncio callers await
+        `asyncio.wrap_future` of it). Queued calls run in order before the next engine step;
+        a caller that queues its next call when the previous one is done thus lets one step
+        of the streams run in between, so work split into calls (an embedding batch)
+        interleaves with generation instead of stalling it. Raises SchedulerClosedError
+        when shutting down."""
         fut: Future = Future()
         with self._lock:
+            if self._closing:
+                raise SchedulerClosedError("the server is shutting down")
             self._calls.append((fn, fut))
             self._lock.notify()
-        return fut.result()
+        return fut
 
     def status(self) -> dict[str, int]:
         with self._lock:
@@ -320,6 +331,8 @@ class Scheduler:
                 if self._closing and not (self._active or self._waiting or calls):
                     return
             for fn, fut in calls:
+                if not fut.set_running_or_notify_cancel():
+                    continue  # its caller gave up (an asyncio waiter was cancelled)
                 try:
                     fut.set_result(fn())
                 except BaseException as e:  # noqa: BLE001 - handed to the caller

@@ -177,9 +177,12 @@ class DecoderModel:
             x *= np.float32(cfg.embd_scale)
         return x
 
-    def forward(self, batch: Batch, kv: KVCache) -> np.ndarray:
+    def forward(self, batch: Batch, kv: KVCache, hidden: bool = False) -> np.ndarray:
         """Run every row through every layer, writing K/V into the cache; return logits
-        [n_rows_wanted, V] float32 for the rows with want_logits, in batch order."""
+        [n_rows_wanted, V] float32 for the rows with want_logits, in batch order.
+
+        hidden: return those rows' final-normed hidden states [n_rows_wanted, D] instead
+        (the output head's input; embeddings pool them), skipping the output head."""
         cfg = self.cfg
         segments = batch.segments()
         for sid, _, _ in segments:
@@ -192,7 +195,9 @@ class DecoderModel:
         pos = batch.positions
         last = cfg.n_layer - 1
         # Storage rows for the new positions of each sequence (ring slots for windowed layers)
-        placed = [kv.place(sid, pos[a:b]) for sid, a, b in segments]
+        placed = kv.place_rows(segments, pos)
+        row_slot = np.repeat(np.array([sid for sid, _, _ in segments], np.int64),
+                             [b - a for _, a, b in segments])  # [N]
         act = ACTIVATIONS[cfg.activation]
         tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
 
@@ -228,8 +233,7 @@ class DecoderModel:
             ops.rope_apply(q3, cos, sin, cfg.rope_neox)
             ops.rope_apply(k3, cos, sin, cfg.rope_neox)
             v3 = v.reshape(n, Hkv, Dv)
-            for (sid, a, b), rows in zip(segments, placed, strict=True):
-                kv.store(il, sid, rows, k3[a:b], v3[a:b])
+            kv.store_rows(il, placed, k3, v3)
             if il == last:
                 # Past the last K/V store only the rows that want logits matter (llama.cpp
                 # does the same): attention, output projection and FFN for those alone.
@@ -239,10 +243,11 @@ class DecoderModel:
                 q3 = q3[keep]
                 x, h, o, attn = x[keep], h[: keep.size], o[: keep.size], attn[: keep.size]
                 gate, up = gate[: keep.size], up[: keep.size]
-                q_rows, n = keep, keep.size
+                q_slot, q_pos, n = row_slot[keep], pos[keep], keep.size
             else:
-                q_rows = None
-            self._attend(kv, il, segments, q_rows, q3, pos, attn)
+                q_slot, q_pos = row_slot, pos
+            kv.attend_rows(il, q_slot, q3, q_pos, cfg.layer_window[il], cfg.attn_scale,
+                           cfg.attn_softcap, attn)
             L.wo(attn.reshape(n, H * Dv), o)
             if L.bo is not None:
                 o += L.bo
@@ -262,8 +267,8 @@ class DecoderModel:
         for sid, a, b in segments:  # the cache's books: these positions now hold these tokens
             kv.commit(sid, int(pos[a]), batch.tokens[a:b].tolist())
         if not batch.want_logits.any():
-            return np.empty((0, cfg.n_vocab), dtype=np.float32)
-        return self.logits(x)
+            return np.empty((0, cfg.n_embd if hidden else cfg.n_vocab), dtype=np.float32)
+        return self.final_norm(x) if hidden else self.logits(x)
 
     def _buffers(self, n: int) -> tuple[np.ndarray, ...]:
         """Activation buffers for an n-row step, kept between calls (decode reuses the same
@@ -286,22 +291,12 @@ class DecoderModel:
             self._scratch[n] = bufs
         return bufs
 
-    def _attend(self, kv: KVCache, il: int, segments: list[tuple[int, int, int]],
-                q_rows: np.ndarray | None, q3: np.ndarray, pos: np.ndarray,
-                attn: np.ndarray) -> None:
-        """Attention of each sequence's query rows over its cache. q_rows: batch row of each
-        row of q3/attn (None: all rows, in batch order)."""
-        cfg = self.cfg
-        for sid, a, b in segments:
-            if q_rows is None:
-                lo, hi, qpos = a, b, pos[a:b]
-            else:
-                lo, hi = np.searchsorted(q_rows, [a, b])
-                if lo == hi:
-                    continue
-                qpos = pos[q_rows[lo:hi]]
-            kv.attend(il, sid, q3[lo:hi], qpos, cfg.layer_window[il], cfg.attn_scale,
-                      cfg.attn_softcap, attn[lo:hi])
+    def final_norm(self, x: np.ndarray) -> np.ndarray:
+        """The output norm of the selected rows x [M, D] -> new array [M, D]."""
+        h = poison.empty(x.shape, np.float32)
+        if x.shape[0]:
+            ops.rms_norm(np.ascontiguousarray(x), self.output_norm, self.cfg.rms_eps, h)
+        return h
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final norm and output head for the selected rows x [M, D] -> [M, V]."""
@@ -309,8 +304,7 @@ class DecoderModel:
         out = poison.empty((x.shape[0], cfg.n_vocab), np.float32)
         if x.shape[0] == 0:
             return out
-        h = poison.empty(x.shape, np.float32)
-        ops.rms_norm(np.ascontiguousarray(x), self.output_norm, cfg.rms_eps, h)
+        h = self.final_norm(x)
         self.output(h, out)
         if cfg.final_softcap:
             c = np.float32(cfg.final_softcap)

@@ -96,17 +96,7 @@ def test_logits_bit_identical_however_computed(default_model_path: Path, text_id
         numba.set_num_threads(before)
 
 
-def _avx2_only() -> bool:
-    from localllm.kernels.cpu.matmul import kernel_path
-
-    return kernel_path() in ("avx2", "avx2+vnni")
-
-
 @pytest.mark.slow
-@pytest.mark.xfail(_avx2_only(), strict=False, reason=(
-    "known, not fixed: with an AVX2-only target (reproduced with NUMBA_CPU_NAME=haswell on "
-    "Zen 5) the attention kernel loaded from the cache computes different bits (max 2.4e-7) "
-    "than the same kernel in the process that compiled it; AVX-512 targets agree"))
 def test_fresh_compile_and_cached_kernels_give_the_same_perplexity(tmp_path: Path) -> None:
     """Two processes over one empty kernel cache: the first compiles every kernel, the second
     loads them. Their perplexities (and per-chunk values) must be equal to the last bit."""

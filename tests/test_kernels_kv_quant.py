@@ -321,6 +321,37 @@ def test_attention_row_is_batch_invariant(window: int) -> None:
     np.testing.assert_allclose(batch, want, rtol=0, atol=TIGHT)
 
 
+@pytest.mark.parametrize("window", [0, 100])
+def test_attention_slots_rows_equal_alone(window: int) -> None:
+    """attention_slots (several sequences in one call, each with its own cache slot, as the
+    engine's batched decode uses it) gives every row the bits of a per-slot attention call
+    with that row alone; slots of different lengths, a ring slot with empty entries."""
+    rng = np.random.default_rng(11)
+    n_slots, t, hkv, d = 3, 300, 2, 64
+    k = rng.standard_normal((n_slots, t, hkv, d)).astype(np.float32)
+    v = rng.standard_normal((n_slots, t, hkv, d)).astype(np.float32)
+    ks = np.stack([make_cache("q8_0", k[s], np.arange(t), t) for s in range(n_slots)])
+    vs = np.stack([make_cache("f16", v[s], np.arange(t), t) for s in range(n_slots)])
+    kv_pos = np.tile(np.arange(t, dtype=np.int64), (n_slots, 1))
+    kv_pos[1, 40:] = kq.EMPTY_POS  # slot 1 holds 40 positions, slot 2 has holes
+    kv_pos[2, ::9] = kq.EMPTY_POS
+    # rows: slot 0 decodes at 299, slot 1 prefills 30..39, slot 2 decodes at 150 and 151
+    row_slot = np.array([0] + [1] * 10 + [2, 2], np.int64)
+    q_pos = np.array([299, *range(30, 40), 150, 151], np.int64)
+    q = (rng.standard_normal((len(q_pos), 4, d)) * 3).astype(np.float32)
+    out = np.full((len(q_pos), 4, d), np.nan, np.float32)
+    kq.attention_slots("q8_0", "f16", q, ks, vs, q_pos, row_slot, kv_pos, window, 0.25, 0.0,
+                       out)
+    for i in range(len(q_pos)):
+        s = row_slot[i]
+        alone = run("q8_0", "f16", q[i : i + 1], ks[s], vs[s], q_pos[i : i + 1], kv_pos[s],
+                    window=window)
+        assert np.array_equal(alone[0], out[i]), i
+    with pytest.raises(IndexError):
+        kq.attention_slots("q8_0", "f16", q, ks, vs, q_pos, row_slot + 1, kv_pos, window,
+                           0.25, 0.0, out)
+
+
 def test_attention_decode_shape_default_plan() -> None:
     """Decode as the engine calls it (1 row, Gemma-like heads), long enough to be split."""
     rng = np.random.default_rng(9)

@@ -37,12 +37,13 @@ import math
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange
-from numba.core import types
+from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from localllm.kernels.cpu import poison
 from localllm.kernels.cpu.halfbits import f32_to_f16_bits as _f2h
 from localllm.kernels.cpu.halfbits import u32_as_f32 as _u32_as_f32
+from localllm.kernels.cpu.simd import F32x8, fma_f, hsumf, ld_f32x8, mulf, splatf, zerof
 
 __all__ = [
     "KV_TYPES",
@@ -53,6 +54,7 @@ __all__ = [
     "store",
     "load",
     "attention",
+    "attention_slots",
 ]
 
 KV_TYPES: tuple[str, ...] = ("f32", "f16", "q8_0", "q4_0")
@@ -72,9 +74,13 @@ _DTYPE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.uint16),
 _QK = 32  # elements per q8_0 / q4_0 block
 _BLOCK_BYTES = {"q8_0": 2 + 32, "q4_0": 2 + 16}
 
-# Float flags for the attention kernel: reassociation (vectorised dot products and sums) and
-# contraction (FMA), but not 'nnan'/'ninf': the running max starts at -inf.
-_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+# The attention kernel takes no fast-math flags: every float operation is strict IEEE and the
+# vector work is written out (F32x8 loads, explicit FMAs, fixed-tree sums). With 'reassoc' LLVM
+# chose the order of the dot products and sums itself, and chose differently when the same IR
+# was optimised a second time: the kernel a process compiled (its parallel body as a separate
+# library) and the one it cached (the body linked into the kernel's module and re-optimised)
+# gave bits that differed by an ulp on AVX2 targets, so a fresh process and a warm one
+# disagreed. Written out, any optimiser must keep the bits.
 
 # Keys are split by absolute position into chunks of this many positions (a multiple of
 # _KEY_BLOCK), merged afterwards (flash decoding): the work items decode needs to use every
@@ -128,6 +134,47 @@ def _store_f32(context, builder, arrty, arrval, elem_off, vec) -> None:
     """Store a float vector at element offset `elem_off` of a float32 array."""
     byte_off = builder.mul(elem_off, ir.Constant(elem_off.type, 4))
     builder.store(vec, _ptr_at(context, builder, arrty, arrval, byte_off, vec.type), align=4)
+
+
+@intrinsic
+def _fmaf(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma.f32: one vfmadd; never split or re-fused)."""
+    if not all(isinstance(t, types.Float) for t in (a, b, c)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        f = [v if v.type == _FLT else builder.fptrunc(v, _FLT) for v in args]
+        fn = cgutils.get_or_insert_function(builder.module,
+                                            ir.FunctionType(_FLT, [_FLT] * 3), "llvm.fma.f32")
+        return builder.call(fn, f)
+
+    return types.float32(a, b, c), codegen
+
+
+@intrinsic
+def _addf(typingctx, a, b):
+    """Lanewise a + b of two F32x8 (strict)."""
+    if a != F32x8 or b != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+
+    return F32x8(F32x8, F32x8), codegen
+
+
+@intrinsic
+def _st_f32x8(typingctx, arr, off, v):
+    """Store an F32x8 at byte offset `off` of a C-contiguous float32 array."""
+    if not _is_array(arr, types.float32) or v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _ptr_at(context, builder, sig.args[0], args[0], args[1], v.lltype)
+        builder.store(args[2], ptr, align=4)
+        return context.get_dummy_value()
+
+    return types.void(arr, types.intp, F32x8), codegen
 
 
 def _is_array(t, dtype=None) -> bool:
@@ -351,7 +398,7 @@ _LN2_HI = np.float32(0.693359375)  # ln 2 split in two (Cody-Waite) for an exact
 _LN2_LO = np.float32(-2.12194440e-4)
 
 
-@njit(cache=True, fastmath={"contract"})  # no reassoc: it would fold the Cody-Waite split
+@njit(cache=True)  # strict: every fused step is an explicit _fmaf
 def _expf(x: np.float32) -> np.float32:
     """exp(x) in float32 (Cephes expf polynomial, ~1 ulp), branch-free so loops vectorise.
 
@@ -359,20 +406,20 @@ def _expf(x: np.float32) -> np.float32:
     Returns exactly 0 for x <= -87 (so exp(-inf) of a masked logit is 0).
     """
     xc = min(max(x, np.float32(-87.0)), np.float32(88.0))
-    z = np.floor(xc * _LOG2E + np.float32(0.5))
-    r = xc - z * _LN2_HI - z * _LN2_LO
+    z = np.floor(_fmaf(xc, _LOG2E, np.float32(0.5)))
+    r = _fmaf(-z, _LN2_LO, xc - z * _LN2_HI)  # z * _LN2_HI is exact (9 + 8 bits)
     p = np.float32(1.9875691500e-4)
-    p = p * r + np.float32(1.3981999507e-3)
-    p = p * r + np.float32(8.3334519073e-3)
-    p = p * r + np.float32(4.1665795894e-2)
-    p = p * r + np.float32(1.6666665459e-1)
-    p = p * r + np.float32(5.0000001201e-1)
-    y = p * (r * r) + r + np.float32(1.0)
+    p = _fmaf(p, r, np.float32(1.3981999507e-3))
+    p = _fmaf(p, r, np.float32(8.3334519073e-3))
+    p = _fmaf(p, r, np.float32(4.1665795894e-2))
+    p = _fmaf(p, r, np.float32(1.6666665459e-1))
+    p = _fmaf(p, r, np.float32(5.0000001201e-1))
+    y = _fmaf(p, r * r, r) + np.float32(1.0)
     two_n = _u32_as_f32((np.int32(z) + np.int32(127)) << np.int32(23))
     return y * two_n if x > np.float32(-87.0) else np.float32(0.0)
 
 
-@njit(cache=True, parallel=True, fastmath=_FASTMATH)
+@njit(cache=True, parallel=True)  # strict IEEE (see the note above the constants)
 def _attention_kernel(
     kk: int, vk: int,
     q,         # [N, Hq, Dh] float32
@@ -380,9 +427,12 @@ def _attention_kernel(
     v8, v16, v32,  # V storage, likewise for vk
     n_hkv: int,
     q_pos,     # [N] int64
-    kv_pos,    # [T] int64: position p is stored at entry p % T (kv_pos[p % T] == p)
+    row_slot,  # [N] int64: the sequence slot whose keys row i reads
+    kv_pos,    # [S * T] int64: slot s stores position p at entry s * T + p % T
+    n_ent: int,  # T, entries per slot
     window: int, scale: np.float32, softcap: np.float32,
     out,       # [N, Hq, Dv] float32
+    tiles,     # [n_tiles + 1] int64: row bounds of the tiles (one slot per tile)
     rows_per_tile: int, c_lo: int, n_chunks: int,
     part_m,    # [n_chunks, N, Hq] float32
     part_l,    # [n_chunks, N, Hq] float32
@@ -398,14 +448,15 @@ def _attention_kernel(
     Work items are (row tile, kv head, chunk); every row's chunks are merged in chunk order.
     """
     n_rows, n_hq, dh = q.shape
-    n_kv = kv_pos.shape[0]
     dv = out.shape[2]
     g = n_hq // n_hkv
     rt = rows_per_tile
-    n_tiles = (n_rows + rt - 1) // rt
+    n_tiles = tiles.shape[0] - 1
     n_items = n_tiles * n_hkv * n_chunks
     rg = rt * g
     bk = _KEY_BLOCK
+    dh8 = dh - dh % 8  # the part of a head done in 8-lane vectors
+    dv8 = dv - dv % 8
     neg_inf = np.float32(-np.inf)
     for it in prange(n_items):
         c = it % n_chunks
@@ -415,8 +466,9 @@ def _attention_kernel(
         # Zig-zag tile order: with a causal mask late rows see more keys; pairing first and
         # last tiles evens out the contiguous blocks of items prange gives each thread.
         tile = z // 2 if z % 2 == 0 else n_tiles - 1 - z // 2
-        r0 = tile * rt
-        nr = min(rt, n_rows - r0)
+        r0 = tiles[tile]
+        nr = tiles[tile + 1] - r0
+        base = row_slot[r0] * n_ent  # the tile's slot: its first storage entry
         ni = nr * g  # (row, head) pairs of this item: i = r * g + head-in-group
         m = np.full(rg, neg_inf, dtype=np.float32)  # running max logit
         den = np.zeros(rg, dtype=np.float32)  # running sum of exp(logit - m)
@@ -443,7 +495,7 @@ def _attention_kernel(
                 any_key = False
                 for j in range(bk):
                     p = b0 + j
-                    t = p % n_kv
+                    t = base + p % n_ent
                     ent[j] = t
                     present = kv_pos[t] == p
                     seen = False
@@ -468,17 +520,29 @@ def _attention_kernel(
                     r = i // g
                     rq = r0 + r
                     hq = hk * g + (i - r * g)
+                    qo = (rq * n_hq + hq) * dh * 4  # byte offset of the query row
                     for j in range(0, bk, 4):
-                        s0 = np.float32(0.0)
-                        s1 = np.float32(0.0)
-                        s2 = np.float32(0.0)
-                        s3 = np.float32(0.0)
-                        for e in range(dh):
+                        a0 = zerof()
+                        a1 = zerof()
+                        a2 = zerof()
+                        a3 = zerof()
+                        ko = j * dh * 4
+                        for e in range(0, dh8, 8):
+                            qv = ld_f32x8(q, qo + e * 4)
+                            a0 = fma_f(a0, qv, ld_f32x8(kb, ko + e * 4))
+                            a1 = fma_f(a1, qv, ld_f32x8(kb, ko + (dh + e) * 4))
+                            a2 = fma_f(a2, qv, ld_f32x8(kb, ko + (2 * dh + e) * 4))
+                            a3 = fma_f(a3, qv, ld_f32x8(kb, ko + (3 * dh + e) * 4))
+                        s0 = hsumf(a0)
+                        s1 = hsumf(a1)
+                        s2 = hsumf(a2)
+                        s3 = hsumf(a3)
+                        for e in range(dh8, dh):  # head sizes that are not a multiple of 8
                             qe = q[rq, hq, e]
-                            s0 += qe * kb[j, e]
-                            s1 += qe * kb[j + 1, e]
-                            s2 += qe * kb[j + 2, e]
-                            s3 += qe * kb[j + 3, e]
+                            s0 = _fmaf(qe, kb[j, e], s0)
+                            s1 = _fmaf(qe, kb[j + 1, e], s1)
+                            s2 = _fmaf(qe, kb[j + 2, e], s2)
+                            s3 = _fmaf(qe, kb[j + 3, e], s3)
                         sc[i, j] = s0
                         sc[i, j + 1] = s1
                         sc[i, j + 2] = s2
@@ -501,18 +565,18 @@ def _attention_kernel(
                             pr[i, j] = np.float32(0.0)
                         continue
                     if bmax > m[i]:
-                        alpha = np.float32(math.exp(m[i] - bmax))  # 0 while m is -inf
+                        alpha = _expf(m[i] - bmax)  # 0 while m is -inf
                         den[i] *= alpha
                         for e in range(dv):
                             acc[i, e] *= alpha
                         m[i] = bmax
                     mi = m[i]
-                    total = np.float32(0.0)
                     for j in range(bk):
-                        ex = _expf(sc[i, j] - mi)  # exactly 0 where masked (-inf)
-                        pr[i, j] = ex
-                        total += ex
-                    den[i] += total
+                        pr[i, j] = _expf(sc[i, j] - mi)  # exactly 0 where masked (-inf)
+                    po = i * bk * 4  # the block's 32 weights summed in one fixed tree
+                    t01 = _addf(ld_f32x8(pr, po), ld_f32x8(pr, po + 32))
+                    t23 = _addf(ld_f32x8(pr, po + 64), ld_f32x8(pr, po + 96))
+                    den[i] += hsumf(_addf(t01, t23))
                 # values: the block's visible rows decoded into vb (zeros elsewhere: an empty
                 # or masked entry may hold anything, and 0 * nan is nan)
                 for j in range(bk):
@@ -532,9 +596,23 @@ def _attention_kernel(
                         if (w0 == np.float32(0.0) and w1 == np.float32(0.0)
                                 and w2 == np.float32(0.0) and w3 == np.float32(0.0)):
                             continue
-                        for e in range(dv):
-                            acc[i, e] += (w0 * vb[j, e] + w1 * vb[j + 1, e]) + (
-                                w2 * vb[j + 2, e] + w3 * vb[j + 3, e])
+                        v0 = splatf(w0)
+                        v1 = splatf(w1)
+                        v2 = splatf(w2)
+                        v3 = splatf(w3)
+                        ao = i * dv * 4
+                        vo = j * dv * 4
+                        for e in range(0, dv8, 8):
+                            t = fma_f(mulf(v0, ld_f32x8(vb, vo + e * 4)), v1,
+                                      ld_f32x8(vb, vo + (dv + e) * 4))
+                            u = fma_f(mulf(v2, ld_f32x8(vb, vo + (2 * dv + e) * 4)), v3,
+                                      ld_f32x8(vb, vo + (3 * dv + e) * 4))
+                            _st_f32x8(acc, ao + e * 4,
+                                      _addf(ld_f32x8(acc, ao + e * 4), _addf(t, u)))
+                        for e in range(dv8, dv):  # the same arithmetic, one lane at a time
+                            t1 = _fmaf(w1, vb[j + 1, e], w0 * vb[j, e])
+                            u1 = _fmaf(w3, vb[j + 3, e], w2 * vb[j + 2, e])
+                            acc[i, e] = acc[i, e] + (t1 + u1)
         for i in range(ni):
             r = r0 + i // g
             h = hk * g + i % g
@@ -547,8 +625,9 @@ def _attention_kernel(
                 continue
             part_m[c, r, h] = m[i]
             part_l[c, r, h] = den[i]
-            for e in range(dv):
-                part_acc[c, r, h, e] = acc[i, e]
+            if den[i] > np.float32(0.0):  # the merge reads acc only where den > 0
+                for e in range(dv):
+                    part_acc[c, r, h, e] = acc[i, e]
     if n_chunks == 1:
         return
     # flash-decoding merge of the per-chunk partial softmaxes, always in chunk order
@@ -566,7 +645,7 @@ def _attention_kernel(
         total = np.float32(0.0)
         for c in range(n_chunks):
             if part_l[c, r, h] > np.float32(0.0):
-                f = np.float32(math.exp(part_m[c, r, h] - mx))
+                f = _expf(part_m[c, r, h] - mx)
                 total += part_l[c, r, h] * f
                 for e in range(dv):
                     out[r, h, e] += part_acc[c, r, h, e] * f
@@ -634,6 +713,9 @@ def allocate(kv_type: str, n: int, n_head_kv: int, head_dim: int) -> np.ndarray:
 _DUMMY8 = np.zeros((1, 1, 1), dtype=np.uint8)
 _DUMMY16 = np.zeros((1, 1, 1), dtype=np.uint16)
 _DUMMY32 = np.zeros((1, 1, 1), dtype=np.float32)
+_NO_PART = np.zeros((1, 1, 1), dtype=np.float32)  # partial results of a one-chunk call
+_NO_PART4 = np.zeros((1, 1, 1, 1), dtype=np.float32)
+_ONE_TILE = np.array([0, 1], dtype=np.int64)
 
 
 def _views(kv_type: str, arr: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -767,25 +849,106 @@ def attention(
         kv_pos, k_store, v_store = _canonical(kv_pos, k_store, v_store)
         k8, k16, k32 = _views(k_type, k_store, "k_store")
         v8, v16, v32 = _views(v_type, v_store, "v_store")
+    _run(_KIND[k_type], _KIND[v_type], q, (k8, k16, k32), (v8, v16, v32), n_hkv, q_pos,
+         np.zeros(n_rows, np.int64), kv_pos, kv_pos.shape[0], window, scale, softcap, res)
+    if not direct:
+        out[...] = res
+
+
+def attention_slots(
+    k_type: str,
+    v_type: str,
+    q: np.ndarray,  # [N, Hq, Dh] float32, the rows of each slot contiguous
+    k_store: np.ndarray,  # [S, T, Hkv, Wk] storage of k_type, slot s position p at [s, p % T]
+    v_store: np.ndarray,  # [S, T, Hkv, Wv] storage of v_type, likewise
+    q_pos: np.ndarray,  # [N] int64
+    row_slot: np.ndarray,  # [N] int64: the slot whose cache row i attends to
+    kv_pos: np.ndarray,  # [S, T] int64: kv_pos[s, p % T] == p, EMPTY_POS where empty
+    window: int,
+    scale: float,
+    softcap: float,
+    out: np.ndarray,  # [N, Hq, Dv] float32, C-contiguous
+) -> None:
+    """`attention` for the rows of several sequences in one call (one parallel region instead
+    of one per sequence: the per-call cost is what batched decode of many short sequences
+    pays). Each row gets exactly the bits it would get alone (see _attention_kernel)."""
+    if k_store.ndim != 4 or v_store.ndim != 4 or kv_pos.ndim != 2:
+        raise ValueError("k_store / v_store must be [S, T, Hkv, W] and kv_pos [S, T]")
+    n_slots, n_ent = kv_pos.shape
+    if k_store.shape[:2] != (n_slots, n_ent) or v_store.shape[:2] != (n_slots, n_ent):
+        raise ValueError(f"storage {k_store.shape} / {v_store.shape} does not match kv_pos "
+                         f"{kv_pos.shape}")
+    kf = k_store.reshape(n_slots * n_ent, *k_store.shape[2:])
+    vf = v_store.reshape(n_slots * n_ent, *v_store.shape[2:])
+    kv = _views(k_type, kf, "k_store")
+    vv = _views(v_type, vf, "v_store")
+    n_rows, n_hq, dh = q.shape
+    n_hkv = kf.shape[1]
+    if _head_dim_of(k_type, kf.shape[2]) != dh or _head_dim_of(v_type, vf.shape[2]) != out.shape[2]:
+        raise ValueError("head sizes of q / out do not match the cache")
+    if n_hkv == 0 or n_hq % n_hkv != 0 or vf.shape[1] != n_hkv:
+        raise ValueError(f"{n_hq} query heads are not a multiple of {n_hkv} kv heads")
+    if out.shape[:2] != (n_rows, n_hq) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous float32 [{n_rows}, {n_hq}, Dv]")
+    row_slot = np.ascontiguousarray(row_slot, dtype=np.int64)
+    q_pos = np.ascontiguousarray(q_pos, dtype=np.int64)
+    if row_slot.shape != (n_rows,) or q_pos.shape != (n_rows,):
+        raise ValueError(f"q_pos and row_slot must be [{n_rows}]")
+    if n_rows == 0:
+        return
+    if int(row_slot.min()) < 0 or int(row_slot.max()) >= n_slots:
+        raise IndexError(f"row_slot out of range for {n_slots} slots")
+    _run(_KIND[k_type], _KIND[v_type], np.ascontiguousarray(q, dtype=np.float32), kv, vv,
+         n_hkv, q_pos, row_slot, np.ascontiguousarray(kv_pos.reshape(-1)), n_ent, window,
+         scale, softcap, out)
+
+
+def _run(kk: int, vk: int, q: np.ndarray, kv: tuple, vv: tuple, n_hkv: int,
+         q_pos: np.ndarray, row_slot: np.ndarray, kv_pos: np.ndarray, n_ent: int,
+         window: int, scale: float, softcap: float, res: np.ndarray) -> None:
+    """Tile the rows (never across a slot boundary), bound the partial results, call the
+    kernel. Nothing here changes a row's arithmetic: chunks are fixed by absolute position."""
+    n_rows, n_hq, _ = q.shape
+    dv = res.shape[2]
+    g = n_hq // n_hkv
+    rows_per_tile = max(1, min(n_rows, _TILE_HEADS // g))
+    # tile bounds: a new tile at every slot change and every rows_per_tile rows
+    if n_rows == 1:
+        tiles = _ONE_TILE
+    elif row_slot[0] == row_slot[-1]:  # one sequence (rows of a slot are contiguous)
+        tiles = np.append(np.arange(0, n_rows, rows_per_tile, dtype=np.int64), n_rows)
+    else:
+        change = np.flatnonzero(row_slot[1:] != row_slot[:-1]) + 1
+        starts = np.concatenate(([0], change))
+        ends = np.concatenate((change, [n_rows]))
+        bounds = [np.arange(a, b, rows_per_tile) for a, b in zip(starts, ends, strict=True)]
+        tiles = np.concatenate([*bounds, [n_rows]]).astype(np.int64)
     # Chunks: the absolute position range any row can see; the split depends on positions
-    # alone, never on N or the thread count (see _attention_kernel).
+    # alone, never on N, the other rows or the thread count (see _attention_kernel).
     q_lo, q_hi = int(q_pos.min()), int(q_pos.max())
     first = max(0, q_lo - int(window) + 1) if window > 0 else 0
     c_lo = first // _CHUNK
     n_chunks = q_hi // _CHUNK - c_lo + 1
-    g = n_hq // n_hkv
-    rows_per_tile = max(1, min(n_rows, _TILE_HEADS // g))
-    group = max(rows_per_tile, _PART_MAX // max(1, n_chunks * n_hq * dv)
-                // rows_per_tile * rows_per_tile)
-    for a in range(0, n_rows, group):
-        b = min(n_rows, a + group)
-        part_m = poison.empty((n_chunks, b - a, n_hq), np.float32)
-        part_l = poison.empty((n_chunks, b - a, n_hq), np.float32)
-        part_acc = poison.empty((n_chunks, b - a, n_hq, dv), np.float32)
+    # row groups at tile bounds, each holding at most ~_PART_MAX partial floats
+    per_row = max(1, n_chunks * n_hq * dv) if n_chunks > 1 else 1
+    max_rows = max(rows_per_tile, _PART_MAX // per_row)
+    t0 = 0
+    n_tiles = tiles.shape[0] - 1
+    while t0 < n_tiles:
+        t1 = t0 + 1
+        while t1 < n_tiles and tiles[t1 + 1] - tiles[t0] <= max_rows:
+            t1 += 1
+        a, b = int(tiles[t0]), int(tiles[t1])
+        if n_chunks == 1:  # rows are written directly; the partials are never touched
+            part_m, part_l, part_acc = _NO_PART, _NO_PART, _NO_PART4
+        else:
+            part_m = poison.empty((n_chunks, b - a, n_hq), np.float32)
+            part_l = poison.empty((n_chunks, b - a, n_hq), np.float32)
+            part_acc = poison.empty((n_chunks, b - a, n_hq, dv), np.float32)
         _attention_kernel(
-            _KIND[k_type], _KIND[v_type], q[a:b], k8, k16, k32, v8, v16, v32, n_hkv,
-            q_pos[a:b], kv_pos, int(window), np.float32(scale), np.float32(softcap),
-            res[a:b], rows_per_tile, c_lo, n_chunks, part_m, part_l, part_acc,
+            kk, vk, q[a:b], *kv, *vv, n_hkv, q_pos[a:b], row_slot[a:b], kv_pos, n_ent,
+            int(window), np.float32(scale), np.float32(softcap), res[a:b],
+            tiles[t0 : t1 + 1] - a, rows_per_tile, c_lo, n_chunks, part_m, part_l, part_acc,
         )
-    if not direct:
-        out[...] = res
+        t0 = t1
+

@@ -15,9 +15,17 @@ import os
 import numpy as np
 
 
-def enabled() -> bool:
+def _read_switch() -> bool:
     return os.environ.get("LOCALLLM_DEBUG_POISON", "").strip().lower() not in ("", "0", "false",
                                                                              "no")
+
+
+# Read once: buffers are allocated on every step, and a debug switch is set before start-up.
+_ENABLED = _read_switch()
+
+
+def enabled() -> bool:
+    return _ENABLED
 
 
 def fill(a: np.ndarray) -> np.ndarray:

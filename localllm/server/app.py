@@ -19,7 +19,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from localllm.server import ollama, openai_api
+from localllm.server import embeddings, ollama, openai_api
 from localllm.server.common import ApiError, ClientGone, ServerState
 
 Handler = Callable[[HttpRequest, ServerState], Awaitable[Response]]
@@ -93,8 +93,8 @@ def build_app(state: ServerState) -> Starlette:
         ("/api/show", o.show, ["POST"]),
         ("/api/ps", o.ps, ["GET"]),
         ("/api/pull", o.pull, ["POST"]),
-        ("/api/embed", o.not_supported, ["POST"]),
-        ("/api/embeddings", o.not_supported, ["POST"]),
+        ("/api/embed", embeddings.api_embed, ["POST"]),
+        ("/api/embeddings", embeddings.api_embeddings, ["POST"]),
         ("/api/create", o.not_supported, ["POST"]),
         ("/api/copy", o.not_supported, ["POST"]),
         ("/api/delete", o.not_supported, ["DELETE"]),
@@ -103,7 +103,7 @@ def build_app(state: ServerState) -> Starlette:
         ("/v1/completions", oa.completions, ["POST"]),
         ("/v1/models", oa.models, ["GET"]),
         ("/v1/models/{model:path}", oa.model, ["GET"]),
-        ("/v1/embeddings", o.not_supported, ["POST"]),
+        ("/v1/embeddings", embeddings.v1_embeddings, ["POST"]),
         ("/metrics", metrics, ["GET"]),
     ]
     routes = [Route(path, _wrap(fn, state, path.startswith("/v1/")), methods=methods)

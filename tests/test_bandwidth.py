@@ -1,0 +1,48 @@
+"""The decode-limit arithmetic of `localllm bench`: bytes per token and measured bandwidth."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from tiny_models import write_tiny_model
+
+from localllm.bandwidth import decode_bytes_per_token, read_bandwidth
+from localllm.formats import read_gguf
+
+
+def _matrix_bytes(shape: tuple[int, ...], qtype: GGMLQuantizationType) -> int:
+    block, size = GGML_QUANT_SIZES[qtype]
+    n = 1
+    for d in shape:
+        n *= d
+    return n // block * size
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_decode_bytes_per_token_counts_every_matrix_once(tmp_path: Path, tie: bool) -> None:
+    """Every weight matrix is read once per token; the embedding is one row, or all of it
+    when it doubles as the output head. Counted here from shapes and block sizes alone."""
+    path = tmp_path / "m.gguf"
+    q = GGMLQuantizationType.Q8_0
+    write_tiny_model(path, "llama", qtype=q, tie_embeddings=tie)
+    gf = read_gguf(path)
+    want = 0
+    for name, t in gf.tensors.items():
+        if len(t.shape) < 2:
+            continue
+        b = _matrix_bytes(tuple(t.shape), t.type)
+        if name == "token_embd.weight":
+            b = b if tie else b // t.shape[0]
+        want += b
+    assert ("output.weight" in gf.tensors) == (not tie)
+    assert decode_bytes_per_token(gf) == want
+    assert decode_bytes_per_token(gf, depth=10, kv_bytes_per_token=64) == want + 640
+
+
+def test_read_bandwidth_is_a_checked_measurement() -> None:
+    """A small buffer (it fits in cache, so no statement about DRAM here): the probe sums
+    every byte (its checksum is verified inside) and reports a finite positive rate."""
+    bw = read_bandwidth(n_threads=1, mib=4, passes=2)
+    assert 1e8 < bw < 1e13
