@@ -26,9 +26,9 @@ from localllm.engine import Engine
 def instrument(times: dict, counts: collections.Counter) -> None:
     mm = base.matmul
 
-    def timed_matmul(raw, qt, x, out):  # noqa: ANN001
+    def timed_matmul(raw, qt, x, out, **kw):  # noqa: ANN001
         t = time.perf_counter()
-        mm(raw, qt, x, out)
+        mm(raw, qt, x, out, **kw)
         key = "matmul: output head" if raw.shape[0] >= 100_000 else "matmul: layers"
         times[key] += time.perf_counter() - t
         counts[key] += 1

@@ -15,7 +15,7 @@ from localllm.batch import Batch
 from localllm.errors import PromptTooLongError
 from localllm.formats import GGUFFile, read_gguf
 from localllm.kv_cache import KVCache
-from localllm.models.base import DecoderModel, pack_weights
+from localllm.models.base import DecoderModel
 from localllm.models.registry import load_model
 
 
@@ -45,7 +45,6 @@ class Engine:
         self.gf: GGUFFile = read_gguf(self.path)
         self.metadata = self.gf.metadata
         self.model: DecoderModel = load_model(self.gf)
-        pack_weights(self.model, self.gf)
         self.cfg = self.model.cfg
         from localllm.tokenizer import Tokenizer
 

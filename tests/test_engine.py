@@ -174,3 +174,36 @@ def test_weight_type_without_kernel_is_named_at_load(tmp_path, models: dict) -> 
     p.write_bytes(bytes(data))
     with pytest.raises(ModelError, match="blk.0.attn_q.weight.*IQ2_XXS"):
         load_model(read_gguf(p))
+
+
+def test_weights_take_their_layout_at_load(models: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the machine has r16 kernels, Q8_0 layer weights carry their r16 copy from load,
+    the tied embedding's lookups stay on the raw rows while its product is repacked, and the
+    per-model budget leaves the weights past it row-major; a product is the same (up to float
+    summation order) in either layout."""
+    import localllm.models.base as base
+    from localllm.kernels.cpu.matmul import r16_types
+
+    def matrices(m: base.DecoderModel) -> list[base.QWeight]:
+        return [w for L in m.layers
+                for w in (L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down)]
+
+    path = models["qwen3", QT.Q8_0]  # tied embeddings
+    m = load_model(read_gguf(path))
+    ws = matrices(m)
+    assert m.token_embd.packed is None
+    if not r16_types():
+        assert all(w.packed is None for w in [*ws, m.output])
+        return
+    assert all(w.packed is not None for w in ws)
+    assert m.output.packed is not None and m.output.raw is m.token_embd.raw
+    x = np.random.default_rng(5).standard_normal((3, ws[0].cols)).astype(np.float32)
+    row_major = base.QWeight(ws[0].name, ws[0].raw, ws[0].qtype, ws[0].rows, ws[0].cols)
+    ref = row_major(x)
+    np.testing.assert_allclose(ws[0](x), ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+
+    monkeypatch.setattr(base, "R16_MAX_TOTAL", ws[0].raw.nbytes)  # room for the first only
+    m2 = load_model(read_gguf(path))
+    ws2 = matrices(m2)
+    assert ws2[0].packed is not None
+    assert all(w.packed is None for w in [*ws2[1:], m2.output])
