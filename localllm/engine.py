@@ -1,7 +1,11 @@
 """The Engine: one loaded model, its tokenizer and template, a KV cache, and step(batch).
 
-One engine thread owns every kernel call (Numba's workqueue threading layer must not be
-entered from two Python threads at once); front doors talk to it through queues.
+The Engine has no thread of its own: its user makes every kernel call from one thread
+(Numba's workqueue threading layer must not be entered from two Python threads at once). The
+CLI's one-shot commands call it directly; the server and the chat go through the Scheduler
+(scheduler.py), whose engine thread owns it while front doors submit requests from any thread.
+Weights arrive in the layout the kernels multiply (models/base.py WeightLoader), so loading is
+read_gguf + load_model and nothing more.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ class Engine:
         self._template = None
 
     @property
-    def template(self):  # noqa: ANN201 - lazy: raw-prompt users never need jinja2
+    def template(self):  # lazy: raw-prompt users never need jinja2
         if self._template is None:
             from localllm.chat_template import ChatTemplate
 

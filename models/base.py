@@ -132,7 +132,7 @@ class WeightLoader:
     def optional_vector(self, name: str, n: int) -> np.ndarray | None:
         return self.vector(name, n) if self.has(name) else None
 
-    def _get(self, name: str):  # noqa: ANN202
+    def _get(self, name: str):
         t = self.gf.tensors.get(name)
         if t is None:
             raise ModelError(f"{self.gf.path}: missing tensor {name!r}")

@@ -44,7 +44,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return out
 
 
-def _engine_model(path):  # noqa: ANN001, ANN202
+def _engine_model(path):
     m = load_model(read_gguf(path))
     if m.cfg.activation == "gelu_tanh_ggml":
         # The reference computes GELU exactly; llama.cpp's float16-table GELU (our default
@@ -56,7 +56,7 @@ def _engine_model(path):  # noqa: ANN001, ANN202
                                                   c.head_dim_v, n_slots=slots))
 
 
-def _tokens(model, n: int, seed: int) -> list[int]:  # noqa: ANN001
+def _tokens(model, n: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(3, model.cfg.n_vocab, n).tolist()
 
 
@@ -136,7 +136,7 @@ def test_bad_batches_are_clear_errors(models: dict) -> None:
         m.forward(bad, new_kv(slots=2))
 
 
-def test_unknown_architecture_lists_supported(tmp_path) -> None:  # noqa: ANN001
+def test_unknown_architecture_lists_supported(tmp_path) -> None:
     from localllm.formats.writer import write_gguf
 
     p = tmp_path / "x.gguf"
@@ -146,7 +146,7 @@ def test_unknown_architecture_lists_supported(tmp_path) -> None:  # noqa: ANN001
         load_model(read_gguf(p))
 
 
-def test_missing_tensor_is_named(tmp_path, models: dict) -> None:  # noqa: ANN001
+def test_missing_tensor_is_named(tmp_path, models: dict) -> None:
     from localllm.formats.writer import write_gguf
 
     gf = read_gguf(models["llama", QT.F32])
@@ -159,7 +159,7 @@ def test_missing_tensor_is_named(tmp_path, models: dict) -> None:  # noqa: ANN00
         load_model(read_gguf(p))
 
 
-def test_weight_type_without_kernel_is_named_at_load(tmp_path, models: dict) -> None:  # noqa: ANN001
+def test_weight_type_without_kernel_is_named_at_load(tmp_path, models: dict) -> None:
     """A type the reader knows but no kernel runs (IQ2_XXS): named at load, not mid-forward."""
     import struct
 
