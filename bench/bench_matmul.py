@@ -30,7 +30,7 @@ import numba
 import numpy as np
 
 from localllm.formats import read_gguf
-from localllm.kernels.cpu.matmul import kernel_path, matmul
+from localllm.kernels.cpu.matmul import kernel_path, matmul, r16_wanted, repack_r16
 
 LAYER_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -52,7 +52,9 @@ def median_time(fn: Callable[[], None], runs: int, min_seconds: float = 0.02) ->
 
 
 def product(raws: list[np.ndarray], qtype: int, n: int, rng: np.random.Generator):
-    """A closure running x @ W^T for each weight in `raws` in turn (one per call)."""
+    """A closure running x @ W^T for each weight in `raws` in turn (one per call), each in the
+    layout a loaded model gives it (r16 copies where the machine has the kernels)."""
+    packed = [repack_r16(r, qtype) if r16_wanted(r, qtype) else None for r in raws]
     rows = raws[0].shape[0]
     k = _k_of(raws[0], qtype)
     x = rng.standard_normal((n, k)).astype(np.float32)
@@ -61,7 +63,7 @@ def product(raws: list[np.ndarray], qtype: int, n: int, rng: np.random.Generator
 
     def run() -> None:
         i = state["i"]
-        matmul(raws[i], qtype, x, out)
+        matmul(raws[i], qtype, x, out, packed=packed[i])
         state["i"] = (i + 1) % len(raws)
 
     return run

@@ -26,19 +26,19 @@ from localllm.engine import Engine
 def instrument(times: dict, counts: collections.Counter) -> None:
     mm = base.matmul
 
-    def timed_matmul(raw, qt, x, out):  # noqa: ANN001
+    def timed_matmul(raw, qt, x, out, **kw):
         t = time.perf_counter()
-        mm(raw, qt, x, out)
+        mm(raw, qt, x, out, **kw)
         key = "matmul: output head" if raw.shape[0] >= 100_000 else "matmul: layers"
         times[key] += time.perf_counter() - t
         counts[key] += 1
 
     base.matmul = timed_matmul
 
-    def wrap(obj, name: str, label: str) -> None:  # noqa: ANN001
+    def wrap(obj, name: str, label: str) -> None:
         f = getattr(obj, name)
 
-        def g(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        def g(*a, **k):
             t = time.perf_counter()
             r = f(*a, **k)
             times[label] += time.perf_counter() - t
@@ -50,7 +50,7 @@ def instrument(times: dict, counts: collections.Counter) -> None:
     for name in ("rms_norm", "rms_norm_heads", "rope_tables", "rope_apply"):
         wrap(base.ops, name, name)
     for key, fn in list(base.ACTIVATIONS.items()):
-        def timed(*a, _fn=fn, _key=key):  # noqa: ANN002, ANN202
+        def timed(*a, _fn=fn, _key=key):
             t = time.perf_counter()
             _fn(*a)
             times[f"activation {_key}"] += time.perf_counter() - t

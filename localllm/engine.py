@@ -3,7 +3,8 @@
 The engine has no thread or queue of its own: it is called from one thread at a time
 (Numba's workqueue threading layer must not be entered from two Python threads at once).
 The server's scheduler and the chat's backend each own an engine thread and take requests
-through their own queues; the CLI simply calls it.
+through their own queues; the CLI simply calls it. Weights arrive in the layout the kernels
+multiply (models/base.py WeightLoader), so loading is read_gguf + load_model and nothing more.
 
 The boundaries: the model computes (logits, K/V stores), the KV cache keeps its own books
 (which tokens a slot holds, how much a new prompt can reuse), and the engine returns what
@@ -22,7 +23,7 @@ from localllm.batch import Batch
 from localllm.errors import PromptTooLongError
 from localllm.formats import GGUFFile, read_gguf
 from localllm.kv_cache import KVCache
-from localllm.models.base import DecoderModel, pack_weights
+from localllm.models.base import DecoderModel
 from localllm.models.registry import load_model
 
 
@@ -62,7 +63,6 @@ class Engine:
         self.gf: GGUFFile = read_gguf(self.path)
         self.metadata = self.gf.metadata
         self.model: DecoderModel = load_model(self.gf)
-        pack_weights(self.model, self.gf)
         self.cfg = self.model.cfg
         from localllm.tokenizer import Tokenizer
 
@@ -80,7 +80,7 @@ class Engine:
         self._template = None
 
     @property
-    def template(self):  # noqa: ANN201 - lazy: raw-prompt users never need jinja2
+    def template(self):  # lazy: raw-prompt users never need jinja2
         if self._template is None:
             from localllm.chat_template import ChatTemplate
 

@@ -41,8 +41,8 @@ def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return x[np.arange(x.shape[0]), targets] - lse
 
 
-def perplexity(engine, tokens: list[int], n_ctx: int, n_batch: int = 512,  # noqa: ANN001
-               max_chunks: int = -1, progress=None) -> PerplexityResult:  # noqa: ANN001
+def perplexity(engine, tokens: list[int], n_ctx: int, n_batch: int = 512,
+               max_chunks: int = -1, progress=None) -> PerplexityResult:
     if n_ctx < 4:
         raise ValueError(f"context {n_ctx} is too small for perplexity")
     if len(tokens) < 2 * n_ctx:

@@ -165,7 +165,7 @@ class ModelDrafter:
         return out
 
 
-def check_draft_vocab(target_tok, draft_tok) -> None:  # noqa: ANN001 - two Tokenizers
+def check_draft_vocab(target_tok, draft_tok) -> None:  # two Tokenizers
     """A draft model must tokenize exactly as the target: same size, same pieces."""
     if draft_tok.vocab_size != target_tok.vocab_size:
         raise SpeculationError(

@@ -22,7 +22,7 @@ def _stamp(qtypes: list[int]) -> Path:
     return Path(KERNEL_CACHE_DIR) / f"warm-{tag}.json"
 
 
-def ensure_kernels_compiled(engine, progress: bool = True) -> bool:  # noqa: ANN001
+def ensure_kernels_compiled(engine, progress: bool = True) -> bool:
     """Compile (or load from Numba's cache) the kernels this model needs. Returns True if
     this was a cold run that had to compile."""
     qtypes = [int(t.type) for t in engine.gf.tensors.values()]

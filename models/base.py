@@ -9,7 +9,7 @@ key-value heads, Dh = head_dim, F = n_ff, V = n_vocab.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
@@ -18,7 +18,13 @@ from localllm.batch import Batch
 from localllm.formats import GGUFFile, dequantize
 from localllm.kernels.cpu import ops, poison
 from localllm.kernels.cpu.dequant import get_rows
-from localllm.kernels.cpu.matmul import matmul, prepare, supported_types
+from localllm.kernels.cpu.matmul import (
+    R16_MAX_TOTAL,
+    matmul,
+    r16_wanted,
+    repack_r16,
+    supported_types,
+)
 from localllm.kv_cache import KVCache
 from localllm.models.config import ModelConfig, ModelError
 
@@ -34,19 +40,22 @@ ACTIVATIONS = {
 
 @dataclass
 class QWeight:
-    """A 2-D weight kept as raw quantized blocks (a zero-copy view of the file)."""
+    """A 2-D weight kept as raw quantized blocks (a zero-copy view of the file) and, where the
+    kernels multiply faster from another layout, that copy too: the layout is decided once,
+    at load (WeightLoader.laid_out), and travels with the weight."""
 
     name: str
     raw: np.ndarray  # [rows, row_bytes] uint8
     qtype: int
     rows: int  # output features
     cols: int  # input features
+    packed: np.ndarray | None = None  # [ceil(rows/16)*16, row_bytes] u8 r16 records, or None
 
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """x [N, cols] float32 -> out [N, rows] float32."""
         if out is None:
             out = np.empty((x.shape[0], self.rows), dtype=np.float32)
-        matmul(self.raw, self.qtype, x, out)
+        matmul(self.raw, self.qtype, x, out, packed=self.packed)
         return out
 
 
@@ -72,15 +81,19 @@ class LayerWeights:
 
 
 class WeightLoader:
-    """Looks tensors up by GGUF name, checks their shapes, and wraps them."""
+    """Looks tensors up by GGUF name, checks their shapes, and wraps them in the layout the
+    kernels want."""
 
     def __init__(self, gf: GGUFFile) -> None:
         self.gf = gf
+        self.packed_bytes = 0  # bytes of repacked copies made for this model
 
     def has(self, name: str) -> bool:
         return name in self.gf.tensors
 
-    def matrix(self, name: str, rows: int, cols: int) -> QWeight:
+    def matrix(self, name: str, rows: int, cols: int, *, multiplied: bool = True) -> QWeight:
+        """The weight `name` [rows, cols]. multiplied: it goes through matmul, so it takes the
+        kernels' layout (laid_out); False for a table that is only read by rows (embeddings)."""
         t = self._get(name)
         if tuple(t.shape) != (rows, cols):
             raise ModelError(f"tensor {name} has shape {tuple(t.shape)}, expected {(rows, cols)}")
@@ -89,7 +102,24 @@ class WeightLoader:
                 f"tensor {name} has quantization type {t.type.name}, which has no kernel yet "
                 f"(supported: {', '.join(sorted(QT(q).name for q in _MATMUL_TYPES))})"
             )
-        return QWeight(name, t.data.reshape(rows, -1), int(t.type), rows, cols)
+        q = QWeight(name, t.data.reshape(rows, -1), int(t.type), rows, cols)
+        return self.laid_out(q) if multiplied else q
+
+    def laid_out(self, q: QWeight, *, release: bool = True) -> QWeight:
+        """q in the layout the kernels multiply fastest: with its r16 copy where this machine
+        has r16 kernels for the type, the weight is within their size cap and the model's
+        budget (R16_MAX_TOTAL, first come first served in load order) has room. The repacked
+        weight's row-major file pages are then given back to the OS (release; not for a tied
+        embedding, whose rows are still looked up): nothing reads them any more, and they would
+        otherwise count twice in resident memory. q itself is left as it was."""
+        if not (r16_wanted(q.raw, q.qtype)
+                and self.packed_bytes + q.raw.nbytes <= R16_MAX_TOTAL):
+            return q
+        packed = repack_r16(q.raw, q.qtype)
+        self.packed_bytes += packed.nbytes
+        if release:
+            self.gf.release_pages(self.gf.tensors[q.name])
+        return replace(q, packed=packed)
 
     def vector(self, name: str, n: int) -> np.ndarray:
         t = self._get(name)
@@ -102,7 +132,7 @@ class WeightLoader:
     def optional_vector(self, name: str, n: int) -> np.ndarray | None:
         return self.vector(name, n) if self.has(name) else None
 
-    def _get(self, name: str):  # noqa: ANN202
+    def _get(self, name: str):
         t = self.gf.tensors.get(name)
         if t is None:
             raise ModelError(f"{self.gf.path}: missing tensor {name!r}")
@@ -313,29 +343,16 @@ class DecoderModel:
         return out
 
 
-def pack_weights(model: DecoderModel, gf: GGUFFile) -> int:
-    """Repack the layer weights the kernels want in their 16-row interleaved layout now
-    (~20 ms, instead of on the first token), and give their row-major file pages back to
-    the OS: they are no longer read, and would otherwise count twice in resident memory.
-    Returns the bytes of file pages released."""
-    released = 0
-    for L in model.layers:
-        for w in (L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down):
-            if prepare(w.raw, w.qtype):
-                released += gf.release_pages(gf.tensors[w.name])
-    return released
-
-
 def output_head(w: WeightLoader, cfg: ModelConfig, token_embd: QWeight) -> QWeight:
     """A separate `output.weight`, or the token embedding when the two are tied."""
     if w.has("output.weight"):
         return w.matrix("output.weight", cfg.n_vocab, cfg.n_embd)
-    return token_embd
+    return w.laid_out(token_embd, release=False)  # its rows are still looked up
 
 
 def build_standard(gf: GGUFFile, cfg: ModelConfig) -> DecoderModel:
     w = WeightLoader(gf)
-    embd = w.matrix("token_embd.weight", cfg.n_vocab, cfg.n_embd)
+    embd = w.matrix("token_embd.weight", cfg.n_vocab, cfg.n_embd, multiplied=False)
     freq_factors = w.optional_vector("rope_freqs.weight", cfg.n_rot // 2)
     return DecoderModel(
         cfg,

@@ -87,7 +87,7 @@ def _template(name: str) -> ChatTemplate:
     return t
 
 
-def _hf_render(source: str, messages: list, tools, **ctx) -> str:  # noqa: ANN001
+def _hf_render(source: str, messages: list, tools, **ctx) -> str:
     chat_utils = pytest.importorskip("transformers.utils.chat_template_utils")
     rendered, _ = chat_utils.render_jinja_template(
         conversations=[messages], tools=tools, chat_template=source,
@@ -259,7 +259,7 @@ def test_round_trip_through_a_template_and_openai_shape() -> None:
     assert oa[0]["id"].startswith("call_")
 
 
-def test_real_gguf_templates(smollm2_path, default_model_path) -> None:  # noqa: ANN001
+def test_real_gguf_templates(smollm2_path, default_model_path) -> None:
     """The templates shipped in the two real models: probed, polyfilled, same as HF."""
     from localllm.formats import read_gguf
     from localllm.tokenizer import Tokenizer

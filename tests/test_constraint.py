@@ -65,7 +65,7 @@ def test_format_shapes() -> None:
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2_path) -> Engine:  # noqa: ANN001
+def smol(smollm2_path) -> Engine:
     return Engine(smollm2_path, n_ctx=1024)
 
 
@@ -149,7 +149,7 @@ def test_resampling_gives_the_masked_distribution() -> None:
 # --- generation on real models ----------------------------------------------------------------
 
 
-def _run(eng: Engine, prompt: str, fmt, temp: float, seed: int, spec: bool,  # noqa: ANN001
+def _run(eng: Engine, prompt: str, fmt, temp: float, seed: int, spec: bool,
          stream_parts: list[str] | None = None, max_tokens: int = 160,
          stats_out: list | None = None) -> tuple[str, str]:
     msgs = [{"role": "user", "content": prompt}]
@@ -203,7 +203,7 @@ def test_drafts_are_verified_under_a_constraint(smol: Engine) -> None:
 
 
 @pytest.fixture(scope="module")
-def gemma(default_model_path) -> Engine:  # noqa: ANN001
+def gemma(default_model_path) -> Engine:
     return Engine(default_model_path, n_ctx=1024)
 
 
@@ -231,7 +231,7 @@ def test_default_model_schema_output_validates(gemma: Engine, temp: float, seed:
 # --- the CLI ----------------------------------------------------------------------------------
 
 
-def test_cli_format_and_schema_file(smollm2_path, tmp_path, capsys) -> None:  # noqa: ANN001
+def test_cli_format_and_schema_file(smollm2_path, tmp_path, capsys) -> None:
     from localllm.cli import main
 
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
@@ -253,7 +253,7 @@ def test_cli_format_and_schema_file(smollm2_path, tmp_path, capsys) -> None:  # 
     (["--format", "missing-schema.json"], "cannot read JSON schema file"),
     (["--format", "json", "--json-schema", "x.json"], "not both"),
 ])
-def test_cli_bad_format_is_one_error_line(smollm2_path, capsys, args, message) -> None:  # noqa: ANN001
+def test_cli_bad_format_is_one_error_line(smollm2_path, capsys, args, message) -> None:
     from localllm.cli import main
 
     assert main(["run", str(smollm2_path), "hi", *args]) == 1
@@ -261,7 +261,7 @@ def test_cli_bad_format_is_one_error_line(smollm2_path, capsys, args, message) -
     assert err.startswith("error: ") and message in err and "Traceback" not in err
 
 
-def test_cli_show_prompt_with_the_real_templates(smollm2_path, default_model_path,  # noqa: ANN001
+def test_cli_show_prompt_with_the_real_templates(smollm2_path, default_model_path,
                                                  capsys) -> None:
     from localllm.cli import main
 

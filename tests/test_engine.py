@@ -44,7 +44,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return out
 
 
-def _engine_model(path):  # noqa: ANN001, ANN202
+def _engine_model(path):
     m = load_model(read_gguf(path))
     if m.cfg.activation == "gelu_tanh_ggml":
         # The reference computes GELU exactly; llama.cpp's float16-table GELU (our default
@@ -56,7 +56,7 @@ def _engine_model(path):  # noqa: ANN001, ANN202
                                                   c.head_dim_v, n_slots=slots))
 
 
-def _tokens(model, n: int, seed: int) -> list[int]:  # noqa: ANN001
+def _tokens(model, n: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(3, model.cfg.n_vocab, n).tolist()
 
 
@@ -136,7 +136,7 @@ def test_bad_batches_are_clear_errors(models: dict) -> None:
         m.forward(bad, new_kv(slots=2))
 
 
-def test_unknown_architecture_lists_supported(tmp_path) -> None:  # noqa: ANN001
+def test_unknown_architecture_lists_supported(tmp_path) -> None:
     from localllm.formats.writer import write_gguf
 
     p = tmp_path / "x.gguf"
@@ -146,7 +146,7 @@ def test_unknown_architecture_lists_supported(tmp_path) -> None:  # noqa: ANN001
         load_model(read_gguf(p))
 
 
-def test_missing_tensor_is_named(tmp_path, models: dict) -> None:  # noqa: ANN001
+def test_missing_tensor_is_named(tmp_path, models: dict) -> None:
     from localllm.formats.writer import write_gguf
 
     gf = read_gguf(models["llama", QT.F32])
@@ -159,7 +159,7 @@ def test_missing_tensor_is_named(tmp_path, models: dict) -> None:  # noqa: ANN00
         load_model(read_gguf(p))
 
 
-def test_weight_type_without_kernel_is_named_at_load(tmp_path, models: dict) -> None:  # noqa: ANN001
+def test_weight_type_without_kernel_is_named_at_load(tmp_path, models: dict) -> None:
     """A type the reader knows but no kernel runs (IQ2_XXS): named at load, not mid-forward."""
     import struct
 
@@ -174,3 +174,36 @@ def test_weight_type_without_kernel_is_named_at_load(tmp_path, models: dict) -> 
     p.write_bytes(bytes(data))
     with pytest.raises(ModelError, match="blk.0.attn_q.weight.*IQ2_XXS"):
         load_model(read_gguf(p))
+
+
+def test_weights_take_their_layout_at_load(models: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the machine has r16 kernels, Q8_0 layer weights carry their r16 copy from load,
+    the tied embedding's lookups stay on the raw rows while its product is repacked, and the
+    per-model budget leaves the weights past it row-major; a product is the same (up to float
+    summation order) in either layout."""
+    import localllm.models.base as base
+    from localllm.kernels.cpu.matmul import r16_types
+
+    def matrices(m: base.DecoderModel) -> list[base.QWeight]:
+        return [w for L in m.layers
+                for w in (L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down)]
+
+    path = models["qwen3", QT.Q8_0]  # tied embeddings
+    m = load_model(read_gguf(path))
+    ws = matrices(m)
+    assert m.token_embd.packed is None
+    if not r16_types():
+        assert all(w.packed is None for w in [*ws, m.output])
+        return
+    assert all(w.packed is not None for w in ws)
+    assert m.output.packed is not None and m.output.raw is m.token_embd.raw
+    x = np.random.default_rng(5).standard_normal((3, ws[0].cols)).astype(np.float32)
+    row_major = base.QWeight(ws[0].name, ws[0].raw, ws[0].qtype, ws[0].rows, ws[0].cols)
+    ref = row_major(x)
+    np.testing.assert_allclose(ws[0](x), ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+
+    monkeypatch.setattr(base, "R16_MAX_TOTAL", ws[0].raw.nbytes)  # room for the first only
+    m2 = load_model(read_gguf(path))
+    ws2 = matrices(m2)
+    assert ws2[0].packed is not None
+    assert all(w.packed is None for w in [*ws2[1:], m2.output])

@@ -322,7 +322,7 @@ def test_writer_raw_blocks_and_errors(tmp_path: Path) -> None:
         write_gguf(tmp_path / "e.gguf", "llama", {}, {}, version=1)
 
 
-def test_release_pages_keeps_data_readable(tmp_path) -> None:  # noqa: ANN001
+def test_release_pages_keeps_data_readable(tmp_path) -> None:
     """Pages given back with release_pages() fault back in from the file on the next read."""
     import numpy as np
     from gguf import GGMLQuantizationType as QT

@@ -58,7 +58,7 @@ class ScriptedEngine:
         return self._next_logits()
 
 
-def _run(script: list[int], **kw) -> tuple[list[str], object]:  # noqa: ANN003
+def _run(script: list[int], **kw) -> tuple[list[str], object]:
     eng = ScriptedEngine(script, n_ctx=kw.pop("n_ctx", 100))
     events = list(generate(eng, [1, 2], Sampler(SamplerConfig(temperature=0)), **kw))
     return [e.text for e in events if not e.done and e.text], events[-1]

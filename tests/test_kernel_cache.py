@@ -73,7 +73,7 @@ def test_editing_a_helper_in_another_file_recompiles(tmp_path: Path) -> None:
             assert got == "6"  # Numba alone: the stale kernel (why the key exists)
 
 
-def test_key_covers_sources_versions_and_switches(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_key_covers_sources_versions_and_switches(tmp_path: Path, monkeypatch) -> None:
     a = tmp_path / "a.py"
     a.write_text("x = 1\n")
     k1 = cache.cache_key([a])

@@ -144,8 +144,8 @@ def check_product(qt: T, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
 # The 32-weight block types have 512-bit kernels where the CPU allows (cpu_features `wide`);
 # there, their 256-bit kernels are tested as well.
 _B32 = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL]
-# Read-only Q4_0/Q5_0/Q8_0 weights take the row-interleaved (r16) kernels for N > 1 where the
-# CPU has AVX-512 VNNI; the other variants pass writable arrays, which are never repacked.
+# Q4_0/Q5_0/Q8_0 weights passed with their r16 copy (packed=) take the row-interleaved
+# kernels where the CPU has AVX-512 VNNI.
 _VARIANTS = [(t, None) for t in ALL_TYPES] + (
     [(t, False) for t in _B32] if FEATURES.wide and mm.kernel_path() != "portable" else []) + [
     (T(t), "r16") for t in mm.r16_types()]
@@ -165,9 +165,7 @@ def test_matmul_all_shapes(qt: T, wide: bool | str | None) -> None:
     for rows, k, ns in [(37, k_small, (1, 3, 4, 8, 16, 33, 70)), (37, k_big, (1, 4, 33)),
                         (301, k_big, (1, 5)), (16, k_small, (2, 9))]:
         w = random_weight(qt, rows, k, rng)
-        if wide == "r16":
-            w.flags.writeable = False
-        before = mm.packed_bytes()
+        packed = mm.repack_r16(w, int(qt)) if wide == "r16" else None
         xs = rng.standard_normal((max(ns), k)).astype(np.float32)
         xs[0, :7] *= 20.0  # uneven block magnitudes
         variant = None if wide == "r16" else wide
@@ -175,7 +173,7 @@ def test_matmul_all_shapes(qt: T, wide: bool | str | None) -> None:
         for n in ns:
             x = xs[:n]
             out = np.full((n, rows), np.nan, np.float32)
-            mm.matmul(w, int(qt), x, out, _wide=variant)
+            mm.matmul(w, int(qt), x, out, packed=packed, _wide=variant)
             check_product(qt, w, x, out)
             outs[n] = out
         # batch invariance: a row's bits do not depend on the other rows of the call
@@ -183,10 +181,8 @@ def test_matmul_all_shapes(qt: T, wide: bool | str | None) -> None:
         for n, out in outs.items():
             assert np.array_equal(out, big[:n]), f"N={n} differs from the first rows of N={max(ns)}"
         last = np.empty((1, rows), np.float32)
-        mm.matmul(w, int(qt), xs[-1:], last, _wide=variant)
+        mm.matmul(w, int(qt), xs[-1:], last, packed=packed, _wide=variant)
         assert np.array_equal(last[0], big[-1])
-        grew = mm.packed_bytes() - before
-        assert grew == ((rows + 15) // 16 * 16 * w.shape[1] if wide == "r16" else 0)
 
 
 def r16_reference(qt: T, w: np.ndarray) -> np.ndarray:
@@ -225,34 +221,30 @@ def test_repack_r16_layout(qt: T) -> None:
         mm.repack_r16(random_weight(T.Q4_K, 4, 256, rng), int(T.Q4_K))
 
 
-@pytest.mark.skipif(not mm.r16_types(), reason="no AVX-512 VNNI: no repacking")
-def test_r16_cache_is_per_array_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A read-only weight is repacked once and its copy dropped with it; writable weights and
-    weights over the size cap stay row-major (and still give the right products)."""
-    import gc
-
+def test_r16_packed_argument_is_checked() -> None:
+    """packed= is the weight's own r16 copy or a clear error: a copy of another shape, a type
+    without the layout, a machine without the kernels."""
     rng = np.random.default_rng(31)
-    qt = T.Q5_0
     x = rng.standard_normal((4, 128)).astype(np.float32)
     out = np.empty((4, 40), np.float32)
-    base = mm.packed_bytes()
-    w = random_weight(qt, 40, 128, rng)
-    mm.matmul(w, int(qt), x, out)  # writable: not repacked
-    assert mm.packed_bytes() == base
-    w.flags.writeable = False
-    mm.matmul(w, int(qt), x, out)
-    mm.matmul(w, int(qt), x, out)
-    check_product(qt, w, x, out)
-    assert mm.packed_bytes() == base + 48 * w.shape[1]  # 40 rows -> 3 groups of 16, once
-    del w
-    gc.collect()
-    assert mm.packed_bytes() == base
-    monkeypatch.setattr(mm, "_R16_MAX_WEIGHT", 1000)
-    w = random_weight(qt, 40, 128, rng)
-    w.flags.writeable = False
-    mm.matmul(w, int(qt), x, out)
-    check_product(qt, w, x, out)
-    assert mm.packed_bytes() == base
+    w = random_weight(T.Q5_0, 40, 128, rng)
+    packed = mm.repack_r16(w, int(T.Q5_0))
+    assert packed.shape == mm.r16_shape(40, w.shape[1]) == (48, w.shape[1])
+    assert not packed.flags.writeable
+    if not mm.r16_types():
+        with pytest.raises(ValueError, match="r16 kernels"):
+            mm.matmul(w, int(T.Q5_0), x, out, packed=packed)
+        return
+    mm.matmul(w, int(T.Q5_0), x, out, packed=packed)
+    check_product(T.Q5_0, w, x, out)
+    with pytest.raises(ValueError, match="shape"):
+        mm.matmul(w[:32], int(T.Q5_0), x, out[:, :32], packed=packed)
+    wk = random_weight(T.Q4_K, 40, 256, rng)
+    with pytest.raises(ValueError, match="no r16 layout"):
+        mm.matmul(wk, int(T.Q4_K), np.zeros((4, 256), np.float32), out,
+                  packed=np.zeros((48, wk.shape[1]), np.uint8))
+    with pytest.raises(TypeError, match="uint8"):
+        mm.matmul(w, int(T.Q5_0), x, out, packed=packed.view(np.int8))
 
 
 @pytest.mark.parametrize("qt", [T.F32, T.F16, T.BF16], ids=lambda t: t.name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import extra_ops as xops
 import numpy as np
 import pytest
 
@@ -103,7 +104,7 @@ def test_rope(neox: bool, variant: str) -> None:
         kw = {"freq_scale": fs, "n_rot": n_rot, "freq_factors": ff}
     ref = _rope_ref(x, pos, 10000.0, neox, fs, n_rot, ff)
     x0 = x.copy()
-    ops.rope(x, pos, 10000.0, neox, **kw)
+    xops.rope(x, pos, 10000.0, neox, **kw)
     # float32 cos/sin and products: absolute error a few ulps of |x| ~ 4
     np.testing.assert_allclose(x, ref, rtol=0, atol=2e-6)
     np.testing.assert_array_equal(x[0], x0[0])  # position 0 is exactly the identity
@@ -117,8 +118,8 @@ def test_rope_relative_position() -> None:
     dots = []
     for p1, p2 in [(10, 3), (1007, 1000), (50007, 50000)]:
         qq, kk = q.copy(), k.copy()
-        ops.rope(qq, np.array([p1]), 1e6, True)
-        ops.rope(kk, np.array([p2]), 1e6, True)
+        xops.rope(qq, np.array([p1]), 1e6, True)
+        xops.rope(kk, np.array([p2]), 1e6, True)
         dots.append(float(np.dot(qq.ravel().astype(np.float64), kk.ravel())))
     np.testing.assert_allclose(dots, dots[0], rtol=1e-5)
 
@@ -126,13 +127,13 @@ def test_rope_relative_position() -> None:
 def test_rope_errors() -> None:
     x = np.ones((2, 1, 8), np.float32)
     with pytest.raises(ValueError, match="pos"):
-        ops.rope(x, np.array([0]), 1e4, True)
+        xops.rope(x, np.array([0]), 1e4, True)
     with pytest.raises(ValueError, match="n_rot"):
-        ops.rope(x, np.array([0, 1]), 1e4, True, n_rot=10)
+        xops.rope(x, np.array([0, 1]), 1e4, True, n_rot=10)
     with pytest.raises(ValueError, match="n_rot"):
-        ops.rope(x, np.array([0, 1]), 1e4, True, n_rot=3)
+        xops.rope(x, np.array([0, 1]), 1e4, True, n_rot=3)
     with pytest.raises(ValueError, match="freq_factors"):
-        ops.rope(x, np.array([0, 1]), 1e4, True, freq_factors=np.ones(2, np.float32))
+        xops.rope(x, np.array([0, 1]), 1e4, True, freq_factors=np.ones(2, np.float32))
 
 
 # ------------------------------------------------------------------ activations, softmax
@@ -194,14 +195,14 @@ def test_softmax_rows() -> None:
     x[3] = -np.inf  # nothing allowed
     x64 = x.astype(np.float64)
     out = np.empty_like(x)
-    ops.softmax_rows(x, out)
+    xops.softmax_rows(x, out)
     ref = np.exp(x64[:3] - x64[:3].max(axis=1, keepdims=True))
     ref /= ref.sum(axis=1, keepdims=True)
     np.testing.assert_allclose(out[:3], ref, rtol=1e-5, atol=1e-12)
     assert not out[2, ::3].any()
     assert not out[3].any()
     np.testing.assert_allclose(out[:3].sum(axis=1, dtype=np.float64), 1.0, rtol=1e-6)
-    ops.softmax_rows(x, x)
+    xops.softmax_rows(x, x)
     np.testing.assert_array_equal(x, out)
 
 
@@ -210,21 +211,21 @@ def test_add_and_scale() -> None:
     a = rng.standard_normal((3, 100)).astype(np.float32)
     b = rng.standard_normal((3, 100)).astype(np.float32)
     want = a + b
-    ops.add_into(a, b)
+    xops.add_into(a, b)
     np.testing.assert_array_equal(a, want)
     want = a * np.float32(0.125)
-    ops.scale_into(a, 0.125)
+    xops.scale_into(a, 0.125)
     np.testing.assert_array_equal(a, want)
     bias = rng.standard_normal(100).astype(np.float32)  # broadcast via numpy
     want = a + bias
-    ops.add_into(a, bias)
+    xops.add_into(a, bias)
     np.testing.assert_array_equal(a, want)
     view = a[:, ::2]  # strided
     want = view * np.float32(3.0)
-    ops.scale_into(view, 3.0)
+    xops.scale_into(view, 3.0)
     np.testing.assert_array_equal(a[:, ::2], want)
     with pytest.raises(ValueError):
-        ops.add_into(a, np.ones((2, 100), np.float32))
+        xops.add_into(a, np.ones((2, 100), np.float32))
 
 
 # ------------------------------------------------------------------------------- attention
@@ -265,23 +266,23 @@ def test_attention(ratio: int, window: int, softcap: float) -> None:
     scale = 1.0 / math.sqrt(dh) * 3  # sharp distributions
     ref = _attention_ref(q, k, v, q_pos, kv_pos, window, scale, softcap)
     out = np.full_like(q, np.nan)
-    ops.attention(q, k, v, q_pos, kv_pos, window, scale, softcap, out)
+    xops.attention(q, k, v, q_pos, kv_pos, window, scale, softcap, out)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=2e-6)
     assert not out[0].any()
     # the parallel driver (bigger problems), with whole or split head groups, agrees exactly
     for hpt in {ratio, max(1, ratio // 2), 1}:
         out2 = np.full_like(q, np.nan)
-        ops._attention_parallel(q, k, v, q_pos, kv_pos, window, np.float32(scale),
+        xops._attention_parallel(q, k, v, q_pos, kv_pos, window, np.float32(scale),
                                 np.float32(softcap), out2, hpt)
         np.testing.assert_array_equal(out2, out)
 
 
 def test_heads_per_task() -> None:
-    assert ops._heads_per_task(n_q=1, n_kv_heads=1, ratio=4, n_threads=2) == 2
-    assert ops._heads_per_task(n_q=1, n_kv_heads=1, ratio=4, n_threads=16) == 1
-    assert ops._heads_per_task(n_q=8, n_kv_heads=2, ratio=4, n_threads=16) == 4
-    assert ops._heads_per_task(n_q=1, n_kv_heads=2, ratio=6, n_threads=4) == 3
-    assert ops._heads_per_task(n_q=1, n_kv_heads=8, ratio=1, n_threads=16) == 1
+    assert xops._heads_per_task(n_q=1, n_kv_heads=1, ratio=4, n_threads=2) == 2
+    assert xops._heads_per_task(n_q=1, n_kv_heads=1, ratio=4, n_threads=16) == 1
+    assert xops._heads_per_task(n_q=8, n_kv_heads=2, ratio=4, n_threads=16) == 4
+    assert xops._heads_per_task(n_q=1, n_kv_heads=2, ratio=6, n_threads=4) == 3
+    assert xops._heads_per_task(n_q=1, n_kv_heads=8, ratio=1, n_threads=16) == 1
 
 
 def test_attention_large_prefill_parallel_path() -> None:
@@ -291,9 +292,9 @@ def test_attention_large_prefill_parallel_path() -> None:
     k = rng.standard_normal((t, 1, 64)).astype(np.float32)
     v = rng.standard_normal((t, 1, 64)).astype(np.float32)
     pos = np.arange(t, dtype=np.int32)
-    assert n * 4 * t * 64 >= ops._ATTN_PARALLEL_MIN_WORK
+    assert n * 4 * t * 64 >= xops._ATTN_PARALLEL_MIN_WORK
     out = np.empty_like(q)
-    ops.attention(q, k, v, pos, pos, 32, 0.125, 0.0, out)
+    xops.attention(q, k, v, pos, pos, 32, 0.125, 0.0, out)
     np.testing.assert_allclose(out, _attention_ref(q, k, v, pos, pos, 32, 0.125, 0.0),
                                rtol=1e-5, atol=2e-6)
 
@@ -303,14 +304,14 @@ def test_attention_errors() -> None:
     kv = np.ones((4, 2, 8), np.float32)
     pos2, pos4 = np.arange(2), np.arange(4)
     with pytest.raises(ValueError, match="multiple"):
-        ops.attention(q, kv, kv, pos2, pos4, 0, 1.0, 0.0, np.empty_like(q))
+        xops.attention(q, kv, kv, pos2, pos4, 0, 1.0, 0.0, np.empty_like(q))
     q = np.ones((2, 4, 8), np.float32)
     with pytest.raises(ValueError, match="kv_pos"):
-        ops.attention(q, kv, kv, pos2, pos2, 0, 1.0, 0.0, np.empty_like(q))
+        xops.attention(q, kv, kv, pos2, pos2, 0, 1.0, 0.0, np.empty_like(q))
     with pytest.raises(ValueError, match="overlap"):
-        ops.attention(q, kv, kv, pos2, pos4, 0, 1.0, 0.0, q)
+        xops.attention(q, kv, kv, pos2, pos4, 0, 1.0, 0.0, q)
     with pytest.raises(ValueError, match="v_cache"):
-        ops.attention(q, kv, kv[:3], pos2, pos4, 0, 1.0, 0.0, np.empty_like(q))
+        xops.attention(q, kv, kv[:3], pos2, pos4, 0, 1.0, 0.0, np.empty_like(q))
 
 
 def test_gelu_ggml_table_matches_float16_emulation() -> None:

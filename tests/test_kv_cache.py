@@ -25,7 +25,7 @@ def gemma_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return p
 
 
-def _engine(path: Path, **kw) -> Engine:  # noqa: ANN003
+def _engine(path: Path, **kw) -> Engine:
     e = Engine(path, n_ctx=kw.pop("n_ctx", 64), n_threads=1, **kw)
     e.model.cfg.activation = "gelu_tanh"  # compare with the exact-GELU reference
     return e

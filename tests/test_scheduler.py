@@ -32,7 +32,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
 
 
 @pytest.fixture
-def sched(engine: Engine):  # noqa: ANN201
+def sched(engine: Engine):
     for s in range(engine.kv.n_slots):
         engine.kv.clear(s)
     sch = Scheduler(engine, max_queue=8, prefill_chunk=8)
@@ -77,7 +77,7 @@ def test_long_prompt_is_chunked_and_interleaved(engine: Engine, sched: Scheduler
     long_prompt = [1] + [10 + (i % 50) for i in range(120)]
     done = threading.Event()
 
-    def on_long(ev) -> None:  # noqa: ANN001
+    def on_long(ev) -> None:
         order.append("L")
         if getattr(ev, "done", True):
             done.set()
@@ -188,7 +188,7 @@ def test_queue_bound_and_errors(engine: Engine) -> None:
     assert sch.idle()
 
 
-def test_sliding_window_rings_batched_and_reused(tmp_path) -> None:  # noqa: ANN001
+def test_sliding_window_rings_batched_and_reused(tmp_path) -> None:
     """gemma3 with an 8-token window and a ring cache (window + batch - 1 < context): chunked
     prefills of prompts longer than the window, interleaved with other sequences' decode
     rows and drafts, and a prefix reused from a ring, give the tokens of a run alone."""

@@ -25,7 +25,7 @@ from localllm.server.common import chat_prompt, default_name
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_path: Path):  # noqa: ANN201
+def server(smollm2_path: Path):
     # one kernel thread: the server, its clients and the engine share a small CI machine
     engine = Engine(smollm2_path, n_ctx=512, n_slots=4, n_batch=64, n_threads=1)
     state = ServerState(engine, Scheduler(engine, max_queue=16), default_name(smollm2_path))
@@ -46,16 +46,16 @@ def server(smollm2_path: Path):  # noqa: ANN201
 
 
 @pytest.fixture(scope="module")
-def oc(server) -> ollama.Client:  # noqa: ANN001
+def oc(server) -> ollama.Client:
     return ollama.Client(host=server[0])
 
 
 @pytest.fixture(scope="module")
-def ai(server) -> openai.OpenAI:  # noqa: ANN001
+def ai(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server[0] + "/v1", api_key="x", max_retries=0)
 
 
-def _model(server) -> str:  # noqa: ANN001
+def _model(server) -> str:
     return server[1].name.removesuffix(":latest")
 
 
@@ -70,7 +70,7 @@ def _wait_idle(state: ServerState) -> None:
     raise AssertionError(f"slots still busy: {state.scheduler.status()}")
 
 
-def test_generate_and_chat_streaming_and_not(server, oc) -> None:  # noqa: ANN001
+def test_generate_and_chat_streaming_and_not(server, oc) -> None:
     m = _model(server)
     r = oc.generate(model=m, prompt="What is the capital of France?", options=GREEDY)
     assert r.done and r.done_reason == "length" and r.eval_count == 12 and r.response
@@ -96,7 +96,7 @@ def test_generate_and_chat_streaming_and_not(server, oc) -> None:  # noqa: ANN00
     assert 0 < c2.prompt_eval_count <= len(turn2) - len(turn1)
 
 
-def test_stop_and_options(server, oc) -> None:  # noqa: ANN001
+def test_stop_and_options(server, oc) -> None:
     m = _model(server)
     full = oc.generate(model=m, prompt="Count: 1, 2, 3,", raw=True,
                        options={"temperature": 0, "num_predict": 16}).response
@@ -122,7 +122,7 @@ def test_stop_and_options(server, oc) -> None:  # noqa: ANN001
     assert a.response == b.response
 
 
-def test_model_info(server, oc) -> None:  # noqa: ANN001
+def test_model_info(server, oc) -> None:
     m = _model(server)
     (entry,) = oc.list().models
     assert entry.model == server[1].name and entry.details.family == "llama"
@@ -142,7 +142,7 @@ def test_model_info(server, oc) -> None:  # noqa: ANN001
     assert e.value.status_code == 404
 
 
-def test_openai_chat_completions_and_models(server, ai) -> None:  # noqa: ANN001
+def test_openai_chat_completions_and_models(server, ai) -> None:
     m = _model(server)
     msgs = [{"role": "user", "content": "Name a colour."}]
     r = ai.chat.completions.create(model=m, messages=msgs, max_tokens=8, temperature=0)
@@ -194,7 +194,7 @@ def test_openai_chat_completions_and_models(server, ai) -> None:  # noqa: ANN001
      "NaN is not a valid JSON number"),
     ("/api/generate", b"[" * 100000 + b"]" * 100000, 400, "nested too deeply"),
 ])
-def test_malformed_requests_are_4xx(server, path, body, status, needle) -> None:  # noqa: ANN001
+def test_malformed_requests_are_4xx(server, path, body, status, needle) -> None:
     if isinstance(body, dict):
         body = json.dumps(body).encode()
     body = body.replace(b'"M"', json.dumps(_model(server)).encode())
@@ -204,14 +204,14 @@ def test_malformed_requests_are_4xx(server, path, body, status, needle) -> None:
     assert needle in (err["message"] if isinstance(err, dict) else err)
 
 
-def test_method_route_and_queue_errors(server, monkeypatch) -> None:  # noqa: ANN001
+def test_method_route_and_queue_errors(server, monkeypatch) -> None:
     base, state = server
     assert httpx.get(base + "/api/chat").status_code == 405
     assert httpx.get(base + "/api/nothing").json() == {"error": "/api/nothing not found"}
     big = b"{" + b" " * (state.body_limit + 10) + b"}"
     assert httpx.post(base + "/api/chat", content=big, timeout=120).status_code == 413
 
-    def full(*a, **k):  # noqa: ANN002, ANN003, ANN202
+    def full(*a, **k):
         raise QueueFullError("all slots are busy")
 
     monkeypatch.setattr(state.scheduler, "submit", full)
@@ -220,7 +220,7 @@ def test_method_route_and_queue_errors(server, monkeypatch) -> None:  # noqa: AN
     assert r.status_code == 503 and r.headers["retry-after"] and "busy" in r.json()["error"]
 
 
-def test_seeded_output_same_alone_and_concurrent(server, oc) -> None:  # noqa: ANN001
+def test_seeded_output_same_alone_and_concurrent(server, oc) -> None:
     """Batch invariance: a request's text does not depend on what else is in the batch."""
     m = _model(server)
 
@@ -235,7 +235,7 @@ def test_seeded_output_same_alone_and_concurrent(server, oc) -> None:  # noqa: A
     _wait_idle(server[1])
 
 
-def test_disconnects_free_their_slots(server) -> None:  # noqa: ANN001
+def test_disconnects_free_their_slots(server) -> None:
     base, state = server
     # counting goes on to the end of the context (no end-of-text), greedy: deterministic
     body = {"model": _model(server), "prompt": "1, 2, 3, 4, 5, 6, 7,", "raw": True,
@@ -252,7 +252,7 @@ def test_disconnects_free_their_slots(server) -> None:  # noqa: ANN001
     assert state.scheduler.status()["cancelled"] == before + 2
 
 
-def test_load_with_disconnects_and_garbage(server) -> None:  # noqa: ANN001
+def test_load_with_disconnects_and_garbage(server) -> None:
     """A short loopback load test (bench/serve_load.py is the long one): 8 clients x 2
     requests, some leave mid-stream, some send garbage; no 5xx, every finished stream is
     whole NDJSON ending in done, all slots free at the end."""
@@ -292,7 +292,7 @@ def test_load_with_disconnects_and_garbage(server) -> None:  # noqa: ANN001
     _wait_idle(state)
 
 
-def test_api_key(server) -> None:  # noqa: ANN001
+def test_api_key(server) -> None:
     from starlette.testclient import TestClient
 
     base, state = server

@@ -67,7 +67,7 @@ def _valid(text: str, schema: dict) -> dict:
     return value
 
 
-def test_ollama_format_schema_and_json(server, oc) -> None:  # noqa: ANN001, F811
+def test_ollama_format_schema_and_json(server, oc) -> None:  # noqa: F811
     m = _model(server)
     r = oc.chat(model=m, messages=[{"role": "user", "content": ASK}], format=PERSON, options=OPTS)
     _valid(r.message.content, PERSON)
@@ -81,7 +81,7 @@ def test_ollama_format_schema_and_json(server, oc) -> None:  # noqa: ANN001, F81
     _valid("".join(p.response for p in gs), PERSON)
 
 
-def test_openai_response_format(server, ai) -> None:  # noqa: ANN001, F811
+def test_openai_response_format(server, ai) -> None:  # noqa: F811
     m = _model(server)
     rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
     msgs = [{"role": "user", "content": ASK}]
@@ -115,7 +115,7 @@ def test_openai_response_format(server, ai) -> None:  # noqa: ANN001, F811
                                  "tool_calls": [{"function": {"arguments": {}}}]}]},
      "tool_calls[0]"),
 ])
-def test_bad_format_and_tools_are_400(server, path, body, needle) -> None:  # noqa: ANN001, F811
+def test_bad_format_and_tools_are_400(server, path, body, needle) -> None:  # noqa: F811
     body = {"model": _model(server), "messages": [{"role": "user", "content": "x"}], **body}
     r = httpx.post(server[0] + path, json=body, timeout=120)
     assert r.status_code == 400, r.text
@@ -128,7 +128,7 @@ def test_bad_format_and_tools_are_400(server, path, body, needle) -> None:  # no
     assert e.value.status_code == 400
 
 
-def test_tools_round_trip_ollama(server, oc) -> None:  # noqa: ANN001, F811
+def test_tools_round_trip_ollama(server, oc) -> None:  # noqa: F811
     m = _model(server)
     history = [
         {"role": "user", "content": "What is the weather in Paris?"},
@@ -156,7 +156,7 @@ def test_tools_round_trip_ollama(server, oc) -> None:  # noqa: ANN001, F811
     assert [c.function for c in calls] == [call.function] and parts[-1].done
 
 
-def test_tools_round_trip_openai(server, ai) -> None:  # noqa: ANN001, F811
+def test_tools_round_trip_openai(server, ai) -> None:  # noqa: F811
     m = _model(server)
     rf = {"type": "json_schema", "json_schema": {"name": "call", "schema": CALL}}
     ask = [{"role": "user", "content": "What is the weather in Tokyo?"}]
@@ -196,7 +196,7 @@ def test_tool_stream_holds_back_markers() -> None:
     assert plain.end() == ("", []) and tool_call_start("Hello <b>") is None
 
 
-def test_scheduler_two_constrained_and_one_free(server) -> None:  # noqa: ANN001, F811
+def test_scheduler_two_constrained_and_one_free(server) -> None:  # noqa: F811
     state = server[1]
     eng, sched = state.engine, state.scheduler
     ids = chat_prompt(eng, [{"role": "user", "content": "Three colors as JSON, with hex codes."}])

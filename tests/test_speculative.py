@@ -192,7 +192,7 @@ def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
     return Engine(p, n_ctx=128, n_threads=1, kv_type="f32")
 
 
-def _tokens(engine: Engine, prompt: list[int], sampler: Sampler, n: int, **kw) -> list[int]:  # noqa: ANN003
+def _tokens(engine: Engine, prompt: list[int], sampler: Sampler, n: int, **kw) -> list[int]:
     final = None
     for ev in generate(engine, prompt, sampler, max_tokens=n, ignore_eos=True, **kw):
         final = ev
@@ -237,7 +237,7 @@ def test_tiny_sampled_distribution_unchanged(tiny_engine: Engine) -> None:
 PROMPTS = json.loads((DATA / "spec_prompts.json").read_text())
 
 
-def _run_pair(engine: Engine, ids: list[int], cfg: SamplerConfig, n: int, **kw) -> tuple:  # noqa: ANN003
+def _run_pair(engine: Engine, ids: list[int], cfg: SamplerConfig, n: int, **kw) -> tuple:
     engine.kv.clear(0)
     plain = _events(engine, ids, cfg, n, OFF, **kw)
     engine.kv.clear(0)
@@ -246,7 +246,7 @@ def _run_pair(engine: Engine, ids: list[int], cfg: SamplerConfig, n: int, **kw) 
 
 
 def _events(engine: Engine, ids: list[int], cfg: SamplerConfig, n: int, spec: SpecOptions,
-            **kw) -> tuple[list[int], str, object]:  # noqa: ANN003
+            **kw) -> tuple[list[int], str, object]:
     text, final = [], None
     for ev in generate(engine, ids, Sampler(SamplerConfig(**cfg.__dict__)), max_tokens=n,
                        spec=spec, **kw):

@@ -42,7 +42,7 @@ def greedy(n: int = 12) -> Conversation:
     return Conversation(config=SamplerConfig(temperature=0.0), max_tokens=n)
 
 
-async def wait_for(pilot, cond: Callable[[], bool], what: str, limit: float = 600) -> None:  # noqa: ANN001
+async def wait_for(pilot, cond: Callable[[], bool], what: str, limit: float = 600) -> None:
     t0 = time.monotonic()
     while not cond():
         if time.monotonic() - t0 > limit:
@@ -54,7 +54,7 @@ def reply_done(app: ChatApp) -> bool:
     return app.turn is not None and "stats" in app.turn.message
 
 
-async def send(pilot, app: ChatApp, text: str) -> dict:  # noqa: ANN001
+async def send(pilot, app: ChatApp, text: str) -> dict:
     """Type a message, press Enter, wait for the whole reply; its conversation record."""
     app.input.load_text(text)
     await pilot.press("enter")
@@ -63,7 +63,7 @@ async def send(pilot, app: ChatApp, text: str) -> dict:  # noqa: ANN001
     return app.turn.message
 
 
-async def command(pilot, app: ChatApp, line: str) -> str:  # noqa: ANN001
+async def command(pilot, app: ChatApp, line: str) -> str:
     """Run a slash command; the text of the last note it printed."""
     app.input.load_text(line)
     await pilot.press("enter")
@@ -152,17 +152,17 @@ class GatedBackend(ChatBackend):
     """Holds the engine thread after the first streamed text of a reply until `gate` is set:
     the test can press Esc while the reply is certainly mid-stream."""
 
-    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.gate = threading.Event()
         self.streaming = threading.Event()
 
-    def _submit(self, kind: str, **args) -> Handle:  # noqa: ANN003
+    def _submit(self, kind: str, **args) -> Handle:
         h = super()._submit(kind, **args)
         if kind == "chat":
             put = h.put
 
-            def gated(ev) -> None:  # noqa: ANN001
+            def gated(ev) -> None:
                 put(ev)
                 if isinstance(ev, Event) and ev.text and not ev.done:
                     self.streaming.set()
@@ -239,11 +239,11 @@ def test_long_prompt_progress_cancel_and_resume(tiny_chat: Path) -> None:
     from localllm.tui.backend import PREFILL_CHUNK, Loaded, Progress
 
     class CancelOnProgress(ChatBackend):
-        def _submit(self, kind: str, **args) -> Handle:  # noqa: ANN003
+        def _submit(self, kind: str, **args) -> Handle:
             h = super()._submit(kind, **args)
             put = h.put
 
-            def put_and_cancel(ev) -> None:  # noqa: ANN001
+            def put_and_cancel(ev) -> None:
                 put(ev)
                 if isinstance(ev, Progress) and self.cancel_at_progress:
                     h.cancel()  # on the engine thread, before its next chunk
@@ -282,7 +282,7 @@ def test_quitting_while_the_model_loads_leaves_no_thread_waiting(tiny_chat: Path
     release = threading.Event()
 
     class SlowLoad(ChatBackend):
-        def _load(self, job) -> None:  # noqa: ANN001
+        def _load(self, job) -> None:
             release.wait()
             super()._load(job)
 
@@ -330,7 +330,7 @@ def test_real_chat_model_answers_and_reuses_the_prefix(smollm2_path: Path) -> No
 # --- the line chat -----------------------------------------------------------------------
 
 
-def test_line_chat_from_a_pipe(tiny_chat: Path, tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+def test_line_chat_from_a_pipe(tiny_chat: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     """`localllm chat MODEL < file`: no app; one reply per line, notes on stderr."""
     from localllm.cli import main
 
@@ -347,7 +347,7 @@ def test_line_chat_from_a_pipe(tiny_chat: Path, tmp_path: Path, capsys, monkeypa
     assert conv.config.top_k == 5
 
 
-def test_chat_cli_errors(tiny_chat: Path, tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+def test_chat_cli_errors(tiny_chat: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     from localllm.cli import main
 
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
@@ -428,7 +428,7 @@ def test_text_merging_stats_line_and_code_blocks() -> None:
     assert code_blocks("text\n```py\nx = 1\n```\n\n    indented\n") == ["x = 1\n", "indented\n"]
 
 
-def test_model_choice_with_and_without_a_store(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_model_choice_with_and_without_a_store(tmp_path: Path, monkeypatch) -> None:
     """With no MODEL: $LOCALLLM_CHAT_MODEL, else the store's chat model (SmolLM2 first, found
     by its name even when the file is a hash), else nothing (and can_pull when the store can
     fetch one); the base model comes with a note saying it is not a chat model."""

@@ -54,23 +54,23 @@ def resumed() -> Conversation:
     return conv
 
 
-async def loaded(pilot) -> None:  # noqa: ANN001
+async def loaded(pilot) -> None:
     app = pilot.app
     while app.info is None:
         await pilot.pause(0.02)
     await pilot.pause()
 
 
-def test_snapshot_resumed_conversation(snap_compare, tiny_chat: Path) -> None:  # noqa: ANN001
+def test_snapshot_resumed_conversation(snap_compare, tiny_chat: Path) -> None:
     app = ChatApp(tiny_chat, conversation=resumed(), engine_opts={"n_ctx": 512},
                   show_rates=False)
     assert snap_compare(app, terminal_size=SIZE, run_before=loaded)
 
 
-def test_snapshot_help(snap_compare, tiny_chat: Path) -> None:  # noqa: ANN001
+def test_snapshot_help(snap_compare, tiny_chat: Path) -> None:
     app = ChatApp(tiny_chat, engine_opts={"n_ctx": 512}, show_rates=False)
 
-    async def help_shown(pilot) -> None:  # noqa: ANN001
+    async def help_shown(pilot) -> None:
         await loaded(pilot)
         app.input.load_text("/help")
         await pilot.press("enter")
@@ -81,13 +81,13 @@ def test_snapshot_help(snap_compare, tiny_chat: Path) -> None:  # noqa: ANN001
     assert snap_compare(app, terminal_size=SIZE, run_before=help_shown)
 
 
-def test_snapshot_context_full_question(snap_compare, tiny_chat: Path) -> None:  # noqa: ANN001
+def test_snapshot_context_full_question(snap_compare, tiny_chat: Path) -> None:
     conv = resumed()
     conv.messages += [{"role": "user", "content": "Tell me about " + "lists and tuples " * 8},
                       {"role": "assistant", "content": "They are sequences. " * 10}]
     app = ChatApp(tiny_chat, conversation=conv, engine_opts={"n_ctx": 160}, show_rates=False)
 
-    async def asked(pilot) -> None:  # noqa: ANN001
+    async def asked(pilot) -> None:
         await loaded(pilot)
         app.input.load_text("one more question")
         await pilot.press("enter")

@@ -36,6 +36,8 @@ from numba.extending import intrinsic, models, register_model
 
 from localllm.kernels.cpu.cpu_features import FEATURES
 
+# The 256-bit vocabulary here; the 512-bit blocks and rows extend __all__ where they are
+# defined below (`__all__ += [...]`), so every public name is listed.
 __all__ = [
     "I8x32", "I16x16", "I32x8", "F32x8", "USE_VNNI", "IQ4NL_VALUES",
     "ld_i8x32", "ld_nib16", "ld_bits32", "ld_i16x16", "ld_i8_i16x16", "ld_i16_i32x8",

@@ -1,0 +1,121 @@
+"""What the matmul kernels share: GGML type ids, each type's block shape and activation
+format, the activation tile store, and the address intrinsics of the C-callable row kernels.
+
+Kernel modules by job: mm_b32 (32-weight block types), mm_kquants (the K-quants and IQ4_XS),
+mm_float (F32/F16/BF16), mm_r16 (the row-interleaved layout), mm_driver (one C entry per type
+and the parallel driver), mm_portable (any CPU), scratch (activation buffers) and matmul (the
+entry point). Design notes are in matmul's docstring.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+from localllm.kernels.cpu.cpu_features import FEATURES, simd_disabled_by_env
+
+# GGML type ids (the numbers are part of the GGUF format).
+F32, F16, BF16 = 0, 1, 30
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = 2, 3, 6, 7, 8, 20
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = 10, 11, 12, 13, 14, 23
+
+# Activation formats ("vec_dot_type").
+ACT_Q8_0, ACT_Q8_K, ACT_F32, ACT_F16, ACT_BF16 = 0, 1, 2, 3, 4
+
+# qtype -> (weights per block, bytes per block, activation format).
+_SPECS: dict[int, tuple[int, int, int]] = {
+    F32: (1, 4, ACT_F32),
+    F16: (1, 2, ACT_F16),
+    BF16: (1, 2, ACT_BF16),
+    Q4_0: (32, 18, ACT_Q8_0),
+    Q4_1: (32, 20, ACT_Q8_0),
+    Q5_0: (32, 22, ACT_Q8_0),
+    Q5_1: (32, 24, ACT_Q8_0),
+    Q8_0: (32, 34, ACT_Q8_0),
+    IQ4_NL: (32, 18, ACT_Q8_0),
+    Q2_K: (256, 84, ACT_Q8_K),
+    Q3_K: (256, 110, ACT_Q8_K),
+    Q4_K: (256, 144, ACT_Q8_K),
+    Q5_K: (256, 176, ACT_Q8_K),
+    Q6_K: (256, 210, ACT_Q8_K),
+    IQ4_XS: (256, 136, ACT_Q8_K),
+}
+
+_B32_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, IQ4_NL: 18}
+_FLOAT_BYTES = {F32: 4, F16: 2, BF16: 2}
+
+# Bytes of weight rows kept hot per row group (prange task) when N > 1: L1-sized with room for
+# the activation tile.
+_GROUP_BYTES = 16384
+# Below this many weight bytes x N a product runs on the calling thread: a parallel region costs
+# ~4 us (measured, 2 cores), which only pays off above ~8 us of single-thread work.
+_SERIAL_BYTES = 131072
+
+def _literal(qt) -> int | None:
+    return qt.literal_value if isinstance(qt, types.IntegerLiteral) else None
+
+
+# =============================================================================================
+# Row kernels. Common signature:
+#   w [rows, row_bytes] u8; r0..r1: the weight rows to compute; nb: blocks per row;
+#   xq [Np, K] i8, xd [Np, K/32 or K/256] f32, xs [Np, K/32] f32 (Q8_1 sums, or the exact sums
+#   xc for the offset types), xbs [Np, K/16] i16, xb2 [Np, K/32] i16, xf [Np, K] f32;
+#   dot4 also: xdt, xst [K/32, Np] f32 (transposes of xd, xs); out [N, >= rows] f32;
+#   n / n0: the activation row (dot1) or the first of four (dot4); n_act = N.
+# dot1 writes out[n, r0:r1]; dot4 writes out[n0:n0+4, r0:r1] (the rows < N).
+# =============================================================================================
+
+
+@njit
+def _store4(out, r, n0, n_act, v0, v1, v2, v3):
+    """out[n0 + i, r] = v_i for the rows of the tile that exist (N need not be a multiple of 4)."""
+    out[n0, r] = v0
+    if n0 + 1 < n_act:
+        out[n0 + 1, r] = v1
+    if n0 + 2 < n_act:
+        out[n0 + 2, r] = v2
+    if n0 + 3 < n_act:
+        out[n0 + 3, r] = v3
+
+
+# Addresses: the row kernels are C functions taking int64 arguments only, and rebuild their
+# arrays with numba.carray.
+
+
+def _int_to_ptr(dtype):
+    """An intrinsic: integer address -> CPointer(dtype) (for numba.carray)."""
+    ptr_t = types.CPointer(dtype)
+
+    def impl(typingctx, addr):
+        if not isinstance(addr, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return builder.inttoptr(args[0], context.get_value_type(ptr_t))
+
+        return ptr_t(types.int64), codegen
+
+    return intrinsic(impl)
+
+
+_p_u8 = _int_to_ptr(types.uint8)
+_p_i8 = _int_to_ptr(types.int8)
+_p_i16 = _int_to_ptr(types.int16)
+_p_f32 = _int_to_ptr(types.float32)
+
+
+@intrinsic
+def _addr(typingctx, arr):
+    """The data address of an array, as int64."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        return builder.ptrtoint(ary.data, ir.IntType(64))
+
+    return types.int64(arr), codegen
+
+
+_PORTABLE: bool = simd_disabled_by_env() or not FEATURES.simd

@@ -1,0 +1,403 @@
+"""One C-callable row kernel per weight type and the parallel driver that calls them."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import carray, cfunc, njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from localllm.kernels.cpu import dequant
+from localllm.kernels.cpu.cpu_features import FEATURES
+from localllm.kernels.cpu.mm_b32 import (
+    _b32_mode,
+    _dot1_b32,
+    _dot1_b32w,
+    _dot4_b32,
+    _dot4_b32w,
+)
+from localllm.kernels.cpu.mm_common import (
+    _B32_BYTES,
+    ACT_BF16,
+    ACT_F16,
+    ACT_Q8_0,
+    ACT_Q8_K,
+    BF16,
+    F16,
+    F32,
+    IQ4_NL,
+    IQ4_XS,
+    Q2_K,
+    Q3_K,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    _addr,
+    _literal,
+    _p_f32,
+    _p_i8,
+    _p_i16,
+    _p_u8,
+)
+from localllm.kernels.cpu.mm_float import (
+    _dot1_f,
+    _dot4_f,
+)
+from localllm.kernels.cpu.mm_kquants import (
+    _dot1_iq4xs,
+    _dot1_k23,
+    _dot1_k45,
+    _dot1_q6k,
+    _dot4_iq4xs,
+    _dot4_k23,
+    _dot4_k45,
+    _dot4_q6k,
+)
+from localllm.kernels.cpu.mm_r16 import (
+    _rows_r16,
+)
+from localllm.kernels.cpu.quant_act import (
+    quantize_row_q8_0,
+    quantize_row_q8_k,
+    round_row_bf16,
+    round_row_f16,
+)
+
+# ---------------------------------------------------------------- drivers
+# Compile-time structure (this matters: Numba re-optimises and re-emits every callee inside
+# every caller's module, so a parallel kernel that could reach all 15 types' code took a minute
+# to compile). Each weight type gets its own C-callable kernel (`numba.cfunc`, compiled lazily
+# on first use and cached on disk) that computes a range of output rows; one parallel driver,
+# shared by all types, splits the rows into tasks and calls the type's kernel through its
+# address. The driver's module then holds no type-specific code at all.
+
+
+_N_KARGS = 16  # the row kernels' C signature: void(int64 x 16)
+_KSIG = types.void(*([types.int64] * _N_KARGS))
+
+
+@intrinsic
+def _call_kernel(typingctx, fn, a):
+    """Call the C function at address `fn` with the 16 int64 in the UniTuple `a`."""
+    if not isinstance(a, types.UniTuple) or a.count != _N_KARGS:
+        return None
+
+    def codegen(context, builder, sig, args):
+        i64 = ir.IntType(64)
+        fnty = ir.FunctionType(ir.VoidType(), [i64] * _N_KARGS)
+        f = builder.inttoptr(args[0], fnty.as_pointer())
+        builder.call(f, cgutils.unpack_tuple(builder, args[1], _N_KARGS))
+        return context.get_dummy_value()
+
+    return types.void(types.int64, a), codegen
+
+
+_DOT1 = {Q2_K: _dot1_k23, Q3_K: _dot1_k23, Q4_K: _dot1_k45, Q5_K: _dot1_k45, Q6_K: _dot1_q6k,
+         IQ4_XS: _dot1_iq4xs, F32: _dot1_f, F16: _dot1_f, BF16: _dot1_f}
+_DOT4 = {Q2_K: _dot4_k23, Q3_K: _dot4_k23, Q4_K: _dot4_k45, Q5_K: _dot4_k45, Q6_K: _dot4_q6k,
+         IQ4_XS: _dot4_iq4xs, F32: _dot4_f, F16: _dot4_f, BF16: _dot4_f}
+_DOT1W = {t: _dot1_b32w for t in _B32_BYTES}  # the 512-bit variants
+_DOT4W = {t: _dot4_b32w for t in _B32_BYTES}
+for _t in _B32_BYTES:
+    _DOT1[_t] = _dot1_b32
+    _DOT4[_t] = _dot4_b32
+
+
+def _dot1(qt, wide, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
+    """Rows r0..r1 of weight type qt (a literal) against activation row n; wide (a literal
+    0/1) selects the 512-bit variant where there is one."""
+
+
+@overload(_dot1, prefer_literal=True)
+def _ov_dot1(qt, wide, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
+    t = _literal(qt)
+    fn = (_DOT1W if _literal(wide) else _DOT1).get(t, _DOT1.get(t))
+    if fn is None:
+        return None
+
+    def impl(qt, wide, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
+        fn(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act)
+
+    return impl
+
+
+def _dot4(qt, wide, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_act):
+    """Rows r0..r1 of weight type qt (a literal) against activation rows n0..n0+3."""
+
+
+@overload(_dot4, prefer_literal=True)
+def _ov_dot4(qt, wide, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_act):
+    t = _literal(qt)
+    fn = (_DOT4W if _literal(wide) else _DOT4).get(t, _DOT4.get(t))
+    if fn is None:
+        return None
+
+    def impl(qt, wide, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_act):
+        fn(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_act)
+
+    return impl
+
+
+@njit
+def _rows(qt, wide, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xsp, xbsp, xb2p, xfp, outp, ldo,
+          n_act):
+    """out[:, r0:r1] for weight type qt (a literal; `wide` a literal 0/1 choosing 512-bit
+    kernels where they exist); the arrays arrive as addresses:
+    w [rows, rb] u8, xq [Np, k] i8, xd [Np, nb] + [nb, Np] f32, xs [Np, k/32] + [k/32, Np]
+    f32, xbs [Np, k/16] i16, xb2 [Np, k/32] i16, xf [Np, k] f32 (Np = N padded to a multiple
+    of 4 when N > 1) and out [N, ldo] f32. Arrays a type does not use are never read.
+    """
+    npad = 1 if n_act == 1 else (n_act + 3) // 4 * 4
+    w = carray(_p_u8(wp), (rows, rb))
+    xq = carray(_p_i8(xqp), (npad, k))
+    xd = carray(_p_f32(xdp), (npad, nb))
+    xs = carray(_p_f32(xsp), (npad, k // 32))
+    xbs = carray(_p_i16(xbsp), (npad, k // 16))
+    xb2 = carray(_p_i16(xb2p), (npad, k // 32))
+    xf = carray(_p_f32(xfp), (npad, k))
+    # the scale buffers continue with transposed copies [nb, Np] (filled when N > 1); the
+    # Q8_0 xs buffer holds [xs | xs^T | xc | xc^T], and a 32-weight type reads xs or xc
+    xdt = carray(_p_f32(xdp + 4 * npad * nb), (nb, npad))
+    nb32 = k // 32
+    if _b32_mode(qt) == 2:
+        xsp += 8 * npad * nb32
+        xs = carray(_p_f32(xsp), (npad, nb32))
+    xst = carray(_p_f32(xsp + 4 * npad * nb32), (nb32, npad))
+    out = carray(_p_f32(outp), (n_act, ldo))
+    if n_act == 1:
+        _dot1(qt, wide, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, 0, 1)
+    else:
+        for n0 in range(0, n_act, 4):
+            _dot4(qt, wide, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_act)
+
+
+# One C entry point per type (the `qt` literal selects its kernels). Module-level functions so
+# that numba.cfunc can cache them; compiled on first use by _kernel_address().
+# Arguments: w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo (rows' `stride of
+# out` in elements), n_act -- 16 int64 (addresses for the arrays), all types alike.
+def _k_f32(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(F32, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_f16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(F16, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_bf16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(BF16, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q4_0(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q4_0, 1, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q4_1(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q4_1, 1, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q5_0(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q5_0, 1, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q5_1(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q5_1, 1, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q8_0(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q8_0, 1, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_iq4_nl(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(IQ4_NL, 1, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q2_k(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q2_K, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q3_k(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q3_K, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q4_k(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q4_K, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q5_k(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q5_K, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q6_k(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q6_K, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_iq4_xs(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(IQ4_XS, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q4_0_256(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q4_0, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q4_1_256(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q4_1, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q5_0_256(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q5_0, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q5_1_256(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q5_1, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q8_0_256(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q8_0, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_iq4_nl_256(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(IQ4_NL, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q4_0_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_r16(Q4_0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
+
+
+def _k_q5_0_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_r16(Q5_0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
+
+
+def _k_q8_0_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_r16(Q8_0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
+
+
+_KERNEL_PY_R16 = {Q4_0: _k_q4_0_r16, Q5_0: _k_q5_0_r16, Q8_0: _k_q8_0_r16}  # repacked
+_KERNEL_PY_WIDE = {  # the 32-weight block types with 512-bit kernels
+    Q4_0: _k_q4_0, Q4_1: _k_q4_1, Q5_0: _k_q5_0, Q5_1: _k_q5_1, Q8_0: _k_q8_0,
+    IQ4_NL: _k_iq4_nl,
+}
+_KERNEL_PY = {  # 256-bit kernels (every type)
+    F32: _k_f32, F16: _k_f16, BF16: _k_bf16, Q4_0: _k_q4_0_256, Q4_1: _k_q4_1_256,
+    Q5_0: _k_q5_0_256, Q5_1: _k_q5_1_256, Q8_0: _k_q8_0_256, IQ4_NL: _k_iq4_nl_256,
+    Q2_K: _k_q2_k, Q3_K: _k_q3_k, Q4_K: _k_q4_k, Q5_K: _k_q5_k, Q6_K: _k_q6_k,
+    IQ4_XS: _k_iq4_xs,
+}
+_KERNELS: dict[tuple[int, object], object] = {}  # (qtype, wide or "r16") -> numba.cfunc
+
+
+def _kernel_py(qt: int, wide: bool | None, r16: bool = False):
+    if wide is None:
+        wide = FEATURES.wide
+    if r16:
+        if qt not in _KERNEL_PY_R16:
+            raise ValueError(f"no r16 kernel for GGML type {qt} ({dequant.qtype_name(qt)})")
+        return _KERNEL_PY_R16[qt], "r16"
+    if qt not in _KERNEL_PY:
+        raise ValueError(f"no SIMD kernel for GGML type {qt} ({dequant.qtype_name(qt)})")
+    return (_KERNEL_PY_WIDE.get(qt) if wide else None) or _KERNEL_PY[qt], wide
+
+
+def kernel(qtype: int, wide: bool | None = None, r16: bool = False):
+    """The compiled C kernel (numba.cfunc) of a weight type, compiling it on first use (and
+    caching it on disk). wide: use the 512-bit variant if the type has one (default: where
+    cpu_features says `wide`; forcing it on a CPU without AVX-512 VNNI would crash). r16: the
+    kernel of the row-interleaved layout (repack_r16; AVX-512 VNNI only)."""
+    py, variant = _kernel_py(int(qtype), wide, r16)
+    key = (int(qtype), variant)
+    k = _KERNELS.get(key)
+    if k is None:
+        k = _KERNELS[key] = cfunc(_KSIG, cache=True, nopython=True)(py)
+    return k
+
+
+def kernel_asm(qtype: int, wide: bool | None = None, r16: bool = False) -> str:
+    """Assembly of the SIMD row kernel of a weight type (a fresh, uncached compile: ~2 s).
+
+    For checking what runs: e.g. that the integer dot products are vpmaddubsw/vpmaddwd or
+    vpdpbusd. Only meaningful where the SIMD path is available (cpu_features).
+    """
+    py, _ = _kernel_py(int(qtype), wide, r16)
+    lib = cfunc(_KSIG, nopython=True)(py)._library
+    # the row loop may live in a library linked into the cfunc's (Numba links callees it
+    # compiled separately): collect them all
+    seen, todo, parts = set(), [lib], []
+    while todo:
+        lib = todo.pop()
+        if id(lib) in seen:
+            continue
+        seen.add(id(lib))
+        parts.append(lib.get_asm_str())
+        todo.extend(getattr(lib, "_linking_libraries", ()))
+    return "\n".join(parts)
+
+
+@njit
+def _quant_rows(kind, x, xq, xd, xs, xc, xbs, xb2, xf) -> None:
+    """All activation rows to the weight's activation format (serially; N is small here)."""
+    for n in range(x.shape[0]):
+        if kind == ACT_Q8_0:
+            quantize_row_q8_0(x[n], xq[n], xd[n], xs[n], xc[n])
+        elif kind == ACT_Q8_K:
+            quantize_row_q8_k(x[n], xq[n], xd[n], xbs[n], xb2[n])
+        elif kind == ACT_F16:
+            round_row_f16(x[n], xf[n])
+        elif kind == ACT_BF16:
+            round_row_bf16(x[n], xf[n])
+        else:
+            xf[n, :] = x[n, :]
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _mm_simd(fn, kind, w, x, out, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, group, par,
+             quantized, rows):  # a_*: Scratch.addrs, in order
+    """The parallel driver shared by all types.
+
+    fn: address of the type's row kernel; kind: its activation format; w [>= rows, rb] u8
+    (row-major blocks, or the r16 records of `rows` rows: see repack_r16); x [N, K] f32;
+    out [N, >= rows] f32 (rows contiguous); a_*: addresses of the scratch arrays
+    (see Scratch; passed as integers because typing 6 more arrays costs microseconds per call).
+    Quantizes x unless `quantized`, then splits the rows into groups of `group`: parallel tasks
+    if `par`, else a single call on this thread (a parallel region costs more than a small
+    product).
+    """
+    n_act, k = x.shape
+    npad = 1 if n_act == 1 else (n_act + 3) // 4 * 4
+    nb32 = k // 32
+    xd = carray(_p_f32(a_xd), (npad, nb))
+    # the Q8_0 sums buffer: [xs | xs^T | xc | xc^T] (see make_scratch)
+    xs = carray(_p_f32(a_xs), (npad, nb32))
+    xc = carray(_p_f32(a_xs + 8 * npad * nb32), (npad, nb32))
+    if not quantized:
+        _quant_rows(kind, x, carray(_p_i8(a_xq), (npad, k)), xd, xs, xc,
+                    carray(_p_i16(a_xbs), (npad, k // 16)), carray(_p_i16(a_xb2), (npad, nb32)),
+                    carray(_p_f32(a_xf), (npad, k)))
+    if kind == ACT_Q8_0 and n_act > 1:
+        # transposed copies [nb, Np] for the 4-row kernels (see _dot4_b32)
+        xdt = carray(_p_f32(a_xd + 4 * npad * nb), (nb, npad))
+        xst = carray(_p_f32(a_xs + 4 * npad * nb32), (nb32, npad))
+        xct = carray(_p_f32(a_xs + 12 * npad * nb32), (nb32, npad))
+        for n in range(npad):
+            for b in range(nb):
+                xdt[b, n] = xd[n, b]
+                xst[b, n] = xs[n, b]
+                xct[b, n] = xc[n, b]
+    rb = w.shape[1]
+    wp = _addr(w)
+    op = _addr(out)
+    ldo = out.strides[0] // 4
+    if not par:
+        _call_kernel(fn, (wp, rows, rb, 0, rows, nb, k, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf,
+                          op, ldo, n_act))
+        return
+    n_groups = (rows + group - 1) // group
+    for g in prange(n_groups):
+        r0 = g * group
+        r1 = min(rows, r0 + group)
+        _call_kernel(fn, (wp, rows, rb, r0, r1, nb, k, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf,
+                          op, ldo, n_act))
+

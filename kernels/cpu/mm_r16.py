@@ -1,0 +1,272 @@
+"""The row-interleaved (r16) layout of Q4_0 / Q5_0 / Q8_0 weights: its kernels and its
+repacking."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from numba import carray, njit, prange
+
+from localllm.kernels.cpu import dequant
+from localllm.kernels.cpu.cpu_features import FEATURES, simd_disabled_by_env
+from localllm.kernels.cpu.mm_b32 import _b32_bytes, _b32_cmul
+from localllm.kernels.cpu.mm_common import (
+    Q4_0,
+    Q5_0,
+    Q8_0,
+    _p_f32,
+    _p_i8,
+    _p_u8,
+)
+from localllm.kernels.cpu.simd import (
+    add8x64,
+    add32x16,
+    cvtf16,
+    dot_bcast64,
+    fma16,
+    lanef16,
+    ld_f16x16,
+    ld_i8x64,
+    mul16,
+    nib_hi64,
+    nib_lo64,
+    or_bits64,
+    splatf16,
+    st_f32x16,
+    zero32x16,
+    zerof16,
+)
+
+# ---------------------------------------------------------------- row-interleaved (r16)
+# With AVX-512 VNNI, Q4_0 / Q5_0 / Q8_0 weights are repacked once (repack_r16) into
+# groups of 16 rows (the last group zero-padded), stored block column by block column: the 16
+# blocks of column b of a group form one record of 16 x the block's bytes,
+#   d [16] fp16 | the quants as 64-byte vectors whose dword lane r holds row r's bytes:
+#   Q4_0: 4 nibble vectors N_j, lane r = row r's qs[4j:4j+4] (low nibbles: elements 4j..4j+3,
+#         high nibbles: 16+4j..16+4j+3);
+#   Q5_0: the same, then 8 u64 masks H_J, bit 4r+i = the 5th bit of row r's element 4J+i;
+#   Q8_0: 8 vectors Q_J, lane r = row r's qs[4J:4J+4].
+# Decoded, vector J holds elements 4J..4J+3 of all 16 rows, so one vpdpbusd with the
+# activation's bytes 4J..4J+3 broadcast ({1to16} memory operand) adds to 16 per-row sums: no
+# horizontal sums and no per-row scale shuffles, ~5x fewer instructions per weight than the
+# row-major 4-row kernels (which are compute-bound at N = 4): at N >= 4 the kernels run at
+# about one 512-bit vpdpbusd per cycle (64 multiply-adds, the core's limit), and at N = 1 the
+# decode is ~1.6x cheaper than the row-major one (measured on Zen 5). Numerics are those of
+# the row-major kernels (same integer dots and scale products; float summation order differs).
+
+_R16_BYTES = {Q4_0: 18 * 16, Q5_0: 22 * 16, Q8_0: 34 * 16}
+
+
+@njit
+def _r16_dec(qt, w, p):
+    """The 8 unsigned quant vectors (I8x64) of the r16 record at byte p (see above)."""
+    q = p + 32
+    if qt == Q8_0:
+        return (add8x64(ld_i8x64(w, q), 0x80), add8x64(ld_i8x64(w, q + 64), 0x80),
+                add8x64(ld_i8x64(w, q + 128), 0x80), add8x64(ld_i8x64(w, q + 192), 0x80),
+                add8x64(ld_i8x64(w, q + 256), 0x80), add8x64(ld_i8x64(w, q + 320), 0x80),
+                add8x64(ld_i8x64(w, q + 384), 0x80), add8x64(ld_i8x64(w, q + 448), 0x80))
+    n0 = ld_i8x64(w, q)
+    n1 = ld_i8x64(w, q + 64)
+    n2 = ld_i8x64(w, q + 128)
+    n3 = ld_i8x64(w, q + 192)
+    if qt == Q5_0:
+        h = q + 256
+        return (or_bits64(nib_lo64(n0), w, h, 0x10), or_bits64(nib_lo64(n1), w, h + 8, 0x10),
+                or_bits64(nib_lo64(n2), w, h + 16, 0x10), or_bits64(nib_lo64(n3), w, h + 24, 0x10),
+                or_bits64(nib_hi64(n0), w, h + 32, 0x10), or_bits64(nib_hi64(n1), w, h + 40, 0x10),
+                or_bits64(nib_hi64(n2), w, h + 48, 0x10), or_bits64(nib_hi64(n3), w, h + 56, 0x10))
+    return (nib_lo64(n0), nib_lo64(n1), nib_lo64(n2), nib_lo64(n3),
+            nib_hi64(n0), nib_hi64(n1), nib_hi64(n2), nib_hi64(n3))
+
+
+@njit
+def _r16_dot(u, xq, xo):
+    """16 per-row integer dots of the decoded vectors u with the 32 activation bytes at xo."""
+    # two chains of four: vpdpbusd's latency (not its throughput) bounds one chain of eight
+    i = dot_bcast64(zero32x16(), u[0], xq, xo)
+    j = dot_bcast64(zero32x16(), u[1], xq, xo + 4)
+    i = dot_bcast64(i, u[2], xq, xo + 8)
+    j = dot_bcast64(j, u[3], xq, xo + 12)
+    i = dot_bcast64(i, u[4], xq, xo + 16)
+    j = dot_bcast64(j, u[5], xq, xo + 20)
+    i = dot_bcast64(i, u[6], xq, xo + 24)
+    j = dot_bcast64(j, u[7], xq, xo + 28)
+    return add32x16(i, j)
+
+
+@njit
+def _store16(out, n, n_act, r, r1, v):
+    """out[n, r:r+16] = v (only rows < r1; nothing for a padding activation row n >= N)."""
+    if n >= n_act:
+        return
+    if r + 16 <= r1:
+        st_f32x16(out, (n * out.shape[1] + r) * 4, v)
+    else:
+        for j in range(r1 - r):
+            out[n, r + j] = lanef16(v, j)
+
+
+@njit
+def _dot4_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act):
+    # w: the r16 records as a flat byte array; r0 a multiple of 16; rows n0..n0+3 (padded).
+    rec = 16 * _b32_bytes(qt)
+    k = nb * 32
+    x0 = n0 * k
+    cm = splatf16(_b32_cmul(qt))
+    for g in range(r0 // 16, (r1 + 15) // 16):
+        a0 = zerof16()
+        a1 = zerof16()
+        a2 = zerof16()
+        a3 = zerof16()
+        m0 = zerof16()
+        m1 = zerof16()
+        m2 = zerof16()
+        m3 = zerof16()
+        for b in range(nb):
+            p = (g * nb + b) * rec
+            u = _r16_dec(qt, w, p)
+            dw = ld_f16x16(w, p)
+            xo = x0 + 32 * b
+            a0 = fma16(a0, cvtf16(_r16_dot(u, xq, xo)), mul16(dw, splatf16(xd[n0, b])))
+            a1 = fma16(a1, cvtf16(_r16_dot(u, xq, xo + k)), mul16(dw, splatf16(xd[n0 + 1, b])))
+            a2 = fma16(a2, cvtf16(_r16_dot(u, xq, xo + 2 * k)),
+                       mul16(dw, splatf16(xd[n0 + 2, b])))
+            a3 = fma16(a3, cvtf16(_r16_dot(u, xq, xo + 3 * k)),
+                       mul16(dw, splatf16(xd[n0 + 3, b])))
+            m0 = fma16(m0, dw, splatf16(xc[n0, b]))
+            m1 = fma16(m1, dw, splatf16(xc[n0 + 1, b]))
+            m2 = fma16(m2, dw, splatf16(xc[n0 + 2, b]))
+            m3 = fma16(m3, dw, splatf16(xc[n0 + 3, b]))
+        r = 16 * g
+        _store16(out, n0, n_act, r, r1, fma16(a0, m0, cm))
+        _store16(out, n0 + 1, n_act, r, r1, fma16(a1, m1, cm))
+        _store16(out, n0 + 2, n_act, r, r1, fma16(a2, m2, cm))
+        _store16(out, n0 + 3, n_act, r, r1, fma16(a3, m3, cm))
+
+
+@njit
+def _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out):
+    # N = 1: as _dot4_r16 for one activation row.
+    rec = 16 * _b32_bytes(qt)
+    cm = splatf16(_b32_cmul(qt))
+    for g in range(r0 // 16, (r1 + 15) // 16):
+        a0 = zerof16()
+        m0 = zerof16()
+        for b in range(nb):
+            p = (g * nb + b) * rec
+            dw = ld_f16x16(w, p)
+            a0 = fma16(a0, cvtf16(_r16_dot(_r16_dec(qt, w, p), xq, 32 * b)),
+                       mul16(dw, splatf16(xd[0, b])))
+            m0 = fma16(m0, dw, splatf16(xc[0, b]))
+        _store16(out, 0, 1, 16 * g, r1, fma16(a0, m0, cm))
+
+
+@njit
+def _rows_r16(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xsp, outp, ldo, n_act):
+    """out[:, r0:r1] from the r16 records at address wp (rows: the real row count; r0 a
+    multiple of 16); N = n_act activation rows in Q8_0 format (scratch as for _rows)."""
+    npad = 1 if n_act == 1 else (n_act + 3) // 4 * 4
+    n_groups = (rows + 15) // 16
+    w = carray(_p_u8(wp), (n_groups * 16 * rb,))
+    xq = carray(_p_i8(xqp), (npad, k))
+    xd = carray(_p_f32(xdp), (npad, nb))
+    nb32 = k // 32
+    xc = carray(_p_f32(xsp + 8 * npad * nb32), (npad, nb32))  # [xs | xs^T | xc | xc^T]
+    out = carray(_p_f32(outp), (n_act, ldo))
+    if n_act == 1:
+        _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out)
+        return
+    for n0 in range(0, n_act, 4):
+        _dot4_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act)
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _repack_r16(qt, w, dst) -> None:
+    """w [rows, rb] u8 (row-major blocks) -> dst [ceil(rows/16), nb, 16 * block bytes] u8 (the
+    r16 records; zero-filled by the caller, so padding rows have d = 0)."""
+    rows = w.shape[0]
+    n_groups, nb, rec = dst.shape
+    bb = rec // 16
+    for g in prange(n_groups):
+        for b in range(nb):
+            for r in range(min(16, rows - 16 * g)):
+                row = 16 * g + r
+                s = b * bb
+                dst[g, b, 2 * r] = w[row, s]
+                dst[g, b, 2 * r + 1] = w[row, s + 1]
+                if qt == Q8_0:
+                    for j in range(8):
+                        for i in range(4):
+                            dst[g, b, 32 + 64 * j + 4 * r + i] = w[row, s + 2 + 4 * j + i]
+                    continue
+                qo = s + (6 if qt == Q5_0 else 2)
+                for j in range(4):
+                    for i in range(4):
+                        dst[g, b, 32 + 64 * j + 4 * r + i] = w[row, qo + 4 * j + i]
+                if qt == Q5_0:
+                    qh = (np.uint32(w[row, s + 2]) | (np.uint32(w[row, s + 3]) << 8)
+                          | (np.uint32(w[row, s + 4]) << 16) | (np.uint32(w[row, s + 5]) << 24))
+                    for j in range(8):
+                        nib = (qh >> np.uint32(4 * j)) & np.uint32(15)
+                        o = 288 + 8 * j + r // 2
+                        dst[g, b, o] = dst[g, b, o] | np.uint8(nib << np.uint32(4 * (r & 1)))
+
+
+# ---------------------------------------------------------------- which weights are repacked
+# The layout is chosen once, when a model is loaded (models/base.py WeightLoader): a weight the
+# kernels want in r16 is repacked then, its QWeight carries the records (matmul(..., packed=)),
+# and its row-major file pages are given back to the OS (nothing reads them any more, except
+# the rows of a tied embedding). Memory: the records are anonymous memory where the file's
+# pages were evictable cache, so the repacked bytes are bounded: weights over R16_MAX_WEIGHT
+# bytes (output heads / tied embeddings: 178 MB for Gemma 3's, where the row-major N = 4 product
+# streams from DRAM and costs ~1.1x N = 1) stay row-major, and so does everything past
+# R16_MAX_TOTAL bytes in one model. LOCALLLM_NO_REPACK=1 turns it off.
+R16_MAX_WEIGHT = 32 << 20
+R16_MAX_TOTAL = 256 << 20
+
+_R16: bool = (not simd_disabled_by_env() and FEATURES.simd and FEATURES.wide
+              and os.environ.get("LOCALLLM_NO_REPACK", "").strip().lower()
+              in ("", "0", "false", "no"))
+
+
+def r16_types() -> tuple[int, ...]:
+    """Weight types that have r16 kernels on this machine (empty without AVX-512 VNNI, on the
+    portable path, or with LOCALLLM_NO_REPACK=1)."""
+    return tuple(sorted(_R16_BYTES)) if _R16 else ()
+
+
+def r16_wanted(w_raw: np.ndarray, qtype: int) -> bool:
+    """Whether this machine multiplies the weight w_raw [rows, row_bytes] u8 of this type
+    faster from its r16 copy and the weight is within the per-weight cap (the per-model
+    budget, R16_MAX_TOTAL, is the loader's to keep)."""
+    return _R16 and int(qtype) in _R16_BYTES and w_raw.nbytes <= R16_MAX_WEIGHT
+
+
+def r16_shape(rows: int, row_bytes: int) -> tuple[int, int]:
+    """Shape of the r16 copy of a [rows, row_bytes] weight: whole groups of 16 rows."""
+    return (rows + 15) // 16 * 16, row_bytes
+
+
+def repack_r16(w_raw: np.ndarray, qtype: int) -> np.ndarray:
+    """The row-interleaved copy of a Q4_0 / Q5_0 / Q8_0 weight [rows, row_bytes] u8: returns
+    [ceil(rows/16) * 16, row_bytes] u8 (read-only) holding the r16 records (layout in the
+    comment above _r16_dec; padding rows are zero). Any CPU can build it; only AVX-512 VNNI kernels read it."""
+    qt = int(qtype)
+    if qt not in _R16_BYTES:
+        raise ValueError(f"no r16 layout for GGML type {qt} ({dequant.qtype_name(qt)})")
+    rows, rb = w_raw.shape
+    bb = _R16_BYTES[qt] // 16
+    if rb % bb:
+        raise ValueError(f"rows of {rb} bytes are not whole {dequant.qtype_name(qt)} blocks")
+    n_groups = (rows + 15) // 16
+    dst = np.zeros((n_groups, rb // bb, 16 * bb), np.uint8)  # [groups, nb, record]
+    src = np.ascontiguousarray(w_raw)
+    if src.flags.writeable:  # one compiled signature (read-only mmap views)
+        src = src.view()
+        src.flags.writeable = False
+    if rows:
+        _repack_r16(qt, src, dst)
+    dst.flags.writeable = False  # records are never written again (and one compiled driver)
+    return dst.reshape(n_groups * 16, rb)
