@@ -135,9 +135,43 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     engine = Engine(resolve_model(ns.model), n_batch=ns.batch, **opts)
     ensure_kernels_compiled(engine)
     results = run_all(engine, pps, tgs, depths, steps, ns.reps, np.random.default_rng(ns.seed))
-    print(json.dumps(json_report(engine, results), indent=2) if ns.json
-          else table_report(engine, results))
+    limit = decode_limit(engine, results) if ns.bandwidth else None
+    if ns.json:
+        print(json.dumps(json_report(engine, results) | ({"decode_limit": limit} if limit
+                                                          else {}), indent=2))
+    else:
+        print(table_report(engine, results) + (limit_report(limit) if limit else ""))
     return 0
+
+
+def decode_limit(engine: Engine, results: list[BenchResult]) -> dict:
+    """The machine's measured read bandwidth with this run's threads, the bytes one decode
+    token reads, the tok/s those allow, and each tg test as a fraction of it."""
+    from localllm.bandwidth import decode_bytes_per_token, read_bandwidth
+
+    bw = read_bandwidth(engine.n_threads)
+    tests = []
+    for r in results:
+        if r.test.startswith("tg"):
+            # the K/V read grows over the test: count the average depth it decodes at
+            depth = r.depth + r.n_tokens // 2
+            per_tok = decode_bytes_per_token(engine.gf, depth, engine.kv.bytes_per_token())
+            tests.append({"test": r.test, "depth": r.depth, "bytes_per_token": per_tok,
+                          "limit_ts": bw / per_tok, "fraction": r.mean * per_tok / bw})
+    return {"read_bandwidth_bytes_s": bw, "threads": engine.n_threads,
+            "weights_bytes_per_token": decode_bytes_per_token(engine.gf), "tests": tests}
+
+
+def limit_report(limit: dict) -> str:
+    bw = limit["read_bandwidth_bytes_s"]
+    lines = [f"\nDecode limit: measured read bandwidth {bw / 1e9:.1f} GB/s with "
+             f"{limit['threads']} threads; one token reads "
+             f"{limit['weights_bytes_per_token'] / 1e6:.1f} MB of weights (+ its K/V)"]
+    for t in limit["tests"]:
+        at = f" @ d{t['depth']}" if t["depth"] else ""
+        lines.append(f"  {t['test']}{at}: limit {t['limit_ts']:.1f} tok/s, reached "
+                     f"{t['fraction']:.2f} of it")
+    return "\n".join(lines)
 
 
 def run_all(engine: Engine, pps: list[int], tgs: list[int], depths: list[int],
@@ -197,5 +231,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_model_opts(p, ctx_help="context size (default: what the tests need)")
     p.add_argument("--steps", default="", help="also time single steps of these row counts, e.g. 1,4,8")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bandwidth", action="store_true",
+                   help="also measure the machine's read bandwidth and report decode speed "
+                        "as a fraction of the limit it sets")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)

@@ -46,3 +46,27 @@ def test_read_bandwidth_is_a_checked_measurement() -> None:
     every byte (its checksum is verified inside) and reports a finite positive rate."""
     bw = read_bandwidth(n_threads=1, mib=4, passes=2)
     assert 1e8 < bw < 1e13
+
+
+def test_bench_bandwidth_reports_decode_as_a_fraction_of_the_limit(tmp_path: Path) -> None:
+    """`localllm bench --bandwidth --json`: the limit follows from the two measured parts,
+    and the tg test's fraction is its tok/s times bytes per token over the bandwidth."""
+    import json
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, "llama", qtype=GGMLQuantizationType.Q8_0)
+    r = subprocess.run([sys.executable, "-m", "localllm", "bench", str(path), "-p", "0", "-n",
+                        "8", "-r", "1", "-t", "1", "--bandwidth", "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    lim = out["decode_limit"]
+    bw = lim["read_bandwidth_bytes_s"]
+    assert bw > 0 and lim["weights_bytes_per_token"] == decode_bytes_per_token(read_gguf(path))
+    (t,) = lim["tests"]
+    tg = next(x for x in out["results"] if x["test"] == "tg8")
+    assert t["bytes_per_token"] > lim["weights_bytes_per_token"]  # plus the K/V it reads
+    assert abs(t["limit_ts"] - bw / t["bytes_per_token"]) < 1e-6 * t["limit_ts"]
+    assert abs(t["fraction"] - tg["mean_ts"] * t["bytes_per_token"] / bw) < 1e-9
