@@ -212,6 +212,16 @@ class KVCache:
             rows[w] = idx
         return rows
 
+    def _rotated(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """K and V as stored: Hadamard-rotated copies for the quantized types."""
+        if self.k_rot:
+            k = np.array(k, copy=True)
+            ops.hadamard_(k, self.k_rot)
+        if self.v_rot:
+            v = np.array(v, copy=True)
+            ops.hadamard_(v, self.v_rot)
+        return k, v
+
     def store(
         self,
         layer: int,
@@ -221,12 +231,7 @@ class KVCache:
         v: np.ndarray,  # [n, Hkv, Dv] float32
     ) -> None:
         idx = rows[self.layer_window[layer]]
-        if self.k_rot:
-            k = np.array(k, copy=True)
-            ops.hadamard_(k, self.k_rot)
-        if self.v_rot:
-            v = np.array(v, copy=True)
-            ops.hadamard_(v, self.v_rot)
+        k, v = self._rotated(k, v)
         kv_quant.store(self.k_type, k, self.k[layer][slot], idx)
         kv_quant.store(self.v_type, v, self.v[layer][slot], idx)
 
@@ -281,12 +286,7 @@ class KVCache:
                    ) -> None:
         """Write a batch's K/V rows, all slots in one call per tensor."""
         idx = entries[self.layer_window[layer]]
-        if self.k_rot:
-            k = np.array(k, copy=True)
-            ops.hadamard_(k, self.k_rot)
-        if self.v_rot:
-            v = np.array(v, copy=True)
-            ops.hadamard_(v, self.v_rot)
+        k, v = self._rotated(k, v)
         ks, vs = self.k[layer], self.v[layer]  # [S, cap, Hkv, W]
         kv_quant.store(self.k_type, k, ks.reshape(-1, *ks.shape[2:]), idx)
         kv_quant.store(self.v_type, v, vs.reshape(-1, *vs.shape[2:]), idx)

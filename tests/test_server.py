@@ -9,6 +9,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,7 +29,12 @@ from localllm.server.common import chat_prompt, default_name
 def server(smollm2_path: Path):
     # one kernel thread: the server, its clients and the engine share a small CI machine
     engine = Engine(smollm2_path, n_ctx=512, n_slots=4, n_batch=64, n_threads=1)
-    state = ServerState(engine, Scheduler(engine, max_queue=16), default_name(smollm2_path))
+    yield from serving(engine, default_name(smollm2_path), max_queue=16)
+
+
+def serving(engine: Engine, name: str, max_queue: int) -> Iterator[tuple[str, ServerState]]:
+    """Serve `engine` on a free loopback port; yields (url, state), then shuts down."""
+    state = ServerState(engine, Scheduler(engine, max_queue=max_queue), name)
     state.scheduler.call(engine.warmup)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -11,7 +11,6 @@ the slots' cached prompts; bad input is a 400 the clients raise as their own typ
 from __future__ import annotations
 
 import base64
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -23,15 +22,13 @@ import numpy as np
 import ollama
 import openai
 import pytest
-import uvicorn
 from reference_model import ReferenceModel, rms_norm
-from test_server import _model, ai, oc, server  # noqa: F401 - module-scoped fixtures
+from test_server import _model, ai, oc, server, serving  # noqa: F401 - module-scoped fixtures
 from tiny_models import write_tiny_model
 
 from localllm.embed import EmbedJob, _waves, embed_texts, embed_tokens, l2_normalize
 from localllm.engine import Engine
-from localllm.scheduler import Scheduler
-from localllm.server import ServerState, build_app
+from localllm.server import ServerState
 from localllm.server.common import default_name
 
 CAT = "The cat sat on the mat."
@@ -285,21 +282,7 @@ def test_cancelled_engine_call_is_skipped(server) -> None:  # noqa: ANN001, F811
 @pytest.fixture(scope="module")
 def gemma(default_model_path: Path) -> Iterator[tuple[str, ServerState]]:
     engine = Engine(default_model_path, n_ctx=256, n_slots=2, n_batch=64, n_threads=1)
-    state = ServerState(engine, Scheduler(engine, max_queue=8), default_name(default_model_path))
-    state.scheduler.call(engine.warmup)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port,
-                                        log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    while not srv.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", state
-    srv.should_exit = True
-    thread.join(30)
-    state.scheduler.close(drain=False, timeout=30)
+    yield from serving(engine, default_name(default_model_path), max_queue=8)
 
 
 def test_default_model_embeddings(gemma) -> None:  # noqa: ANN001

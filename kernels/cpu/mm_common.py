@@ -13,37 +13,29 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from localllm.formats.qtypes import BY_NAME, QK, QTYPES
 from localllm.kernels.cpu.cpu_features import FEATURES, simd_disabled_by_env
 
-# GGML type ids (the numbers are part of the GGUF format).
-F32, F16, BF16 = 0, 1, 30
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = 2, 3, 6, 7, 8, 20
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = 10, 11, 12, 13, 14, 23
+# GGML type ids, block shapes and activation formats come from the one table of weight types
+# (formats/qtypes.py); the names below are the ids the kernels branch on.
+_Q = BY_NAME
+F32, F16, BF16 = _Q["F32"].id, _Q["F16"].id, _Q["BF16"].id
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = (_Q[n].id for n in
+                                         ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"))
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (_Q[n].id for n in
+                                         ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"))
 
-# Activation formats ("vec_dot_type").
+# Activation formats ("vec_dot_type"), as codes the kernels branch on.
 ACT_Q8_0, ACT_Q8_K, ACT_F32, ACT_F16, ACT_BF16 = 0, 1, 2, 3, 4
+_ACT_CODE = {"q8_0": ACT_Q8_0, "q8_K": ACT_Q8_K, "f32": ACT_F32, "f16": ACT_F16,
+             "bf16": ACT_BF16}
 
-# qtype -> (weights per block, bytes per block, activation format).
+# qtype -> (weights per block, bytes per block, activation format): every type of the table
 _SPECS: dict[int, tuple[int, int, int]] = {
-    F32: (1, 4, ACT_F32),
-    F16: (1, 2, ACT_F16),
-    BF16: (1, 2, ACT_BF16),
-    Q4_0: (32, 18, ACT_Q8_0),
-    Q4_1: (32, 20, ACT_Q8_0),
-    Q5_0: (32, 22, ACT_Q8_0),
-    Q5_1: (32, 24, ACT_Q8_0),
-    Q8_0: (32, 34, ACT_Q8_0),
-    IQ4_NL: (32, 18, ACT_Q8_0),
-    Q2_K: (256, 84, ACT_Q8_K),
-    Q3_K: (256, 110, ACT_Q8_K),
-    Q4_K: (256, 144, ACT_Q8_K),
-    Q5_K: (256, 176, ACT_Q8_K),
-    Q6_K: (256, 210, ACT_Q8_K),
-    IQ4_XS: (256, 136, ACT_Q8_K),
-}
+    q.id: (q.block, q.nbytes, _ACT_CODE[q.act]) for q in QTYPES.values()}
 
-_B32_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, IQ4_NL: 18}
-_FLOAT_BYTES = {F32: 4, F16: 2, BF16: 2}
+_B32_BYTES = {q.id: q.nbytes for q in QTYPES.values() if q.block == QK}
+_FLOAT_BYTES = {q.id: q.nbytes for q in QTYPES.values() if q.is_float}
 
 # Bytes of weight rows kept hot per row group (prange task) when N > 1: L1-sized with room for
 # the activation tile.
