@@ -230,10 +230,8 @@ class KVCache:
         k: np.ndarray,  # [n, Hkv, Dh] float32
         v: np.ndarray,  # [n, Hkv, Dv] float32
     ) -> None:
-        idx = rows[self.layer_window[layer]]
-        k, v = self._rotated(k, v)
-        kv_quant.store(self.k_type, k, self.k[layer][slot], idx)
-        kv_quant.store(self.v_type, v, self.v[layer][slot], idx)
+        """`store_rows` for one slot's rows."""
+        self.store_rows(layer, self._flat(slot, rows), k, v)
 
     def attend(
         self,
@@ -246,26 +244,12 @@ class KVCache:
         softcap: float,
         out: np.ndarray,  # [n, Hq, Dv] float32
     ) -> None:
-        """The mask is the model's (window); the layout is the cache's: a full layer can serve
-        a windowed attention, a ring only one whose window fits in it."""
-        w = self.layer_window[layer]
-        if w > 0:
-            if window <= 0 or window > w:
-                raise ValueError(f"layer {layer}: a ring cache for window {w} cannot serve "
-                                 f"attention with window {window}")
-            kpos = self.ring_pos[w][slot]
-            ks, vs = self.k[layer][slot], self.v[layer][slot]
-        else:
-            t = int(q_pos[-1]) + 1  # rows are in increasing position order
-            kpos = self.positions[:t]
-            ks, vs = self.k[layer][slot, :t], self.v[layer][slot, :t]
-        if self.k_rot:
-            q = np.array(q, copy=True)
-            ops.hadamard_(q, self.k_rot)
-        kv_quant.attention(self.k_type, self.v_type, q, ks, vs, q_pos, kpos, window, scale,
-                           softcap, out, ring=True)  # position p at entry p % len(kpos)
-        if self.v_rot:
-            ops.hadamard_(out, self.v_rot)
+        """`attend_rows` for rows of one slot (out may be any float32 view)."""
+        res = out if out.flags.c_contiguous else np.empty(out.shape, np.float32)
+        self.attend_rows(layer, np.full(q.shape[0], slot, np.int64), q, q_pos, window, scale,
+                         softcap, res)
+        if res is not out:
+            out[...] = res
 
     # --- a whole batch at once (one kernel call per layer, whatever the number of sequences)
 
@@ -275,10 +259,15 @@ class KVCache:
         entry = slot * capacity + row, for `store_rows` (window 0 = full layers)."""
         flat: dict[int, list[np.ndarray]] = {}
         for sid, a, b in segments:
-            for w, idx in self.place(sid, positions[a:b]).items():
-                cap = self.ring_cap[w] if w > 0 else self.n_ctx
-                flat.setdefault(w, []).append(sid * cap + np.asarray(idx, np.int64))
+            for w, idx in self._flat(sid, self.place(sid, positions[a:b])).items():
+                flat.setdefault(w, []).append(idx)
         return {w: np.concatenate(parts) for w, parts in flat.items()}
+
+    def _flat(self, slot: int, rows: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """A slot's storage rows ({window: rows}, from place) as entries of the flattened
+        [slots * capacity] storage that store_rows writes."""
+        return {w: slot * (self.ring_cap[w] if w > 0 else self.n_ctx) + np.asarray(idx, np.int64)
+                for w, idx in rows.items()}
 
     def store_rows(self, layer: int, entries: dict[int, np.ndarray],  # from place_rows()
                    k: np.ndarray,  # [N, Hkv, Dh] float32
