@@ -1,6 +1,6 @@
 """Where one forward step's time goes, by operation.
 
-    python bench/profile_step.py [--tokens 64] [--prefill 512]
+    python bench/profile_step.py [--model PATH] [--tokens 64] [--prefill 512] [-t 2]
 
 Wraps the engine's kernels with timers (adds ~5 us per call) and reports per-token decode
 time, or one prefill of --prefill tokens, split into output head, layer matmuls, attention,
@@ -34,6 +34,15 @@ def instrument(times: dict, counts: collections.Counter) -> None:
         counts[key] += 1
 
     base.matmul = timed_matmul
+    run = base.run_multi
+
+    def timed_multi(plan, x):
+        t = time.perf_counter()
+        run(plan, x)
+        times["matmul: layers (grouped)"] += time.perf_counter() - t
+        counts["matmul: layers (grouped)"] += 1
+
+    base.run_multi = timed_multi
 
     def wrap(obj, name: str, label: str) -> None:
         f = getattr(obj, name)
@@ -56,18 +65,19 @@ def instrument(times: dict, counts: collections.Counter) -> None:
             times[f"activation {_key}"] += time.perf_counter() - t
             counts[f"activation {_key}"] += 1
         base.ACTIVATIONS[key] = timed
-    wrap(kvm.KVCache, "store", "kv store")
-    wrap(kvm.KVCache, "attend", "attention")
+    wrap(kvm.KVCache, "store_rows", "kv store")
+    wrap(kvm.KVCache, "attend_rows", "attention")
     wrap(base.DecoderModel, "embed", "embedding rows")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None, help="GGUF path (default: the embedded model)")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prefill", type=int, default=0, help="profile one prefill instead")
     ap.add_argument("-t", "--threads", type=int, default=None)
     a = ap.parse_args()
-    engine = Engine(resolve_model(None), n_ctx=max(1024, a.prefill + 8), n_threads=a.threads)
+    engine = Engine(resolve_model(a.model), n_ctx=max(1024, a.prefill + 8), n_threads=a.threads)
     times: dict[str, float] = collections.defaultdict(float)
     counts: collections.Counter = collections.Counter()
     instrument(times, counts)

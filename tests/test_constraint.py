@@ -181,13 +181,22 @@ def test_smollm2_schema_output_always_validates(smol: Engine, temp: float) -> No
 
 
 def test_smollm2_format_json_is_an_object(smol: Engine) -> None:
-    # Free-form JSON has no length bound: at temperature 1 the 135M model can ramble inside a
-    # string until max_tokens (the grammar allows it), so this checks the sampled settings a
-    # user would pick for JSON; bounded schemas are tested at temperature 1 above.
+    # Free-form JSON has no length bound: a sampled 135M model can ramble (e.g. repeat
+    # `"z": "z",` inside an object) until max_tokens, and whether a given seed does depends
+    # on the CPU path's last-ulp logits (the AVX2 path does at temperature 0.7, seed 5). So:
+    # greedy must end with a complete object; a sampled run must end with one when it stops,
+    # and must never leave the grammar when it is cut off by the length limit.
     for temp, seed in ((0.0, 0), (0.7, 0), (0.7, 5)):
         text, reason = _run(smol, "Give a JSON object with keys a and b.", "json", temp, seed,
                             spec=True, max_tokens=400)
-        assert reason == "stop" and isinstance(json.loads(text), dict), (temp, seed, text)
+        assert reason in ("stop", "length"), (temp, seed, reason)
+        if temp == 0.0 or reason == "stop":
+            assert reason == "stop" and isinstance(json.loads(text), dict), (temp, seed, text)
+        else:  # cut off: still a prefix the grammar accepts, byte for byte
+            check = make_constraint("json", smol.tokenizer)
+            for t in smol.tokenizer.encode(text, add_special=False):
+                assert check.accept(t), (temp, seed, text)
+            assert text.lstrip().startswith("{"), text
 
 
 def test_drafts_are_verified_under_a_constraint(smol: Engine) -> None:

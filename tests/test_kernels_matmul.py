@@ -144,7 +144,7 @@ def check_product(qt: T, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
 # The 32-weight block types have 512-bit kernels where the CPU allows (cpu_features `wide`);
 # there, their 256-bit kernels are tested as well.
 _B32 = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL]
-# Q4_0/Q5_0/Q8_0 weights passed with their r16 copy (packed=) take the row-interleaved
+# Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights passed with their r16 copy (packed=) take the row-interleaved
 # kernels where the CPU has AVX-512 VNNI.
 _VARIANTS = [(t, None) for t in ALL_TYPES] + (
     [(t, False) for t in _B32] if FEATURES.wide and mm.kernel_path() != "portable" else []) + [
@@ -187,9 +187,11 @@ def test_matmul_all_shapes(qt: T, wide: bool | str | None) -> None:
 
 def r16_reference(qt: T, w: np.ndarray) -> np.ndarray:
     """The r16 layout built from its description (matmul's comment above _r16_dec), in numpy:
-    per group of 16 rows and block column, d[16] fp16, then dword lane r = row r's 4 bytes of
-    each quant vector, then (Q5_0) the 5th-bit masks. [ceil(rows/16)*16, row_bytes] u8."""
-    bb = {T.Q4_0: 18, T.Q5_0: 22, T.Q8_0: 34}[qt]
+    per group of 16 rows and block column, d[16] fp16, (Q4_1/Q5_1) m[16] fp16, then dword lane
+    r = row r's 4 bytes of each quant vector, then (Q5_0/Q5_1) the 5th-bit masks.
+    [ceil(rows/16)*16, row_bytes] u8."""
+    bb = {T.Q4_0: 18, T.Q4_1: 20, T.Q5_0: 22, T.Q5_1: 24, T.Q8_0: 34}[qt]
+    mins = qt in (T.Q4_1, T.Q5_1)
     rows, rb = w.shape
     nb = rb // bb
     ng = (rows + 15) // 16
@@ -199,9 +201,10 @@ def r16_reference(qt: T, w: np.ndarray) -> np.ndarray:
     d = blk[..., 0:2].reshape(ng, nb, 32)
     qs = blk[..., bb - (32 if qt == T.Q8_0 else 16):]  # [g, b, r, 16 or 32]
     vecs = qs.reshape(ng, nb, 16, -1, 4).transpose(0, 1, 3, 2, 4).reshape(ng, nb, -1)
-    parts = [d, vecs]
-    if qt == T.Q5_0:
-        qh = blk[..., 2:6].copy().view("<u4")[..., 0]  # [g, b, r]
+    parts = [d, blk[..., 2:4].reshape(ng, nb, 32), vecs] if mins else [d, vecs]
+    if qt in (T.Q5_0, T.Q5_1):
+        h0 = 4 if mins else 2
+        qh = blk[..., h0:h0 + 4].copy().view("<u4")[..., 0]  # [g, b, r]
         bits = (qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1  # [g, b, r, element]
         bits = bits.reshape(ng, nb, 16, 8, 4).transpose(0, 1, 3, 2, 4)  # [g, b, J, r, i]
         masks = np.packbits(bits.reshape(ng, nb, 8, 64).astype(np.uint8), axis=-1,
@@ -210,7 +213,7 @@ def r16_reference(qt: T, w: np.ndarray) -> np.ndarray:
     return np.concatenate(parts, axis=-1).reshape(ng * 16, rb)
 
 
-@pytest.mark.parametrize("qt", [T.Q4_0, T.Q5_0, T.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qt", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0], ids=lambda t: t.name)
 def test_repack_r16_layout(qt: T) -> None:
     """repack_r16 builds exactly the documented layout (zero padding rows included)."""
     rng = np.random.default_rng(30)
@@ -285,6 +288,48 @@ def test_output_may_be_a_column_slice() -> None:
         mm.matmul(w, int(qt), x, wide[:, 30:70])
         check_product(qt, w, x, wide[:, 30:70])
         assert np.all(wide[:, :30] == 7.0) and np.all(wide[:, 70:] == 7.0)
+
+
+# weight groups that read one activation (a layer's q/k/v, gate/up), with their r16 copies
+# where this machine has them: mixed types of one activation format, mixed row counts
+_MULTI_GROUPS = [
+    [T.Q4_1, T.Q4_1, T.Q4_1], [T.Q4_K, T.Q4_K, T.Q6_K], [T.Q4_0, T.Q8_0, T.Q5_0],
+    [T.F16, T.F16], [T.Q8_0, T.Q4_K],  # the last: two formats, so one call per weight
+]
+
+
+@pytest.mark.parametrize("qts", _MULTI_GROUPS, ids=lambda g: "-".join(t.name for t in g))
+def test_matmul_multi_gives_each_weight_its_own_bits(qts: list[T]) -> None:
+    rng = np.random.default_rng(7)
+    k = 512
+    ws = [random_weight(qt, rows, k, rng) for qt, rows in zip(qts, (80, 48, 33), strict=False)]
+    packs = [mm.repack_r16(w, int(qt)) if mm.r16_wanted(w, int(qt)) else None
+             for w, qt in zip(ws, qts, strict=False)]
+    for n in (1, 3, 8, 13):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        alone = []
+        for w, qt, p in zip(ws, qts, packs, strict=False):
+            out = np.empty((n, w.shape[0]), np.float32)
+            mm.matmul(w, int(qt), x, out, packed=p)
+            alone.append(out)
+        wide = np.full((n, sum(w.shape[0] for w in ws) + 5), 7.0, np.float32)
+        cols = np.cumsum([0] + [w.shape[0] for w in ws])
+        outs = [wide[:, a:b] for a, b in zip(cols[:-1], cols[1:], strict=False)]
+        mm.matmul_multi([(w, int(qt), p) for w, qt, p in zip(ws, qts, packs, strict=False)], x, outs)
+        for a, b in zip(alone, outs, strict=False):
+            assert np.array_equal(a, b), (n, [t.name for t in qts])
+        assert np.all(wide[:, cols[-1]:] == 7.0)
+
+
+def test_matmul_multi_errors_are_clear() -> None:
+    rng = np.random.default_rng(8)
+    w = random_weight(T.Q8_0, 32, 64, rng)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    with pytest.raises(ValueError, match="2 weights but 1 outputs"):
+        mm.matmul_multi([(w, int(T.Q8_0), None)] * 2, x, [np.empty((2, 32), np.float32)])
+    with pytest.raises(ValueError, match="out has shape"):
+        mm.matmul_multi([(w, int(T.Q8_0), None), (w, int(T.Q8_0), None)], x,
+                        [np.empty((2, 32), np.float32), np.empty((2, 31), np.float32)])
 
 
 def test_thread_counts_agree() -> None:

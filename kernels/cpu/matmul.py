@@ -49,6 +49,8 @@ Files, by job (each readable in one sitting):
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from localllm.kernels.cpu import dequant
@@ -61,7 +63,13 @@ from localllm.kernels.cpu.mm_common import (
     ACT_Q8_0,
     ACT_Q8_K,
 )
-from localllm.kernels.cpu.mm_driver import _mm_simd, kernel, kernel_asm
+from localllm.kernels.cpu.mm_driver import (
+    T_COLS,
+    _mm_multi,
+    _mm_simd,
+    kernel,
+    kernel_asm,
+)
 from localllm.kernels.cpu.mm_portable import matmul_portable
 from localllm.kernels.cpu.mm_r16 import (
     _R16,
@@ -77,7 +85,7 @@ from localllm.kernels.cpu.quant_act import quantize_q8_0, quantize_q8_k
 from localllm.kernels.cpu.scratch import Scratch, _get_scratch, make_scratch
 
 __all__ = [
-    "matmul", "matmul_portable", "supported_types", "simd_types", "kernel_path", "kernel",
+    "matmul", "matmul_multi", "plan_multi", "run_multi", "MultiPlan", "can_share_activations", "matmul_portable", "supported_types", "simd_types", "kernel_path", "kernel",
     "kernel_asm", "Scratch", "make_scratch", "repack_r16", "r16_types", "r16_wanted",
     "r16_shape", "R16_MAX_WEIGHT", "R16_MAX_TOTAL",
 ]
@@ -227,12 +235,8 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
     else:  # tests: a given kernel variant
         fn = kernel(qt, _wide).address
     par = rows * rb * n >= _SERIAL_BYTES
-    if n == 1:
-        group = max(1, rows // 64)  # ~64 tasks: fine-grained enough to balance 2..16 threads
-    else:
-        group = max(1, min(_GROUP_BYTES // rb, rows // 16))
-    if packed is not None:  # tasks of whole 16-row groups
-        group = max(16, group // 16 * 16)
+    group = _group(n, rows, rb, packed is not None)
+    if packed is not None:
         w_raw = packed
     quantized = False
     if n >= 8 and kind <= ACT_Q8_K:
@@ -243,3 +247,124 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
             quantize_q8_k(x, s.xq, s.xd, s.xbs, s.xb2)
         quantized = True
     _mm_simd(fn, kind, w_raw, x, out, *s.addrs, nb, group, par, quantized, rows)
+
+
+def _group(n: int, rows: int, rb: int, r16: bool) -> int:
+    """Output rows per parallel task."""
+    if n == 1:
+        group = max(1, rows // 64)  # ~64 tasks: fine-grained enough to balance 2..16 threads
+    else:
+        group = max(1, min(_GROUP_BYTES // rb, rows // 16))
+    return max(16, group // 16 * 16) if r16 else group  # r16: tasks of whole 16-row groups
+
+
+def can_share_activations(qtypes: list[int], k: int) -> bool:
+    """Whether weights of these types with K input features can go through one
+    matmul_multi call: one activation format and this machine's SIMD path for all."""
+    if _PORTABLE or not all(int(q) in _SPECS for q in qtypes):
+        return False
+    specs = [_SPECS[int(q)] for q in qtypes]
+    # float types with K not a multiple of 8 take the portable route in matmul
+    return len({s[2] for s in specs}) == 1 and not any(s[0] == 1 and k % 8 for s in specs)
+
+
+class MultiPlan(NamedTuple):
+    """A checked matmul_multi call for given weights, N, K and outputs (plan_multi): what
+    stays the same from one decode step to the next, so a step pays only run_multi."""
+
+    n: int
+    k: int
+    kind: int  # the shared activation format
+    tab: np.ndarray  # [M, T_COLS] int64 (mm_driver._mm_multi)
+    par: bool
+    keep: tuple  # the weights and outputs whose addresses are in tab
+
+
+def plan_multi(parts: list[tuple[np.ndarray, int, np.ndarray | None]], n: int, k: int,
+               outs: list[np.ndarray]) -> MultiPlan:
+    """Check a matmul_multi call (parts and outs as there, x [n, k]) once and lay it out for
+    the driver. The plan holds the outputs' addresses: pass the same arrays to run_multi."""
+    if len(parts) != len(outs):
+        raise ValueError(f"{len(parts)} weights but {len(outs)} outputs")
+    if not parts or not can_share_activations([q for _, q, _ in parts], k):
+        raise ValueError("plan_multi needs weights of one activation format on the SIMD path "
+                         "(can_share_activations)")
+    x_like = np.empty((n, k), np.float32)  # for the checks' shapes only
+    tab = np.empty((len(parts), T_COLS), np.int64)
+    keep: list[np.ndarray] = []
+    task0 = total = 0
+    for m, ((w_raw, qtype, packed), out) in enumerate(zip(parts, outs, strict=False)):
+        try:  # the same checks as matmul (its error messages on failure)
+            spec = _SPECS.get(int(qtype))
+            rows, rb = w_raw.shape
+            ok = (spec is not None and w_raw.dtype == _U8 and out.dtype == _F32
+                  and rb == k // spec[0] * spec[1] and out.shape == (n, rows)
+                  and out.flags.writeable and rows > 0
+                  and (out.strides[1] == 4 or rows == 1) and out.strides[0] % 4 == 0)
+        except (AttributeError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise _bad_call(w_raw, qtype, x_like, out)
+        qt = int(qtype)
+        if packed is not None:
+            if not (isinstance(packed, np.ndarray) and packed.dtype == _U8
+                    and packed.shape == r16_shape(rows, rb) and packed.flags.c_contiguous
+                    and _R16 and qt in _R16_BYTES):
+                raise _bad_packed(packed, qt, rows, rb)
+            fn, w = kernel(qt, r16=True).address, packed
+        else:
+            fn = kernel(qt).address
+            w = w_raw if w_raw.flags.c_contiguous else np.ascontiguousarray(w_raw)
+        keep += [w, out]
+        be = spec[0]
+        group = _group(n, rows, rb, packed is not None)
+        tab[m] = (fn, w.ctypes.data, rows, rb, k // 8 if be == 1 else k // be,
+                  out.ctypes.data, out.strides[0] // 4, group, task0)
+        task0 += (rows + group - 1) // group
+        total += rows * rb
+    kind = _SPECS[int(parts[0][1])][2]
+    return MultiPlan(n, k, kind, tab, total * n >= _SERIAL_BYTES, tuple(keep))
+
+
+def run_multi(plan: MultiPlan, x: np.ndarray) -> None:
+    """Run a planned matmul_multi on x [plan.n, plan.k] float32 (C-contiguous)."""
+    if x.shape != (plan.n, plan.k) or x.dtype != _F32 or not x.flags.c_contiguous:
+        raise ValueError(f"x must be C-contiguous float32 [{plan.n}, {plan.k}]")
+    if plan.n == 0:
+        return
+    kind = plan.kind
+    s = _get_scratch(plan.n, plan.k, kind)
+    quantized = False
+    if plan.n >= 8 and kind <= ACT_Q8_K:  # as in matmul
+        if kind == ACT_Q8_0:
+            quantize_q8_0(x, s.xq, s.xd, s.xs, s.xc)
+        else:
+            quantize_q8_k(x, s.xq, s.xd, s.xbs, s.xb2)
+        quantized = True
+    _mm_multi(plan.tab, kind, x, *s.addrs, plan.par, quantized)
+
+
+def matmul_multi(parts: list[tuple[np.ndarray, int, np.ndarray | None]], x: np.ndarray,
+                 outs: list[np.ndarray]) -> None:
+    """outs[m] = matmul(parts[m], x) for several weights that read the same x [N, K]: the q, k
+    and v (or gate and up) products of a layer. x is quantized once and one parallel region
+    runs all products, where separate calls would quantize it and start a region per weight.
+    parts: (w_raw, qtype, packed) as for matmul; outs[m]: [N, rows_m] float32.
+
+    Each output gets exactly the bits matmul gives it (same row kernel, same quantized
+    activations, rows independent). Weights whose types do not share one activation format
+    (can_share_activations), and the portable path, fall back to one matmul per weight.
+    Callers that repeat a call (a decode loop) keep plan_multi's plan and call run_multi.
+    """
+    if len(parts) != len(outs):
+        raise ValueError(f"{len(parts)} weights but {len(outs)} outputs")
+    if not isinstance(x, np.ndarray) or x.ndim != 2 or x.dtype != _F32:
+        raise TypeError("x must be a 2-D float32 array [N, K]")
+    if not parts:
+        return
+    n, k = x.shape
+    if not can_share_activations([q for _, q, _ in parts], k):
+        for (w_raw, qtype, packed), out in zip(parts, outs, strict=False):
+            matmul(w_raw, qtype, x, out, packed=packed)
+        return
+    run_multi(plan_multi(parts, n, k, outs), np.ascontiguousarray(x))

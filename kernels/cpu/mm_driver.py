@@ -276,7 +276,16 @@ def _k_q8_0_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, 
     _rows_r16(Q8_0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
 
 
-_KERNEL_PY_R16 = {Q4_0: _k_q4_0_r16, Q5_0: _k_q5_0_r16, Q8_0: _k_q8_0_r16}  # repacked
+def _k_q4_1_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_r16(Q4_1, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
+
+
+def _k_q5_1_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_r16(Q5_1, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
+
+
+_KERNEL_PY_R16 = {Q4_0: _k_q4_0_r16, Q4_1: _k_q4_1_r16, Q5_0: _k_q5_0_r16,
+                  Q5_1: _k_q5_1_r16, Q8_0: _k_q8_0_r16}  # repacked
 _KERNEL_PY_WIDE = {  # the 32-weight block types with 512-bit kernels
     Q4_0: _k_q4_0, Q4_1: _k_q4_1, Q5_0: _k_q5_0, Q5_1: _k_q5_1, Q8_0: _k_q8_0,
     IQ4_NL: _k_iq4_nl,
@@ -401,3 +410,62 @@ def _mm_simd(fn, kind, w, x, out, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, grou
         _call_kernel(fn, (wp, rows, rb, r0, r1, nb, k, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf,
                           op, ldo, n_act))
 
+
+
+# Columns of the table _mm_multi reads, one row per weight (all int64).
+T_FN, T_W, T_ROWS, T_RB, T_NB, T_OUT, T_LDO, T_GROUP, T_TASK0 = range(9)
+T_COLS = 9
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _mm_multi(tab, kind, x, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, par, quantized):
+    """_mm_simd for several weights that read the same activations x [N, K] (the q/k/v or
+    gate/up products of a layer): x is quantized once and one parallel region runs every
+    weight's row groups, so a layer pays one quantization and one region start per group of
+    weights instead of one per weight.
+
+    tab [M, T_COLS] int64, a row per weight: its row kernel's address, weight address, rows,
+    row bytes, blocks per row, out address, out row stride (elements), rows per task and the
+    index of its first task (tasks of weight m are tab[m, T_TASK0] .. tab[m + 1, T_TASK0] - 1;
+    the last row's task count follows from its rows and group). All weights share one
+    activation format `kind`, so one quantization serves them. A weight's rows get exactly the
+    bits _mm_simd gives them: the same kernel reads the same quantized activations.
+    """
+    n_act, k = x.shape
+    m_w = tab.shape[0]
+    nb = tab[0, T_NB]
+    npad = 1 if n_act == 1 else (n_act + 3) // 4 * 4
+    nb32 = k // 32
+    xd = carray(_p_f32(a_xd), (npad, nb))
+    xs = carray(_p_f32(a_xs), (npad, nb32))
+    xc = carray(_p_f32(a_xs + 8 * npad * nb32), (npad, nb32))
+    if not quantized:
+        _quant_rows(kind, x, carray(_p_i8(a_xq), (npad, k)), xd, xs, xc,
+                    carray(_p_i16(a_xbs), (npad, k // 16)), carray(_p_i16(a_xb2), (npad, nb32)),
+                    carray(_p_f32(a_xf), (npad, k)))
+    if kind == ACT_Q8_0 and n_act > 1:
+        xdt = carray(_p_f32(a_xd + 4 * npad * nb), (nb, npad))
+        xst = carray(_p_f32(a_xs + 4 * npad * nb32), (nb32, npad))
+        xct = carray(_p_f32(a_xs + 12 * npad * nb32), (nb32, npad))
+        for n in range(npad):
+            for b in range(nb):
+                xdt[b, n] = xd[n, b]
+                xst[b, n] = xs[n, b]
+                xct[b, n] = xc[n, b]
+    last = tab[m_w - 1]
+    n_tasks = last[T_TASK0] + (last[T_ROWS] + last[T_GROUP] - 1) // last[T_GROUP]
+    if not par:
+        for m in range(m_w):
+            t = tab[m]
+            _call_kernel(t[T_FN], (t[T_W], t[T_ROWS], t[T_RB], 0, t[T_ROWS], t[T_NB], k, a_xq,
+                                   a_xd, a_xs, a_xbs, a_xb2, a_xf, t[T_OUT], t[T_LDO], n_act))
+        return
+    for task in prange(n_tasks):
+        m = 0
+        while m + 1 < m_w and tab[m + 1, T_TASK0] <= task:
+            m += 1
+        t = tab[m]
+        r0 = (task - t[T_TASK0]) * t[T_GROUP]
+        r1 = min(t[T_ROWS], r0 + t[T_GROUP])
+        _call_kernel(t[T_FN], (t[T_W], t[T_ROWS], t[T_RB], r0, r1, t[T_NB], k, a_xq, a_xd,
+                               a_xs, a_xbs, a_xb2, a_xf, t[T_OUT], t[T_LDO], n_act))

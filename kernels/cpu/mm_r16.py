@@ -1,5 +1,5 @@
-"""The row-interleaved (r16) layout of Q4_0 / Q5_0 / Q8_0 weights: its kernels and its
-repacking."""
+"""The row-interleaved (r16) layout of the 32-weight block types Q4_0 / Q4_1 / Q5_0 / Q5_1 /
+Q8_0: its kernels and its repacking."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from numba import carray, njit, prange
 
 from localllm.kernels.cpu import dequant
 from localllm.kernels.cpu.cpu_features import FEATURES, simd_disabled_by_env
-from localllm.kernels.cpu.mm_b32 import _b32_bytes, _b32_cmul
+from localllm.kernels.cpu.mm_b32 import _b32_bytes, _b32_cmul, _b32_mode
 from localllm.kernels.cpu.mm_common import (
     Q4_0,
+    Q4_1,
     Q5_0,
+    Q5_1,
     Q8_0,
     _p_f32,
     _p_i8,
@@ -39,13 +41,14 @@ from localllm.kernels.cpu.simd import (
 )
 
 # ---------------------------------------------------------------- row-interleaved (r16)
-# With AVX-512 VNNI, Q4_0 / Q5_0 / Q8_0 weights are repacked once (repack_r16) into
-# groups of 16 rows (the last group zero-padded), stored block column by block column: the 16
-# blocks of column b of a group form one record of 16 x the block's bytes,
-#   d [16] fp16 | the quants as 64-byte vectors whose dword lane r holds row r's bytes:
-#   Q4_0: 4 nibble vectors N_j, lane r = row r's qs[4j:4j+4] (low nibbles: elements 4j..4j+3,
-#         high nibbles: 16+4j..16+4j+3);
-#   Q5_0: the same, then 8 u64 masks H_J, bit 4r+i = the 5th bit of row r's element 4J+i;
+# With AVX-512 VNNI, Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights are repacked once (repack_r16)
+# into groups of 16 rows (the last group zero-padded), stored block column by block column: the
+# 16 blocks of column b of a group form one record of 16 x the block's bytes,
+#   d [16] fp16 | (Q4_1, Q5_1: m [16] fp16 |) the quants as 64-byte vectors whose dword lane r
+#   holds row r's bytes:
+#   Q4_0/Q4_1: 4 nibble vectors N_j, lane r = row r's qs[4j:4j+4] (low nibbles: elements
+#         4j..4j+3, high nibbles: 16+4j..16+4j+3);
+#   Q5_0/Q5_1: the same, then 8 u64 masks H_J, bit 4r+i = the 5th bit of row r's element 4J+i;
 #   Q8_0: 8 vectors Q_J, lane r = row r's qs[4J:4J+4].
 # Decoded, vector J holds elements 4J..4J+3 of all 16 rows, so one vpdpbusd with the
 # activation's bytes 4J..4J+3 broadcast ({1to16} memory operand) adds to 16 per-row sums: no
@@ -55,13 +58,19 @@ from localllm.kernels.cpu.simd import (
 # decode is ~1.6x cheaper than the row-major one (measured on Zen 5). Numerics are those of
 # the row-major kernels (same integer dots and scale products; float summation order differs).
 
-_R16_BYTES = {Q4_0: 18 * 16, Q5_0: 22 * 16, Q8_0: 34 * 16}
+_R16_BYTES = {Q4_0: 18 * 16, Q4_1: 20 * 16, Q5_0: 22 * 16, Q5_1: 24 * 16, Q8_0: 34 * 16}
+
+
+@njit
+def _r16_qoff(qt):
+    """Byte offset of the quant vectors in a record: after d [16] (and m [16]) fp16."""
+    return 64 if qt == Q4_1 or qt == Q5_1 else 32
 
 
 @njit
 def _r16_dec(qt, w, p):
     """The 8 unsigned quant vectors (I8x64) of the r16 record at byte p (see above)."""
-    q = p + 32
+    q = p + _r16_qoff(qt)
     if qt == Q8_0:
         return (add8x64(ld_i8x64(w, q), 0x80), add8x64(ld_i8x64(w, q + 64), 0x80),
                 add8x64(ld_i8x64(w, q + 128), 0x80), add8x64(ld_i8x64(w, q + 192), 0x80),
@@ -71,7 +80,7 @@ def _r16_dec(qt, w, p):
     n1 = ld_i8x64(w, q + 64)
     n2 = ld_i8x64(w, q + 128)
     n3 = ld_i8x64(w, q + 192)
-    if qt == Q5_0:
+    if qt == Q5_0 or qt == Q5_1:
         h = q + 256
         return (or_bits64(nib_lo64(n0), w, h, 0x10), or_bits64(nib_lo64(n1), w, h + 8, 0x10),
                 or_bits64(nib_lo64(n2), w, h + 16, 0x10), or_bits64(nib_lo64(n3), w, h + 24, 0x10),
@@ -109,8 +118,18 @@ def _store16(out, n, n_act, r, r1, v):
 
 
 @njit
+def _r16_c(qt, w, p, dw):
+    """The 16 rows' c terms of the record at p (see _b32_dec): the block mins m for Q4_1 /
+    Q5_1, d for the offset types."""
+    if qt == Q4_1 or qt == Q5_1:
+        return ld_f16x16(w, p + 32)
+    return dw
+
+
+@njit
 def _dot4_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act):
     # w: the r16 records as a flat byte array; r0 a multiple of 16; rows n0..n0+3 (padded).
+    # xc: the activation sums the c terms pair with (Q8_1 sums xs or exact sums xc).
     rec = 16 * _b32_bytes(qt)
     k = nb * 32
     x0 = n0 * k
@@ -128,6 +147,7 @@ def _dot4_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act):
             p = (g * nb + b) * rec
             u = _r16_dec(qt, w, p)
             dw = ld_f16x16(w, p)
+            cw = _r16_c(qt, w, p, dw)
             xo = x0 + 32 * b
             a0 = fma16(a0, cvtf16(_r16_dot(u, xq, xo)), mul16(dw, splatf16(xd[n0, b])))
             a1 = fma16(a1, cvtf16(_r16_dot(u, xq, xo + k)), mul16(dw, splatf16(xd[n0 + 1, b])))
@@ -135,10 +155,10 @@ def _dot4_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act):
                        mul16(dw, splatf16(xd[n0 + 2, b])))
             a3 = fma16(a3, cvtf16(_r16_dot(u, xq, xo + 3 * k)),
                        mul16(dw, splatf16(xd[n0 + 3, b])))
-            m0 = fma16(m0, dw, splatf16(xc[n0, b]))
-            m1 = fma16(m1, dw, splatf16(xc[n0 + 1, b]))
-            m2 = fma16(m2, dw, splatf16(xc[n0 + 2, b]))
-            m3 = fma16(m3, dw, splatf16(xc[n0 + 3, b]))
+            m0 = fma16(m0, cw, splatf16(xc[n0, b]))
+            m1 = fma16(m1, cw, splatf16(xc[n0 + 1, b]))
+            m2 = fma16(m2, cw, splatf16(xc[n0 + 2, b]))
+            m3 = fma16(m3, cw, splatf16(xc[n0 + 3, b]))
         r = 16 * g
         _store16(out, n0, n_act, r, r1, fma16(a0, m0, cm))
         _store16(out, n0 + 1, n_act, r, r1, fma16(a1, m1, cm))
@@ -159,7 +179,7 @@ def _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out):
             dw = ld_f16x16(w, p)
             a0 = fma16(a0, cvtf16(_r16_dot(_r16_dec(qt, w, p), xq, 32 * b)),
                        mul16(dw, splatf16(xd[0, b])))
-            m0 = fma16(m0, dw, splatf16(xc[0, b]))
+            m0 = fma16(m0, _r16_c(qt, w, p, dw), splatf16(xc[0, b]))
         _store16(out, 0, 1, 16 * g, r1, fma16(a0, m0, cm))
 
 
@@ -173,7 +193,8 @@ def _rows_r16(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xsp, outp, ldo, n_act):
     xq = carray(_p_i8(xqp), (npad, k))
     xd = carray(_p_f32(xdp), (npad, nb))
     nb32 = k // 32
-    xc = carray(_p_f32(xsp + 8 * npad * nb32), (npad, nb32))  # [xs | xs^T | xc | xc^T]
+    # [xs | xs^T | xc | xc^T]: Q4_1 / Q5_1 pair their mins with xs, the others d with xc
+    xc = carray(_p_f32(xsp + (0 if _b32_mode(qt) == 1 else 8 * npad * nb32)), (npad, nb32))
     out = carray(_p_f32(outp), (n_act, ldo))
     if n_act == 1:
         _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out)
@@ -194,23 +215,29 @@ def _repack_r16(qt, w, dst) -> None:
             for r in range(min(16, rows - 16 * g)):
                 row = 16 * g + r
                 s = b * bb
-                dst[g, b, 2 * r] = w[row, s]
+                dst[g, b, 2 * r] = w[row, s]  # d
                 dst[g, b, 2 * r + 1] = w[row, s + 1]
                 if qt == Q8_0:
                     for j in range(8):
                         for i in range(4):
                             dst[g, b, 32 + 64 * j + 4 * r + i] = w[row, s + 2 + 4 * j + i]
                     continue
-                qo = s + (6 if qt == Q5_0 else 2)
+                mins = qt == Q4_1 or qt == Q5_1
+                q0 = 64 if mins else 32  # the record's quant vectors
+                if mins:
+                    dst[g, b, 32 + 2 * r] = w[row, s + 2]  # m
+                    dst[g, b, 32 + 2 * r + 1] = w[row, s + 3]
+                hb = s + (4 if mins else 2)  # Q5: the block's qh, then qs
+                qo = hb + (4 if qt == Q5_0 or qt == Q5_1 else 0)
                 for j in range(4):
                     for i in range(4):
-                        dst[g, b, 32 + 64 * j + 4 * r + i] = w[row, qo + 4 * j + i]
-                if qt == Q5_0:
-                    qh = (np.uint32(w[row, s + 2]) | (np.uint32(w[row, s + 3]) << 8)
-                          | (np.uint32(w[row, s + 4]) << 16) | (np.uint32(w[row, s + 5]) << 24))
+                        dst[g, b, q0 + 64 * j + 4 * r + i] = w[row, qo + 4 * j + i]
+                if qt == Q5_0 or qt == Q5_1:
+                    qh = (np.uint32(w[row, hb]) | (np.uint32(w[row, hb + 1]) << 8)
+                          | (np.uint32(w[row, hb + 2]) << 16) | (np.uint32(w[row, hb + 3]) << 24))
                     for j in range(8):
                         nib = (qh >> np.uint32(4 * j)) & np.uint32(15)
-                        o = 288 + 8 * j + r // 2
+                        o = q0 + 256 + 8 * j + r // 2
                         dst[g, b, o] = dst[g, b, o] | np.uint8(nib << np.uint32(4 * (r & 1)))
 
 
@@ -250,7 +277,7 @@ def r16_shape(rows: int, row_bytes: int) -> tuple[int, int]:
 
 
 def repack_r16(w_raw: np.ndarray, qtype: int) -> np.ndarray:
-    """The row-interleaved copy of a Q4_0 / Q5_0 / Q8_0 weight [rows, row_bytes] u8: returns
+    """The row-interleaved copy of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weight [rows, row_bytes] u8: returns
     [ceil(rows/16) * 16, row_bytes] u8 (read-only) holding the r16 records (layout in the
     comment above _r16_dec; padding rows are zero). Any CPU can build it; only AVX-512 VNNI kernels read it."""
     qt = int(qtype)

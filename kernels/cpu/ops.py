@@ -28,6 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from localllm.kernels.cpu.halfbits import f32_to_f16_bits
+from localllm.kernels.cpu.kv_quant import _expf
 
 # Fast-math without the no-NaN / no-Inf assumptions (see module docstring).
 _FM = {"reassoc", "contract", "arcp", "nsz", "afn"}
@@ -199,12 +200,20 @@ def _gelu_tanh_mul(g, u, o):
         o[i] = x / (np.float32(1.0) + math.exp(-c2 * (x + a * x * x * x))) * u[i]
 
 
-@njit(cache=True, fastmath=_FM)
+@njit(cache=True, error_model="numpy")  # strict IEEE: no fast-math flags
 def _silu_mul(g, u, o):
-    """o = silu(g) * u = g / (1 + exp(-g)) * u over flat [n] f32 arrays (o may alias)."""
+    """o = silu(g) * u = g / (1 + exp(-g)) * u over flat [n] f32 arrays (o may alias).
+
+    Written so the loop vectorises (16 lanes): exp is kv_quant's branch-free float32
+    polynomial (~1 ulp) rather than a libm call per element, and error_model="numpy" drops
+    the ZeroDivisionError check that kept the division scalar (~4 ns an element before: the
+    8,192 gate values of a 4-row SmolLM2 step took 30 us). No fast-math, so an element's
+    bits never depend on its lane or on the row count (batch invariance)."""
     for i in range(g.shape[0]):
         x = g[i]
-        o[i] = x / (np.float32(1.0) + math.exp(-x)) * u[i]
+        # past x = -88, exp(-x) overflows float32: silu is 0 there (the polynomial clamps)
+        s = x / (np.float32(1.0) + _expf(-x)) if x > np.float32(-88.0) else x * np.float32(0.0)
+        o[i] = s * u[i]
 
 
 def _gated(kernel, gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
