@@ -61,6 +61,10 @@ class QWeight:
             out = np.empty((x.shape[0], self.rows), dtype=np.float32)
         matmul(self.raw, self.qtype, x, out, packed=self.packed)
         return out
+        if self._group is None:
+            self._group = WeightGroup(self)
+        self._group(x, [out])
+        return out
 
 
 class WeightGroup:
@@ -68,7 +72,9 @@ class WeightGroup:
     call quantizes the input once and runs all products in one parallel region; per layer
     and token that is 2 calls instead of 5 (SmolLM2's 30 layers pay per call). Each output
     gets the bits its own matmul would give. Types without a common activation format go
-    one call per weight."""
+    one call per weight. The checked call (plan_multi) is kept per batch size and output
+    buffers, so a decode step skips the argument checks: only for the forward pass's own
+    reused buffers (a fresh output array each call would only churn the plans)."""
 
     def __init__(self, *weights: QWeight) -> None:
         self.weights = weights
@@ -80,9 +86,9 @@ class WeightGroup:
 
     def __call__(self, x: np.ndarray, outs: list[np.ndarray]) -> None:
         """x [N, cols] float32 (C-contiguous) -> outs[m] [N, rows_m] float32 (overwritten)."""
-        if not self.shared:
-            for w, out in zip(self.weights, outs, strict=False):
-                w(x, out)
+        if not self.shared or not x.flags.c_contiguous:
+            for w, out in zip(self.weights, outs, strict=True):
+                matmul(w.raw, w.qtype, x, out, packed=w.packed)
             return
         key = (x.shape[0], *map(id, outs))
         plan = self._plans.get(key)
@@ -116,6 +122,8 @@ class LayerWeights:
     def __post_init__(self) -> None:
         self.qkv = WeightGroup(self.wq, self.wk, self.wv)  # input: attention-normed x
         self.gate_up = WeightGroup(self.w_gate, self.w_up)  # input: ffn-normed x
+        self.o_proj = WeightGroup(self.wo)  # groups of one: the checked call is kept too
+        self.down = WeightGroup(self.w_down)
 
 
 class WeightLoader:
@@ -147,9 +155,9 @@ class WeightLoader:
         """q in the layout the kernels multiply fastest: with its r16 copy where this machine
         has r16 kernels for the type, the weight is within their size cap and the model's
         budget (R16_MAX_TOTAL, first come first served in load order) has room. The repacked
-        weight's row-major file pages are then given back to the OS (release; not for a tied
-        embedding, whose rows are still looked up): nothing reads them any more, and they would
-        otherwise count twice in resident memory. q itself is left as it was."""
+        weight's row-major file pages are then given back to the OS (release): only a tied
+        embedding's lookups still read them, a page at a time, and they would otherwise count
+        twice in resident memory. q itself is left as it was."""
         if not (r16_wanted(q.raw, q.qtype)
                 and self.packed_bytes + q.raw.nbytes <= R16_MAX_TOTAL):
             return q
@@ -306,15 +314,18 @@ class DecoderModel:
                 keep = np.flatnonzero(batch.want_logits)
                 if keep.size == 0:
                     break
-                q3 = q3[keep]
-                x, h, o, attn = x[keep], h[: keep.size], o[: keep.size], attn[: keep.size]
-                gate, up = gate[: keep.size], up[: keep.size]
-                q_slot, q_pos, n = row_slot[keep], pos[keep], keep.size
+                if keep.size < n:  # (all rows, as in decode: keep the buffers themselves)
+                    q3 = q3[keep]
+                    x, h, o, attn = x[keep], h[: keep.size], o[: keep.size], attn[: keep.size]
+                    gate, up = gate[: keep.size], up[: keep.size]
+                    q_slot, q_pos, n = row_slot[keep], pos[keep], keep.size
+                else:
+                    q_slot, q_pos = row_slot, pos
             else:
                 q_slot, q_pos = row_slot, pos
             kv.attend_rows(il, q_slot, q3, q_pos, cfg.layer_window[il], cfg.attn_scale,
                            cfg.attn_softcap, attn)
-            L.wo(attn.reshape(n, H * Dv), o)
+            L.o_proj(attn.reshape(n, H * Dv), [o])
             if L.bo is not None:
                 o += L.bo
             if L.post_attn_norm is not None:
@@ -324,7 +335,7 @@ class DecoderModel:
             ops.rms_norm(x, L.ffn_norm, cfg.rms_eps, h)
             L.gate_up(h, [gate, up])
             act(gate, up, gate)
-            L.w_down(gate, o)
+            L.down(gate, [o])
             if L.post_ffn_norm is not None:
                 ops.rms_norm(o, L.post_ffn_norm, cfg.rms_eps, o)
             x += o
@@ -382,7 +393,10 @@ def output_head(w: WeightLoader, cfg: ModelConfig, token_embd: QWeight) -> QWeig
     """A separate `output.weight`, or the token embedding when the two are tied."""
     if w.has("output.weight"):
         return w.matrix("output.weight", cfg.n_vocab, cfg.n_embd)
-    return w.laid_out(token_embd, release=False)  # its rows are still looked up
+    # Tied: the product reads the r16 copy (where made) and the embedding looks up a few raw
+    # rows per step, so the raw pages are released too: the rows looked up fault back in
+    # from the file, one page each, instead of the whole table staying resident twice.
+    return w.laid_out(token_embd)
 
 
 def build_standard(gf: GGUFFile, cfg: ModelConfig) -> DecoderModel:

@@ -27,6 +27,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from localllm.kernels.cpu.cpu_features import FEATURES, simd_disabled_by_env
 from localllm.kernels.cpu.halfbits import f32_to_f16_bits
 from localllm.kernels.cpu.kv_quant import _expf
 
@@ -253,6 +254,13 @@ def _gelu_f16_table() -> np.ndarray:
 
 _GELU_F16 = _gelu_f16_table()
 
+# The table index: F16C's conversion where the CPU has it (one vcvtps2ph; the software
+# rounding's branches kept the loop scalar at ~10 ns an element), the same bits otherwise.
+if FEATURES.f16c and not simd_disabled_by_env():
+    from localllm.kernels.cpu.simd import f16_bits as _f16_index
+else:
+    _f16_index = f32_to_f16_bits
+
 
 @njit(cache=True, inline="always")
 def _gelu_ggml_span(g, u, o, table, lo, hi):
@@ -263,7 +271,7 @@ def _gelu_ggml_span(g, u, o, table, lo, hi):
         elif x >= 10.0:
             o[i] = x * u[i]
         else:
-            o[i] = table[f32_to_f16_bits(x)] * u[i]
+            o[i] = table[_f16_index(x)] * u[i]
 
 
 _GELU_CHUNK = 16384

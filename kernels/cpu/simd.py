@@ -1138,3 +1138,38 @@ def add32x16(typingctx, a, b):
 
 
 __all__ += ["add32x16"]
+
+
+@intrinsic
+def prefetch(typingctx, arr, off):
+    """Hint the cache line at byte offset `off` of a byte array into L1 (prefetcht0); an
+    address past the array is harmless (a prefetch never faults)."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _ptr(context, builder, sig.args[0], args[0], args[1], ir.IntType(8))
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [p.type, i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        builder.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, types.intp), codegen
+
+
+@intrinsic
+def f16_bits(typingctx, x):
+    """float32 -> IEEE half bits (uint16), rounded to nearest even by the hardware (vcvtps2ph,
+    F16C): the same bits as halfbits.f32_to_f16_bits, in one instruction instead of a
+    branchy bit-twiddle. Only where FEATURES.f16c (elsewhere LLVM would call a library
+    routine the JIT may not have)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        h = builder.fptrunc(args[0], ir.HalfType())
+        return builder.bitcast(h, ir.IntType(16))
+
+    return types.uint16(x), codegen
