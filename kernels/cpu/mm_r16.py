@@ -34,7 +34,6 @@ from localllm.kernels.cpu.simd import (
     nib_hi64,
     nib_lo64,
     or_bits64,
-    prefetch,
     splatf16,
     st_f32x16,
     zero32x16,
@@ -58,8 +57,6 @@ from localllm.kernels.cpu.simd import (
 # about one 512-bit vpdpbusd per cycle (64 multiply-adds, the core's limit), and at N = 1 the
 # decode is ~1.6x cheaper than the row-major one (measured on Zen 5). Numerics are those of
 # the row-major kernels (same integer dots and scale products; float summation order differs).
-
-_PF = int(os.environ.get("LOCALLLM_PF", "0"))  # experiment: prefetch distance in bytes
 
 _R16_BYTES = {Q4_0: 18 * 16, Q4_1: 20 * 16, Q5_0: 22 * 16, Q5_1: 24 * 16, Q8_0: 34 * 16}
 
@@ -179,9 +176,6 @@ def _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out):
         m0 = zerof16()
         for b in range(nb):
             p = (g * nb + b) * rec
-            if _PF:
-                for o in range(0, rec, 64):
-                    prefetch(w, p + _PF + o)
             dw = ld_f16x16(w, p)
             a0 = fma16(a0, cvtf16(_r16_dot(_r16_dec(qt, w, p), xq, 32 * b)),
                        mul16(dw, splatf16(xd[0, b])))
