@@ -61,10 +61,6 @@ class QWeight:
             out = np.empty((x.shape[0], self.rows), dtype=np.float32)
         matmul(self.raw, self.qtype, x, out, packed=self.packed)
         return out
-        if self._group is None:
-            self._group = WeightGroup(self)
-        self._group(x, [out])
-        return out
 
 
 class WeightGroup:
