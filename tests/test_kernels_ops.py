@@ -177,6 +177,16 @@ def test_silu_mul() -> None:
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-30)
     ops.silu_mul(gate, up, up)  # in place into `up`
     np.testing.assert_array_equal(up, out)
+    # vectorised: an element's bits do not depend on its lane or the row count
+    one = np.empty_like(gate[3:4, 1:])
+    ops.silu_mul(np.ascontiguousarray(gate[3:4, 1:]), np.ascontiguousarray(out[3:4, 1:]), one)
+    full = np.empty_like(gate)
+    ops.silu_mul(gate, out, full)
+    np.testing.assert_array_equal(one, full[3:4, 1:])
+    far = np.array([[-88.5, -100.0, -1e30, 88.5, 0.0]], np.float32)
+    res = np.empty_like(far)
+    ops.silu_mul(far, np.ones_like(far), res)
+    np.testing.assert_array_equal(res, [[0.0, 0.0, 0.0, 88.5, 0.0]])
 
 
 def test_gated_errors() -> None:
