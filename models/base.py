@@ -285,7 +285,7 @@ class DecoderModel:
 
 
         for il, L in enumerate(self.layers):
-            ops.rms_norm(x, L.attn_norm, cfg.rms_eps, h)
+            ops.rms_norm(x, L.attn_norm, cfg.rms_eps, h, checked=True)
             L.qkv(h, [q, k, v])
             if L.bq is not None:
                 q += L.bq
@@ -300,8 +300,8 @@ class DecoderModel:
             if L.k_norm is not None:
                 ops.rms_norm_heads(k3, L.k_norm, cfg.rms_eps, k3)
             cos, sin = rope_tables(il)
-            ops.rope_apply(q3, cos, sin, cfg.rope_neox)
-            ops.rope_apply(k3, cos, sin, cfg.rope_neox)
+            ops.rope_apply(q3, cos, sin, cfg.rope_neox, checked=True)
+            ops.rope_apply(k3, cos, sin, cfg.rope_neox, checked=True)
             v3 = v.reshape(n, Hkv, Dv)
             kv.store_rows(il, placed, k3, v3)
             if il == last:
@@ -325,15 +325,15 @@ class DecoderModel:
             if L.bo is not None:
                 o += L.bo
             if L.post_attn_norm is not None:
-                ops.rms_norm(o, L.post_attn_norm, cfg.rms_eps, o)
+                ops.rms_norm(o, L.post_attn_norm, cfg.rms_eps, o, checked=True)
             x += o
 
-            ops.rms_norm(x, L.ffn_norm, cfg.rms_eps, h)
+            ops.rms_norm(x, L.ffn_norm, cfg.rms_eps, h, checked=True)
             L.gate_up(h, [gate, up])
             act(gate, up, gate)
             L.down(gate, [o])
             if L.post_ffn_norm is not None:
-                ops.rms_norm(o, L.post_ffn_norm, cfg.rms_eps, o)
+                ops.rms_norm(o, L.post_ffn_norm, cfg.rms_eps, o, checked=True)
             x += o
 
         for sid, a, b in segments:  # the cache's books: these positions now hold these tokens
