@@ -499,7 +499,7 @@ class KVCache:
             ops.hadamard_(q, self.k_rot)
         kv_quant.attention_paged(self.k_type, self.v_type, q, self.k[layer], self.v[layer],
                                  q_pos, row_slot, self.pools[w].pos, self.tables[w], self.block,
-                                 window, scale, softcap, out)
+                                 window, scale, softcap, out, checked=True)
         if self.v_rot:
             ops.hadamard_(out, self.v_rot)
 

@@ -477,6 +477,7 @@ def _attention_kernel(
         nr = tiles[tile + 1] - r0
         srow = row_slot[r0]  # the tile's sequence: its block table row
         n_tb = table.shape[1]
+        whole = blk % bk == 0  # a key block never straddles two storage blocks
         ni = nr * g  # (row, head) pairs of this item: i = r * g + head-in-group
         m = np.full(rg, neg_inf, dtype=np.float32)  # running max logit
         den = np.zeros(rg, dtype=np.float32)  # running sum of exp(logit - m)
@@ -501,18 +502,32 @@ def _attention_kernel(
             vb = np.empty((bk, dv), dtype=np.float32)  # decoded value rows of the block
             for b0 in range(v_lo // bk * bk, v_hi, bk):
                 any_key = False
+                # the storage block of the whole key block, when blocks are whole key
+                # blocks (one table lookup per 32 keys); -2: look up lane by lane
+                t0 = -2
+                if whole:
+                    t0 = -1
+                    lb = b0 // blk
+                    if lb < n_tb:
+                        pb = table[srow, lb]
+                        if pb >= 0:
+                            t0 = pb * blk + (b0 - lb * blk)
                 for j in range(bk):
                     p = b0 + j
                     # where position p lives: a lookup in the block table; the lane (and
                     # so the arithmetic) stays p % _KEY_BLOCK wherever that is
-                    lb = p // blk
                     t = 0
                     present = False
-                    if lb < n_tb:
-                        pb = table[srow, lb]
-                        if pb >= 0:
-                            t = pb * blk + (p - lb * blk)
-                            present = kv_pos[t] == p
+                    if t0 >= 0:
+                        t = t0 + j
+                        present = kv_pos[t] == p
+                    elif t0 == -2:
+                        lb = p // blk
+                        if lb < n_tb:
+                            pb = table[srow, lb]
+                            if pb >= 0:
+                                t = pb * blk + (p - lb * blk)
+                                present = kv_pos[t] == p
                     ent[j] = t
                     seen = False
                     for r in range(nr):
@@ -925,11 +940,13 @@ def attention_paged(
     scale: float,
     softcap: float,
     out: np.ndarray,  # [N, Hq, Dv] float32, C-contiguous
+    checked: bool = False,
 ) -> None:
     """`attention` for the rows of several sequences whose keys are read through a block
     table: sequence s's position p at entry table[s, p // block] * block + p % block (and
     only if kv_pos there is p). Each row gets exactly the bits it would get alone, whatever
-    blocks hold its keys (see _attention_kernel)."""
+    blocks hold its keys (see _attention_kernel). checked=True: the caller guarantees the
+    table points inside the storage (KVCache, per layer per step: skips a scan of it)."""
     if k_store.ndim != 3 or v_store.ndim != 3 or kv_pos.ndim != 1 or table.ndim != 2:
         raise ValueError("k_store / v_store must be [E, Hkv, W], kv_pos [E], table [S, NB]")
     n_ent = kv_pos.shape[0]
@@ -958,7 +975,7 @@ def attention_paged(
     if int(row_seq.min()) < 0 or int(row_seq.max()) >= table.shape[0]:
         raise IndexError(f"row_slot out of range for {table.shape[0]} slots")
     table = np.ascontiguousarray(table, dtype=np.int64)
-    if table.size and int(table.max()) * block >= max(n_ent, 1):
+    if not checked and table.size and int(table.max()) * block >= max(n_ent, 1):
         raise IndexError(f"block table points past the {n_ent // block} blocks of storage")
     _run(_KIND[k_type], _KIND[v_type], np.ascontiguousarray(q, dtype=np.float32), kv, vv,
          n_hkv, q_pos, row_seq, np.ascontiguousarray(kv_pos, dtype=np.int64), table, block,
