@@ -128,7 +128,7 @@ class KVCache:
         self.keys: list[list[int]] = [[] for _ in range(n_slots)]  # chain keys of full blocks
         self.shared_tokens = 0  # prompt tokens adopted from other sequences' blocks
 
-    def _block_bytes(self, w: int) -> int:
+    def block_bytes(self, w: int) -> int:
         """Bytes of one block of kind w over all its layers (K and V)."""
         return self.block * len(self.layers_of[w]) * (
             kv_quant.bytes_per_token(self.k_type, self.n_head_kv, self.head_dim)
@@ -143,18 +143,18 @@ class KVCache:
         if kv_memory is None:
             return sizes
         if 0 not in self.kinds:  # every layer slides: its pools are the whole need
-            need = sum(sizes[w] * self._block_bytes(w) for w in self.kinds)
+            need = sum(sizes[w] * self.block_bytes(w) for w in self.kinds)
             if kv_memory < need:
                 raise ValueError(f"--kv-memory {_mib(kv_memory)} is less than the "
                                  f"{_mib(need)} the sliding-window caches need")
             return sizes
-        fixed = sum(sizes[w] * self._block_bytes(w) for w in self.kinds if w > 0)
-        n_full = (kv_memory - fixed) // self._block_bytes(0)
+        fixed = sum(sizes[w] * self.block_bytes(w) for w in self.kinds if w > 0)
+        n_full = (kv_memory - fixed) // self.block_bytes(0)
         if n_full < 2:
             raise ValueError(
                 f"--kv-memory {_mib(kv_memory)} is too small for this model: the sliding-window "
                 f"layers take {_mib(fixed)} and a block of the full-attention layers "
-                f"{_mib(self._block_bytes(0))} ({self.block} tokens)")
+                f"{_mib(self.block_bytes(0))} ({self.block} tokens)")
         # more than every slot at full context plus as much again for cached prefixes
         # would never be used
         sizes[0] = int(min(n_full, 2 * self.n_slots * self.n_table))
@@ -332,7 +332,7 @@ class KVCache:
             st = self.pools[w].stats()
             for k, v in st.items():
                 out[k] += v
-            out["used_bytes"] += st["in_use"] * self._block_bytes(w)
+            out["used_bytes"] += st["in_use"] * self.block_bytes(w)
         out["evictions"] = sum(p.evictions for p in self.pools.values())
         return out
 
@@ -363,6 +363,22 @@ class KVCache:
                     gone = gone[gone >= 0]
                     need[w] -= int(np.count_nonzero(pool.ref[gone] == 1))
         return need
+
+    def max_tokens(self) -> int:
+        """The most positions one sequence can hold: the context, or fewer when the
+        full-attention pool is smaller than one context."""
+        if 0 not in self.kinds:
+            return self.n_ctx
+        return min(self.n_ctx, self.pools[0].n_blocks * self.block)
+
+    def prompt_fits(self, tokens: list[int], reserve: int = 0) -> bool:
+        """Whether the full-attention pool can take a new sequence's `tokens` now (blocks
+        the prefix index holds cost nothing) and still keep `reserve` blocks for others.
+        Sliding kinds are sized for every slot at once and always have room."""
+        if 0 not in self.kinds:
+            return True
+        need = -(-len(tokens) // self.block) - len(self._shared_prefix(tokens))
+        return need + reserve <= self.pools[0].available()
 
     def blocks_available(self) -> dict[int, int]:
         return {w: self.pools[w].available() for w in self.kinds}

@@ -24,6 +24,8 @@ other entry valid (its key does not depend on the evicted block's id).
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -32,6 +34,28 @@ import numpy as np
 from localllm.kernels.cpu.kv_quant import EMPTY_POS
 
 ROOT_KEY = 0  # the parent key of a sequence's first block
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+          "gb": 1000**3, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "t": 1000**4,
+          "tb": 1000**4}
+
+
+def parse_memory(text: str, total: int | None = None) -> int:
+    """A memory size: "2GiB", "512M", "1.5 GB", a byte count, or a fraction of `total`
+    (default: this machine's RAM) written as a number in (0, 1]."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a memory size (e.g. 2GiB, 512MiB, 0.25)")
+    value, unit = float(m.group(1)), m.group(2).lower()
+    if not unit and 0 < value <= 1:
+        if total is None:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return int(value * total)
+    n = int(value * _UNITS[unit])
+    if n <= 1:
+        raise ValueError(f"memory size {text!r} is not positive")
+    return n
 
 
 class PoolExhaustedError(RuntimeError):

@@ -148,3 +148,52 @@ def test_budget_bounds_the_pool_and_exhaustion_is_an_error(gemma: Engine) -> Non
     assert kv.block_stats() == before  # nothing taken
     with pytest.raises(ValueError, match="too small"):
         _cache(gemma, "f16", block=8, kv_memory=fixed)
+
+
+# --- the scheduler under a memory budget ------------------------------------------------------
+
+
+def _budget_engine(path: Path, full_blocks: int, n_slots: int = 3) -> Engine:
+    """An engine whose full-attention pool has `full_blocks` blocks of 32 tokens."""
+    probe = Engine(path, n_ctx=256, n_threads=1, n_batch=8, n_slots=n_slots)
+    kv = probe.kv
+    fixed = sum(kv.pools[w].n_blocks * kv.block_bytes(w) for w in kv.kinds if w > 0)
+    budget = fixed + full_blocks * kv.block_bytes(0)
+    return Engine(path, n_ctx=256, n_threads=1, n_batch=8, n_slots=n_slots, kv_memory=budget)
+
+
+def test_preempted_sequences_resume_with_the_same_tokens(tmp_path: Path) -> None:
+    from localllm.generate import generate
+    from localllm.sampling import Sampler, SamplerConfig
+    from localllm.scheduler import KVMemoryError, Request, Scheduler
+
+    path = tmp_path / "gemma3.gguf"
+    write_tiny_model(path, "gemma3", seed=12, head_dim=32, sliding_window=WINDOW)
+    eng = _budget_engine(path, full_blocks=5)
+    assert eng.kv.pools[0].n_blocks == 5 and eng.kv.max_tokens() == 5 * 32
+    greedy = SamplerConfig(temperature=0)
+    prompts = [_toks(eng, n, seed=20 + n) for n in (20, 26, 14)]
+    want = []
+    for p in prompts:  # alone, one after the other (each fits on its own)
+        eng.kv.clear(0)
+        want.append(list(generate(eng, p, Sampler(greedy), max_tokens=40,
+                                  ignore_eos=True))[-1].tokens)
+    for s in range(eng.kv.n_slots):
+        eng.kv.clear(s)
+    sch = Scheduler(eng, prefill_chunk=8)
+    try:
+        # three sequences of up to 66 tokens need 3 x 3 blocks of 32; the pool has 5
+        handles = [sch.submit(Request(p, greedy, max_tokens=40, ignore_eos=True))
+                   for p in prompts]
+        got = [h.result().tokens for h in handles]
+        with pytest.raises(KVMemoryError, match="--kv-memory"):
+            sch.submit(Request(_toks(eng, 170, seed=30), greedy))
+        status = sch.status()
+    finally:
+        sch.close()
+    assert got == want
+    assert status["preempted"] > 0 and status["recomputed_tokens"] > 0
+    _check_refs(eng.kv)
+    for s in range(eng.kv.n_slots):
+        eng.kv.clear(s)
+    assert all(int(p.ref.sum()) == 0 for p in eng.kv.pools.values())
