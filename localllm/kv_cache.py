@@ -339,9 +339,9 @@ class KVCache:
     def block_summary(self) -> str:
         """One line for --verbose and bench: blocks in use, shared, cached and free."""
         st = self.block_stats()
-        return (f"KV blocks ({self.block} tokens): {st['in_use']} in use "
-                f"({st['used_bytes'] / 2**20:.1f} MiB), {st['shared']} shared, "
-                f"{st['cached']} cached, {st['free']} free of {st['blocks']}")
+        return (f"{st['in_use']} in use ({st['used_bytes'] / 2**20:.1f} MiB), "
+                f"{st['shared']} shared, {st['cached']} cached, {st['free']} free of "
+                f"{st['blocks']} ({self.block} tokens each)")
 
     # --- memory for a batch ----------------------------------------------------------------
 

@@ -320,8 +320,9 @@ class Scheduler:
         with self._lock:
             return {"slots": self.n_slots, "slots_busy": len(self._active),
                     "queue": len(self._waiting) + len(self._preempted), **self.counters,
-                    **{f"kv_blocks_{k}": v for k, v in blocks.items() if k != "used_bytes"},
-                    "kv_used_bytes": blocks["used_bytes"]}
+                    "kv_blocks": blocks["blocks"], "kv_used_bytes": blocks["used_bytes"],
+                    **{f"kv_blocks_{k}": blocks[k]
+                       for k in ("in_use", "shared", "cached", "free", "evictions")}}
 
     def slot_tokens(self, slot: int) -> int:
         """Tokens cached in a slot (for tests and /metrics)."""

@@ -197,3 +197,28 @@ def test_preempted_sequences_resume_with_the_same_tokens(tmp_path: Path) -> None
     for s in range(eng.kv.n_slots):
         eng.kv.clear(s)
     assert all(int(p.ref.sum()) == 0 for p in eng.kv.pools.values())
+
+
+def test_server_refuses_what_cannot_fit_and_reports_blocks(tmp_path: Path) -> None:
+    import httpx
+    from test_server import serving
+
+    path = tmp_path / "gemma3.gguf"
+    write_tiny_model(path, "gemma3", seed=13, head_dim=32, sliding_window=WINDOW)
+    eng = _budget_engine(path, full_blocks=5, n_slots=2)
+    n = next(k for k in range(1, 400) if len(eng.tokenizer.encode("a b " * k, add_special=True))
+             > eng.kv.max_tokens())
+    text = "a b " * n
+    assert len(eng.tokenizer.encode(text, add_special=True)) < eng.n_ctx  # not a context error
+    for url, _state in serving(eng, "tiny:latest", max_queue=4):
+        r = httpx.post(url + "/api/generate", timeout=60,
+                       json={"model": "tiny", "prompt": text, "raw": True, "stream": False})
+        assert r.status_code == 400 and "--kv-memory" in r.json()["error"]
+        r = httpx.post(url + "/api/generate", timeout=60, json={
+            "model": "tiny", "prompt": "a b a b", "raw": True, "stream": False,
+            "options": {"temperature": 0, "num_predict": 4}})
+        assert r.status_code == 200
+        metrics = httpx.get(url + "/metrics").text
+        for name in ("localllm_kv_blocks_in_use", "localllm_kv_blocks_free",
+                     "localllm_kv_blocks_shared", "localllm_preempted_total"):
+            assert f"\n{name} " in metrics
