@@ -1,18 +1,41 @@
-"""Per-layer key/value cache with sequence slots, sliding-window rings and quantized storage.
+"""Per-layer key/value cache: one block pool for every sequence, shared prefixes stored once.
 
-Layout. Each layer stores K and V for every slot in one array, [n_slots, cap, Hkv, W], where
-W is the row width of the storage type (f32/f16 elements, or q8_0/q4_0 block bytes):
-- full-attention layers: cap = n_ctx, and a position p lives at index p;
-- sliding-window layers: a ring of cap = window + n_batch - 1 entries, position p at index
-  p % cap. A prefill chunk of n <= n_batch rows needs the window before its first row and
-  its own rows: window - 1 + n entries, so nothing a row can see is overwritten early.
-  Gemma 3 at 32k context thus pays for 3 full layers, not 18.
-The ring's positions are kept per slot ([n_slots, cap], EMPTY_POS where nothing is stored),
-and the attention kernel masks by position, so ring order and holes need no copying.
+Layout. Positions live in fixed-size blocks (BLOCK = 32 tokens, one key block of the attention
+kernel). Each layer kind (kind 0 = full-attention layers; each sliding window its own kind)
+has one `BlockPool` (localllm/kv_pool.py: refcounts, free list, prefix index) and every
+layer of the kind one storage array [n_blocks * BLOCK, Hkv, W], where W is the row width of
+the storage type (f32/f16 elements, or q8_0/q4_0 block bytes). A sequence slot has a block
+table per kind, [n_slots, ceil(n_ctx / BLOCK)] int64: logical block i (positions i*B ..
+i*B+B-1) -> pool block, -1 where it holds none. The attention kernel reads position p of slot
+s at entry table[s, p // B] * B + p % B and masks by the position each entry records
+(pool.pos), so blocks may lie anywhere: a row's arithmetic is a function of positions only
+(lanes and chunks by absolute position), and scattered, shared or contiguous blocks give the
+same bits.
 
-Why slots and not a block pool: one contiguous region per slot and layer keeps the attention
-kernel a plain loop over rows, and our users run one to a few sequences; prefix sharing
-across slots (a block pool's advantage) is for the server's prefix cache, later.
+Memory on demand. `place()` maps the blocks a batch's new positions fall in, taking them from
+the pool as a sequence grows; `truncate()`/`clear()` give them back. Sliding-window kinds
+give back every block wholly before the window of the batch's first row, so they hold at most
+window + batch - 1 positions (+ one block) per sequence: memory ∝ window, as the ring of the
+slot design did. The pool size comes from a budget (`kv_memory`, bytes: sliding kinds get
+their per-slot worst case, full-attention layers the rest) or, by default, a full context per
+slot (the slot design's memory, reserved as zero pages the OS maps only when touched).
+`fits()` / `blocks_needed()` tell the scheduler whether a batch's blocks are there; `place`
+raises PoolExhaustedError (changing nothing) when they are not.
+
+Prefix sharing. When a forward pass fills a block, `commit()` publishes it under a hash chain
+of the token ids before and in it (kv_pool.chain_key), for every kind. `reuse_prefix()` then
+gives a new token sequence either what its own slot holds or the longest run of whole
+published blocks (by reference, not copied), whichever is longer. A block is written only by
+a slot that owns it alone: `_own()` copies a shared block first (copy-on-write) and takes a
+published one out of the index. Blocks nobody uses but the index knows stay cached (LRU) and
+are evicted only when the pool needs them, so a finished request's prompt and the earlier
+turns of a chat are neither recomputed nor stored twice.
+
+Sliding windows and sharing: sliding kinds publish their blocks too, and a shared prefix is
+taken only as long as the blocks its sliding window needs before the resume point (the last
+window - 1 positions) are still in the pool; otherwise it is shortened. Sharing only the
+full-attention layers would not do: the sliding layers' K/V of the shared prefix would have
+to be recomputed, which costs the whole prefix's evaluation anyway.
 
 Types: f32, f16 (default), q8_0, q4_0 for K and V separately (llama.cpp's -ctk/-ctv). The
 attention kernel reads the stored blocks directly; nothing is dequantized into a full copy.
@@ -26,8 +49,6 @@ Bookkeeping is the cache's alone: it records which tokens a slot holds (`tokens[
 `reuse_prefix()` decides how much of it a new token sequence keeps. Callers read these
 books (`n_past`, `common_prefix`) and never write them.
 
-Prefix reuse: a new request keeps the longest common prefix it can and evaluates only the
-rest; see reuse_prefix() and reusable_prefix().
 """
 
 from __future__ import annotations
