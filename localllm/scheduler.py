@@ -17,7 +17,10 @@ Admission is FIFO into a bounded wait queue (`max_queue`; beyond it `QueueFullEr
 server turns into 503 + Retry-After). A request that reaches the head of the queue takes the
 free slot whose cached tokens share the longest prefix with its prompt (ties: least recently
 used; a prefix counts when it is at least half of the prompt or of the slot's cache, so a
-common BOS does not evict a long conversation), so a shared system prompt or the earlier turns of a chat are not evaluated again; only
+common BOS does not evict a long conversation), so a shared system prompt or the earlier turns of a chat are not evaluated again (nor stored
+again: whole blocks come from the KV cache's prefix index, whichever slot computed them, and a
+request whose prompt starts with blocks another sequence is prefilling right now waits for
+them to be published); only
 the suffix is prefilled and `stats.prompt_eval_tokens` counts just that. Sliding-window rings
 are honoured by `KVCache.reuse_prefix` (a ring that lost the window recomputes).
 
@@ -406,13 +409,30 @@ class Scheduler:
             self._resume(s)
         while self._waiting and len(self._active) < self.n_slots:
             req, h, t, sampler = self._waiting[0]
-            if self._active and not self._room_for(req.prompt):
+            if self._active and (self._prefix_coming(req.prompt)
+                                 or not self._room_for(req.prompt)):
                 return
             self._waiting.popleft()
             try:
                 self._place(req, h, t, sampler)
             except Exception as e:  # noqa: BLE001 - fails this request only
                 h._emit(e)
+
+    def _prefix_coming(self, prompt: list[int]) -> bool:
+        """Whether a running prefill is about to publish whole blocks this prompt starts
+        with: then the request waits for them (a step or a few) instead of evaluating the
+        same prefix beside it, so a shared system prompt is evaluated once."""
+        B = self.engine.kv.block
+        for s in self._active.values():
+            if not s.pending or s.resume_decode:
+                continue
+            n = min(len(prompt) - 1, len(s.prompt))
+            i = 0
+            while i < n and prompt[i] == s.prompt[i]:
+                i += 1
+            if i // B > s.pos // B:
+                return True
+        return False
 
     def _room_for(self, tokens: list[int]) -> bool:
         """Whether the pool can hold `tokens` (less what the prefix index has) and still

@@ -222,3 +222,32 @@ def test_server_refuses_what_cannot_fit_and_reports_blocks(tmp_path: Path) -> No
         for name in ("localllm_kv_blocks_in_use", "localllm_kv_blocks_free",
                      "localllm_kv_blocks_shared", "localllm_preempted_total"):
             assert f"\n{name} " in metrics
+
+
+def test_concurrent_requests_share_a_system_prompt(tmp_path: Path) -> None:
+    from localllm.generate import generate
+    from localllm.sampling import Sampler, SamplerConfig
+    from localllm.scheduler import Request, Scheduler
+
+    path = tmp_path / "gemma3.gguf"
+    write_tiny_model(path, "gemma3", seed=14, head_dim=32, sliding_window=WINDOW)
+    eng = Engine(path, n_ctx=256, n_threads=1, n_batch=16, n_slots=4)
+    system = _toks(eng, 100, seed=40)  # three whole blocks of 32 and a bit
+    prompts = [system + _toks(eng, 5 + i, seed=41 + i) for i in range(4)]
+    greedy = SamplerConfig(temperature=0)
+    want = []
+    for p in prompts:
+        eng.kv.clear(0)
+        want.append(list(generate(eng, p, Sampler(greedy), max_tokens=6))[-1].tokens)
+    eng = Engine(path, n_ctx=256, n_threads=1, n_batch=16, n_slots=4)  # nothing cached
+    sch = Scheduler(eng, prefill_chunk=16)
+    try:
+        finals = [h.result() for h in [sch.submit(Request(p, greedy, max_tokens=6))
+                                       for p in prompts]]
+    finally:
+        sch.close()
+    assert [f.tokens for f in finals] == want
+    evaluated = [f.stats.prompt_eval_tokens for f in finals]
+    assert evaluated[0] == len(prompts[0])
+    # the others take the system prompt's three blocks from the first: only their rest
+    assert evaluated[1:] == [len(p) - 96 for p in prompts[1:]]
