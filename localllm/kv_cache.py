@@ -261,13 +261,16 @@ class KVCache:
         blocks = self._shared_prefix(tokens)
         if len(blocks) * self.block > keep:
             self.truncate(slot, 0)
+            n = len(blocks) * self.block
             for w in self.kinds:
                 row = self.tables[w][slot]
+                # a sliding kind maps only the blocks its window before n needs (a slot
+                # never holds more of them than place() would leave it)
+                first = max(0, n - w + 1) // self.block if w else 0
                 for i, b in enumerate(blocks):
-                    if w in b:
+                    if i >= first and w in b:
                         self.pools[w].share(b[w])
                         row[i] = b[w]
-            n = len(blocks) * self.block
             self.tokens[slot][:] = tokens[:n]
             keys = []
             for i in range(len(blocks)):

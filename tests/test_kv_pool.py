@@ -4,6 +4,7 @@ reference counts return to zero."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -182,9 +183,23 @@ def test_preempted_sequences_resume_with_the_same_tokens(tmp_path: Path) -> None
         eng.kv.clear(s)
     sch = Scheduler(eng, prefill_chunk=8)
     try:
-        # three sequences of up to 66 tokens need 3 x 3 blocks of 32; the pool has 5
+        # three sequences of up to 66 tokens need 3 x 3 blocks of 32; the pool has 5. The
+        # engine thread waits until all three are queued, so they start together.
+        gate = threading.Event()
+        sch.call_soon(gate.wait)
         handles = [sch.submit(Request(p, greedy, max_tokens=40, ignore_eos=True))
                    for p in prompts]
+        gate.set()
+        # and one more, cancelled after its first tokens (its blocks go back like any other's)
+        extra = sch.submit(Request(_toks(eng, 30, seed=31), greedy, max_tokens=40,
+                                   ignore_eos=True))
+        events = []
+        for ev in extra:
+            events.append(ev)
+            if len(events) == 2:
+                extra.cancel()
+        # cancelled, unless the engine thread finished it before the cancel reached it
+        assert events[-1].done_reason in ("cancelled", "length")
         got = [h.result().tokens for h in handles]
         with pytest.raises(KVMemoryError, match="--kv-memory"):
             sch.submit(Request(_toks(eng, 170, seed=30), greedy))
