@@ -193,7 +193,7 @@ def json_report(engine: Engine, results: list[BenchResult]) -> dict:
         "params_m": params, "threads": engine.n_threads, "n_batch": engine.n_batch,
         "kv_bytes_per_token": kv.bytes_per_token(), "kv_bytes": kv.nbytes(),
         "kv_full_cache_bytes": kv.full_cache_nbytes(), "kv_type": [kv.k_type, kv.v_type],
-        "n_ctx": kv.n_ctx,
+        "n_ctx": kv.n_ctx, "kv_blocks": kv.block_stats(),
         "results": [asdict(r) | {"mean_ts": r.mean, "std_ts": r.std} for r in results],
     }
 
@@ -217,6 +217,7 @@ def table_report(engine: Engine, results: list[BenchResult]) -> str:
     lines.append(f"\nKV cache (K {kv.k_type}, V {kv.v_type}): {kv.nbytes() / 2**20:.1f} MiB for "
                  f"{kv.n_ctx} tokens; {kv.bytes_per_token() / 1024:.1f} KiB per token in all "
                  f"layers; {kv.full_cache_nbytes() / 2**20:.1f} MiB without sliding-window rings")
+    lines.append(f"KV blocks: {kv.block_summary()}")
     return "\n".join(lines)
 
 

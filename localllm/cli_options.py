@@ -39,6 +39,9 @@ def add_model_opts(p: argparse.ArgumentParser, ctx_help: str | None = None) -> N
                    help="KV cache type (default f16); K and V unless --kv-type-v")
     p.add_argument("--kv-type-v", "-ctv", choices=KV_TYPES, default=None,
                    help="V cache type (default: as --kv-type)")
+    p.add_argument("--kv-memory", type=_kv_memory, default=None, metavar="SIZE",
+                   help="KV cache budget shared by all sequences: bytes with a unit (2GiB, "
+                        "512M) or a fraction of RAM (0.25); default: a full context per slot")
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="compute device (default auto: the CPU; cuda needs CuPy and an NVIDIA GPU)")
     p.set_defaults(runs_model=True)
@@ -47,7 +50,18 @@ def add_model_opts(p: argparse.ArgumentParser, ctx_help: str | None = None) -> N
 def engine_options(ns: argparse.Namespace) -> dict[str, object]:
     """The Engine keyword arguments add_model_opts declared."""
     return {"n_ctx": ns.ctx, "n_threads": ns.threads, "kv_type": ns.kv_type,
-            "v_type": ns.kv_type_v}
+            "v_type": ns.kv_type_v, "kv_memory": getattr(ns, "kv_memory", None)}
+
+
+def _kv_memory(text: str) -> int:
+    """argparse type of --kv-memory: bytes (argparse turns a ValueError into its usage
+    error, one line)."""
+    from localllm.kv_pool import parse_memory
+
+    try:
+        return parse_memory(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_sampling_opts(p: argparse.ArgumentParser) -> None:

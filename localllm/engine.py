@@ -57,6 +57,7 @@ class Engine:
         n_batch: int = 512,
         kv_type: str = "f16",
         v_type: str | None = None,
+        kv_memory: int | None = None,
     ) -> None:
         self.path = Path(model_path)
         self.n_threads = set_threads(n_threads)
@@ -75,7 +76,7 @@ class Engine:
         self.kv = KVCache(
             self.cfg.n_layer, n_ctx, self.cfg.n_head_kv, self.cfg.head_dim, self.cfg.head_dim_v,
             n_slots=n_slots, layer_window=self.cfg.layer_window, k_type=kv_type,
-            v_type=v_type, n_batch=self.n_batch,
+            v_type=v_type, n_batch=self.n_batch, kv_memory=kv_memory,
         )
         self._template = None
 

@@ -1,18 +1,41 @@
-"""Per-layer key/value cache with sequence slots, sliding-window rings and quantized storage.
+"""Per-layer key/value cache: one block pool for every sequence, shared prefixes stored once.
 
-Layout. Each layer stores K and V for every slot in one array, [n_slots, cap, Hkv, W], where
-W is the row width of the storage type (f32/f16 elements, or q8_0/q4_0 block bytes):
-- full-attention layers: cap = n_ctx, and a position p lives at index p;
-- sliding-window layers: a ring of cap = window + n_batch - 1 entries, position p at index
-  p % cap. A prefill chunk of n <= n_batch rows needs the window before its first row and
-  its own rows: window - 1 + n entries, so nothing a row can see is overwritten early.
-  Gemma 3 at 32k context thus pays for 3 full layers, not 18.
-The ring's positions are kept per slot ([n_slots, cap], EMPTY_POS where nothing is stored),
-and the attention kernel masks by position, so ring order and holes need no copying.
+Layout. Positions live in fixed-size blocks (BLOCK = 32 tokens, one key block of the attention
+kernel). Each layer kind (kind 0 = full-attention layers; each sliding window its own kind)
+has one `BlockPool` (localllm/kv_pool.py: refcounts, free list, prefix index) and every
+layer of the kind one storage array [n_blocks * BLOCK, Hkv, W], where W is the row width of
+the storage type (f32/f16 elements, or q8_0/q4_0 block bytes). A sequence slot has a block
+table per kind, [n_slots, ceil(n_ctx / BLOCK)] int64: logical block i (positions i*B ..
+i*B+B-1) -> pool block, -1 where it holds none. The attention kernel reads position p of slot
+s at entry table[s, p // B] * B + p % B and masks by the position each entry records
+(pool.pos), so blocks may lie anywhere: a row's arithmetic is a function of positions only
+(lanes and chunks by absolute position), and scattered, shared or contiguous blocks give the
+same bits.
 
-Why slots and not a block pool: one contiguous region per slot and layer keeps the attention
-kernel a plain loop over rows, and our users run one to a few sequences; prefix sharing
-across slots (a block pool's advantage) is for the server's prefix cache, later.
+Memory on demand. `place()` maps the blocks a batch's new positions fall in, taking them from
+the pool as a sequence grows; `truncate()`/`clear()` give them back. Sliding-window kinds
+give back every block wholly before the window of the batch's first row, so they hold at most
+window + batch - 1 positions (+ one block) per sequence: memory ∝ window, as the ring of the
+slot design did. The pool size comes from a budget (`kv_memory`, bytes: sliding kinds get
+their per-slot worst case, full-attention layers the rest) or, by default, a full context per
+slot (the slot design's memory, reserved as zero pages the OS maps only when touched).
+`fits()` / `blocks_needed()` tell the scheduler whether a batch's blocks are there; `place`
+raises PoolExhaustedError (changing nothing) when they are not.
+
+Prefix sharing. When a forward pass fills a block, `commit()` publishes it under a hash chain
+of the token ids before and in it (kv_pool.chain_key), for every kind. `reuse_prefix()` then
+gives a new token sequence either what its own slot holds or the longest run of whole
+published blocks (by reference, not copied), whichever is longer. A block is written only by
+a slot that owns it alone: `_own()` copies a shared block first (copy-on-write) and takes a
+published one out of the index. Blocks nobody uses but the index knows stay cached (LRU) and
+are evicted only when the pool needs them, so a finished request's prompt and the earlier
+turns of a chat are neither recomputed nor stored twice.
+
+Sliding windows and sharing: sliding kinds publish their blocks too, and a shared prefix is
+taken only as long as the blocks its sliding window needs before the resume point (the last
+window - 1 positions) are still in the pool; otherwise it is shortened. Sharing only the
+full-attention layers would not do: the sliding layers' K/V of the shared prefix would have
+to be recomputed, which costs the whole prefix's evaluation anyway.
 
 Types: f32, f16 (default), q8_0, q4_0 for K and V separately (llama.cpp's -ctk/-ctv). The
 attention kernel reads the stored blocks directly; nothing is dequantized into a full copy.
@@ -26,8 +49,6 @@ Bookkeeping is the cache's alone: it records which tokens a slot holds (`tokens[
 `reuse_prefix()` decides how much of it a new token sequence keeps. Callers read these
 books (`n_past`, `common_prefix`) and never write them.
 
-Prefix reuse: a new request keeps the longest common prefix it can and evaluates only the
-rest; see reuse_prefix() and reusable_prefix().
 """
 
 from __future__ import annotations
@@ -37,9 +58,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from localllm.kernels.cpu import kv_quant, ops, poison
+from localllm.kv_pool import ROOT_KEY, BlockPool, PoolExhaustedError, chain_key
 
 KV_TYPES = kv_quant.KV_TYPES
 EMPTY_POS = kv_quant.EMPTY_POS
+BLOCK = 32  # tokens per block: one key block of the attention kernel
+
+__all__ = ["KVCache", "KV_TYPES", "EMPTY_POS", "BLOCK", "ContextOverflowError",
+           "PoolExhaustedError", "PrefixReuse"]
 
 
 class ContextOverflowError(ValueError):
@@ -67,9 +93,15 @@ class KVCache:
         k_type: str = "f32",
         v_type: str | None = None,
         n_batch: int = 512,
+        kv_memory: int | None = None,
+        block_size: int = BLOCK,
     ) -> None:
         if n_ctx <= 0:
             raise ValueError(f"context size must be positive, got {n_ctx}")
+        if n_slots <= 0:
+            raise ValueError(f"need at least one sequence slot, got {n_slots}")
+        if block_size <= 0:
+            raise ValueError(f"block size must be positive, got {block_size}")
         v_type = k_type if v_type is None else v_type
         for t in (k_type, v_type):
             if t not in KV_TYPES:
@@ -81,38 +113,79 @@ class KVCache:
         self.head_dim = head_dim
         self.head_dim_v = head_dim if head_dim_v is None else head_dim_v
         self.k_type, self.v_type = k_type, v_type
+        self.block = block_size
         windows_in = list(layer_window) if layer_window else [0] * n_layer
         if len(windows_in) != n_layer:
             raise ValueError("layer_window must give one window per layer")
-        # Storage layout per layer (0 = full): a ring only where it is smaller than the
-        # context; otherwise positions never wrap and plain full storage is the same thing.
+        # Layer kinds (0 = full): a sliding kind only where the window is smaller than the
+        # context; otherwise positions are never dropped and full storage is the same thing.
         self.layer_window = [
             w if w > 0 and w + max(1, n_batch) - 1 < n_ctx else 0 for w in windows_in
         ]
-        windows = {w for w in self.layer_window if w > 0}
-        # One ring size per distinct window; all layers with that window share positions.
-        self.ring_cap = {w: min(n_ctx, w + max(1, n_batch) - 1) for w in windows}
-        self.ring_pos = {w: np.full((n_slots, cap), EMPTY_POS, np.int64)
-                         for w, cap in self.ring_cap.items()}
-        self.k: list[np.ndarray] = []
+        self.kinds = sorted(set(self.layer_window))
+        self.layers_of = {w: [i for i, lw in enumerate(self.layer_window) if lw == w]
+                          for w in self.kinds}
+        self.n_table = -(-n_ctx // block_size)  # logical blocks of a full context
+        # Blocks one sequence of a sliding kind holds at most: the window before a batch's
+        # first row plus the batch (what the ring of the slot design held), block-rounded.
+        per_seq = {w: (self.n_table if w == 0 else
+                       min(self.n_table, -(-(w + max(1, n_batch) - 1) // block_size) + 1))
+                   for w in self.kinds}
+        n_blocks = self._pool_sizes(per_seq, kv_memory)
+        self.pools = {w: BlockPool(n_blocks[w], block_size) for w in self.kinds}
+        # [S, n_table] int64 per kind: logical block i of slot s -> pool block, -1 where none
+        self.tables = {w: np.full((n_slots, self.n_table), -1, np.int64) for w in self.kinds}
+        self.k: list[np.ndarray] = []  # per layer [n_blocks * block, Hkv, Wk]
         self.v: list[np.ndarray] = []
         for w in self.layer_window:
-            cap = self.ring_cap[w] if w > 0 else n_ctx
-            self.k.append(self._alloc(k_type, cap, self.head_dim))
-            self.v.append(self._alloc(v_type, cap, self.head_dim_v))
+            n_ent = n_blocks[w] * block_size
+            self.k.append(self._alloc(k_type, n_ent, self.head_dim))
+            self.v.append(self._alloc(v_type, n_ent, self.head_dim_v))
         # Hadamard block sizes (0 = no rotation): K the largest power of two dividing the
         # head size, V 64 (what llama.cpp found works best for each).
         self.k_rot = _rot_block(k_type, self.head_dim, largest=True)
         self.v_rot = _rot_block(v_type, self.head_dim_v, largest=False)
-        self.positions = np.arange(n_ctx, dtype=np.int64)  # [n_ctx]: full layers' positions
         self.tokens: list[list[int]] = [[] for _ in range(n_slots)]
-        self._full_pos: np.ndarray | None = None  # built on first use by attend_rows
+        self.keys: list[list[int]] = [[] for _ in range(n_slots)]  # chain keys of full blocks
+        self.shared_tokens = 0  # prompt tokens adopted from other sequences' blocks
 
-    def _alloc(self, kv_type: str, cap: int, dim: int) -> np.ndarray:
-        one = kv_quant.allocate(kv_type, cap, self.n_head_kv, dim)  # [cap, Hkv, W]
-        # zeros, or NaN under LOCALLLM_DEBUG_POISON: attention must never read an entry
-        # that was not stored
-        return poison.fill(np.zeros((self.n_slots, *one.shape), dtype=one.dtype))
+    def block_bytes(self, w: int) -> int:
+        """Bytes of one block of kind w over all its layers (K and V)."""
+        return self.block * len(self.layers_of[w]) * (
+            kv_quant.bytes_per_token(self.k_type, self.n_head_kv, self.head_dim)
+            + kv_quant.bytes_per_token(self.v_type, self.n_head_kv, self.head_dim_v))
+
+    def _pool_sizes(self, per_seq: dict[int, int], kv_memory: int | None) -> dict[int, int]:
+        """Blocks per kind. Without a budget: every slot can hold a full context (the memory
+        of the slot design, reserved as address space; pages are touched as blocks are
+        used). With one: sliding kinds get their per-slot worst case (small: ∝ window) and
+        full-attention layers the rest, so sequences share it as they grow."""
+        sizes = {w: self.n_slots * per_seq[w] for w in self.kinds}
+        if kv_memory is None:
+            return sizes
+        if 0 not in self.kinds:  # every layer slides: its pools are the whole need
+            need = sum(sizes[w] * self.block_bytes(w) for w in self.kinds)
+            if kv_memory < need:
+                raise ValueError(f"--kv-memory {_mib(kv_memory)} is less than the "
+                                 f"{_mib(need)} the sliding-window caches need")
+            return sizes
+        fixed = sum(sizes[w] * self.block_bytes(w) for w in self.kinds if w > 0)
+        n_full = (kv_memory - fixed) // self.block_bytes(0)
+        if n_full < 2:
+            raise ValueError(
+                f"--kv-memory {_mib(kv_memory)} is too small for this model: the sliding-window "
+                f"layers take {_mib(fixed)} and a block of the full-attention layers "
+                f"{_mib(self.block_bytes(0))} ({self.block} tokens)")
+        # more than every slot at full context plus as much again for cached prefixes
+        # would never be used
+        sizes[0] = int(min(n_full, 2 * self.n_slots * self.n_table))
+        return sizes
+
+    def _alloc(self, kv_type: str, n: int, dim: int) -> np.ndarray:
+        one = kv_quant.allocate(kv_type, 0, self.n_head_kv, dim)  # [0, Hkv, W]
+        # zeros (pages the OS maps on first touch), or NaN under LOCALLLM_DEBUG_POISON:
+        # attention must never read an entry that was not stored
+        return poison.fill(np.zeros((n, *one.shape[1:]), dtype=one.dtype))
 
     # --- bookkeeping -----------------------------------------------------------------------
 
@@ -123,29 +196,113 @@ class KVCache:
         self.truncate(slot, 0)
 
     def truncate(self, slot: int, n: int) -> None:
-        """Forget positions >= n of a slot. Full layers' storage is simply overwritten later;
-        ring entries at those positions are marked empty so attention cannot see them."""
+        """Forget positions >= n of a slot: blocks wholly past n go back to the pool (or its
+        cache of published blocks); the block n falls in is made the slot's own (copied if
+        shared) and its entries from n on marked empty, so attention cannot see them."""
+        n = max(0, n)
         del self.tokens[slot][n:]
-        for pos in self.ring_pos.values():
-            row = pos[slot]
-            row[row >= n] = EMPTY_POS
+        del self.keys[slot][n // self.block:]
+        first_gone = -(-n // self.block)
+        for w in self.kinds:
+            pool, row = self.pools[w], self.tables[w][slot]
+            for i in np.flatnonzero(row[first_gone:] >= 0) + first_gone:
+                pool.release(int(row[i]))
+                row[i] = -1
+            if n % self.block and row[n // self.block] >= 0:
+                b = self._own(w, slot, n // self.block)
+                pool.pos[b * self.block + n % self.block : (b + 1) * self.block] = EMPTY_POS
+
+    def _own(self, w: int, slot: int, i: int) -> int:
+        """Make logical block i of a slot writable by it alone: copy-on-write when another
+        sequence shares it, unpublish it when only the index knows it. Returns the block."""
+        pool, row = self.pools[w], self.tables[w][slot]
+        b = int(row[i])
+        if pool.ref[b] > 1:
+            nb = pool.take()
+            B = self.block
+            for il in self.layers_of[w]:
+                self.k[il][nb * B : (nb + 1) * B] = self.k[il][b * B : (b + 1) * B]
+                self.v[il][nb * B : (nb + 1) * B] = self.v[il][b * B : (b + 1) * B]
+            pool.pos[nb * B : (nb + 1) * B] = pool.pos[b * B : (b + 1) * B]
+            pool.release(b)
+            row[i] = nb
+            return nb
+        if pool.published(b):
+            pool.unpublish(b)
+        return b
 
     def commit(self, slot: int, start: int, tokens: list[int]) -> None:
         """Record that positions start .. start + len(tokens) - 1 of a slot now hold `tokens`
         (called by the forward pass once their K/V are stored); the record of anything past
-        them is dropped (a caller that rewinds a slot calls truncate() first)."""
-        self.tokens[slot][start:] = tokens
+        them is dropped (a caller that rewinds a slot calls truncate() first). Blocks this
+        fills are published in the prefix index."""
+        held = self.tokens[slot]
+        held[start:] = tokens
+        keys = self.keys[slot]
+        del keys[start // self.block:]
+        B = self.block
+        for i in range(len(keys), len(held) // B):
+            key = chain_key(keys[-1] if keys else ROOT_KEY, held[i * B : (i + 1) * B])
+            keys.append(key)
+            for w in self.kinds:
+                b = int(self.tables[w][slot, i])
+                if b >= 0:
+                    self.pools[w].publish(b, key)
 
     def reuse_prefix(self, slot: int, tokens: list[int]) -> PrefixReuse:
-        """Prepare a slot to hold `tokens`: keep the longest prefix it already holds and can
-        resume after (always leaving the last token to evaluate, for its logits), forget the
-        rest. The caller then evaluates tokens[kept:] at positions kept.. ."""
+        """Prepare a slot to hold `tokens`: keep the longest prefix it can resume after
+        (always leaving the last token to evaluate, for its logits): what the slot already
+        holds, or whole blocks other sequences published (shared, not copied), whichever is
+        longer; forget the rest. The caller then evaluates tokens[kept:] at positions kept.."""
         keep = self.common_prefix(slot, tokens)
         if keep == len(tokens):  # all cached: re-evaluate the last one to get its logits
             keep -= 1
         keep, note = self.reusable_prefix(slot, max(0, keep))
+        blocks = self._shared_prefix(tokens)
+        if len(blocks) * self.block > keep:
+            self.truncate(slot, 0)
+            n = len(blocks) * self.block
+            for w in self.kinds:
+                row = self.tables[w][slot]
+                # a sliding kind maps only the blocks its window before n needs (a slot
+                # never holds more of them than place() would leave it)
+                first = max(0, n - w + 1) // self.block if w else 0
+                for i, b in enumerate(blocks):
+                    if i >= first and w in b:
+                        self.pools[w].share(b[w])
+                        row[i] = b[w]
+            self.tokens[slot][:] = tokens[:n]
+            keys = []
+            for i in range(len(blocks)):
+                keys.append(chain_key(keys[-1] if keys else ROOT_KEY,
+                                      tokens[i * self.block : (i + 1) * self.block]))
+            self.keys[slot][:] = keys
+            self.shared_tokens += n
+            return PrefixReuse(n, None)
         self.truncate(slot, keep)
         return PrefixReuse(keep, note)
+
+    def _shared_prefix(self, tokens: list[int]) -> list[dict[int, int]]:
+        """The longest run of leading whole blocks of `tokens` (leaving at least the last
+        token) found in the prefix index, as {kind: block} per logical block, such that
+        evaluation can resume after it: every full-attention block is there, and each
+        sliding kind has the blocks its window before the resume point needs."""
+        B = self.block
+        found: list[dict[int, int]] = []
+        key = ROOT_KEY
+        for i in range((len(tokens) - 1) // B):
+            key = chain_key(key, tokens[i * B : (i + 1) * B])
+            got = {w: b for w in self.kinds if (b := self.pools[w].lookup(key)) is not None}
+            if 0 in self.kinds and 0 not in got:
+                break
+            found.append(got)
+        while found:  # shorten until the sliding windows before the resume point are whole
+            n = len(found) * B
+            if all(w in found[i] for w in self.kinds if w > 0
+                   for i in range(max(0, n - w + 1) // B, len(found))):
+                break
+            found.pop()
+        return found
 
     def common_prefix(self, slot: int, tokens: list[int]) -> int:
         """Length of the longest prefix of `tokens` this slot already holds."""
@@ -158,17 +315,19 @@ class KVCache:
 
     def reusable_prefix(self, slot: int, n: int) -> tuple[int, str | None]:
         """How many of the first n held positions can be kept so that evaluation can resume
-        at position n: sliding layers need the window before n still in their ring (it is
-        gone when more than cap - window tokens were evaluated after n). Returns (keep,
-        reason for keeping less than n, or None)."""
-        for w, pos in self.ring_pos.items():
-            lo = max(0, n - w + 1)
-            need = n - lo  # positions lo .. n-1
-            if need == 0:
+        at position n: sliding layers need the window before n still in their blocks (gone
+        once the slot moved more than a window and a batch past n). Returns (keep, reason for
+        keeping less than n, or None)."""
+        for w in self.kinds:
+            if w == 0:
                 continue
-            row = pos[slot]
-            have = int(np.count_nonzero((row >= lo) & (row < n)))
-            if have < need:
+            lo = max(0, n - w + 1)
+            if n - lo == 0:
+                continue
+            ps = np.arange(lo, n, dtype=np.int64)
+            blk = self.tables[w][slot, ps // self.block]
+            ent = np.where(blk >= 0, blk * self.block + ps % self.block, 0)
+            if not np.all((blk >= 0) & (self.pools[w].pos[ent] == ps)):
                 return 0, (
                     f"the sliding-window cache no longer holds positions {lo}..{n - 1} "
                     f"(window {w}); re-evaluating the prompt from the start"
@@ -189,28 +348,109 @@ class KVCache:
         """What the cache would take without sliding-window rings."""
         return self.bytes_per_token() * self.n_ctx * self.n_slots
 
+    def block_stats(self) -> dict[str, int]:
+        """Blocks over all kinds: in_use / shared / cached / free / blocks, and the bytes the
+        blocks in use hold (`used_bytes`)."""
+        out = {"blocks": 0, "in_use": 0, "shared": 0, "cached": 0, "free": 0, "used_bytes": 0}
+        for w in self.kinds:
+            st = self.pools[w].stats()
+            for k, v in st.items():
+                out[k] += v
+            out["used_bytes"] += st["in_use"] * self.block_bytes(w)
+        out["evictions"] = sum(p.evictions for p in self.pools.values())
+        return out
+
+    def block_summary(self) -> str:
+        """One line for --verbose and bench: blocks in use, shared, cached and free."""
+        st = self.block_stats()
+        return (f"{st['in_use']} in use ({st['used_bytes'] / 2**20:.1f} MiB), "
+                f"{st['shared']} shared, {st['cached']} cached, {st['free']} free of "
+                f"{st['blocks']} ({self.block} tokens each)")
+
+    # --- memory for a batch ----------------------------------------------------------------
+
+    def blocks_needed(self, spans: list[tuple[int, int, int]]) -> dict[int, int]:
+        """Blocks `place_rows` would take from each pool for (slot, first, last position)
+        spans: unmapped logical blocks and shared ones it must copy, less the blocks sliding
+        kinds give back first. The scheduler compares it with `blocks_available`."""
+        need = dict.fromkeys(self.kinds, 0)
+        B = self.block
+        for slot, lo, hi in spans:
+            for w in self.kinds:
+                row, pool = self.tables[w][slot], self.pools[w]
+                blk = row[lo // B : hi // B + 1]
+                need[w] += int(np.count_nonzero(blk < 0))
+                mapped = blk[blk >= 0]
+                need[w] += int(np.count_nonzero(pool.ref[mapped] > 1))
+                if w > 0:  # blocks wholly before the window give theirs back first
+                    gone = row[: max(0, lo - w + 1) // B]
+                    gone = gone[gone >= 0]
+                    need[w] -= int(np.count_nonzero(pool.ref[gone] == 1))
+        return need
+
+    def max_tokens(self) -> int:
+        """The most positions one sequence can hold: the context, or fewer when the
+        full-attention pool is smaller than one context."""
+        if 0 not in self.kinds:
+            return self.n_ctx
+        return min(self.n_ctx, self.pools[0].n_blocks * self.block)
+
+    def prompt_fits(self, tokens: list[int], reserve: int = 0) -> bool:
+        """Whether the full-attention pool can take a new sequence's `tokens` now (blocks
+        the prefix index holds cost nothing) and still keep `reserve` blocks for others.
+        Sliding kinds are sized for every slot at once and always have room."""
+        if 0 not in self.kinds:
+            return True
+        need = -(-len(tokens) // self.block) - len(self._shared_prefix(tokens))
+        return need + reserve <= self.pools[0].available()
+
+    def blocks_available(self) -> dict[int, int]:
+        return {w: self.pools[w].available() for w in self.kinds}
+
+    def fits(self, spans: list[tuple[int, int, int]]) -> bool:
+        avail = self.blocks_available()
+        return all(n <= avail[w] for w, n in self.blocks_needed(spans).items())
+
     # --- data ------------------------------------------------------------------------------
 
     def place(self, slot: int, positions: np.ndarray) -> dict[int, np.ndarray]:
-        """Reserve storage rows for new positions of a slot (once per forward, before any
-        layer stores): returns {window: row indices}; window 0 = full layers."""
+        """Reserve storage for new positions of a slot (once per forward, before any layer
+        stores): maps the blocks they fall in (new ones from the pool, shared ones copied),
+        gives sliding kinds' blocks before the window back, and returns {kind: [n] storage
+        entries} (kind 0 = full layers). Raises PoolExhaustedError (nothing changed) when
+        the pool cannot supply the blocks."""
         if positions.size == 0:
-            return {0: positions}
-        if int(positions.max()) >= self.n_ctx or int(positions.min()) < 0:
+            return {w: np.zeros(0, np.int64) for w in self.kinds}
+        pos = np.asarray(positions, np.int64)
+        lo, hi = int(pos.min()), int(pos.max())
+        if hi >= self.n_ctx or lo < 0:
             raise ContextOverflowError(
-                f"position {int(positions.max())} is outside the context of {self.n_ctx} tokens"
+                f"position {hi} is outside the context of {self.n_ctx} tokens"
             )
-        rows = {0: positions}
-        for w, cap in self.ring_cap.items():
-            if positions.size > cap - w + 1:
-                raise ValueError(
-                    f"a batch of {positions.size} rows for one sequence exceeds what the "
-                    f"sliding-window cache can take at once ({cap - w + 1}); split it"
-                )
-            idx = positions % cap
-            self.ring_pos[w][slot, idx] = positions
-            rows[w] = idx
-        return rows
+        if not self.fits([(slot, lo, hi)]):
+            raise PoolExhaustedError(self._exhausted_message())
+        B = self.block
+        out = {}
+        for w in self.kinds:
+            pool, row = self.pools[w], self.tables[w][slot]
+            if w > 0:  # no row of this batch can see positions before lo - w + 1
+                for i in np.flatnonzero(row[: max(0, lo - w + 1) // B] >= 0):
+                    pool.release(int(row[i]))
+                    row[i] = -1
+            for i in range(lo // B, hi // B + 1):
+                if row[i] < 0:
+                    row[i] = pool.take()
+                elif pool.ref[row[i]] > 1 or pool.published(int(row[i])):
+                    self._own(w, slot, i)
+            ent = row[pos // B] * B + pos % B
+            pool.pos[ent] = pos
+            out[w] = ent
+        return out
+
+    def _exhausted_message(self) -> str:
+        st = self.block_stats()
+        return (f"the KV cache is full: {st['in_use']} of {st['blocks']} blocks in use "
+                f"({self.block} tokens each); raise --kv-memory or lower --parallel")
 
     def _rotated(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """K and V as stored: Hadamard-rotated copies for the quantized types."""
@@ -231,7 +471,7 @@ class KVCache:
         v: np.ndarray,  # [n, Hkv, Dv] float32
     ) -> None:
         """`store_rows` for one slot's rows."""
-        self.store_rows(layer, self._flat(slot, rows), k, v)
+        self.store_rows(layer, rows, k, v)
 
     def attend(
         self,
@@ -255,19 +495,17 @@ class KVCache:
 
     def place_rows(self, segments: list[tuple[int, int, int]], positions: np.ndarray
                    ) -> dict[int, np.ndarray]:
-        """`place` for every (slot, a, b) segment of a batch: {window: [N] flat entries},
-        entry = slot * capacity + row, for `store_rows` (window 0 = full layers)."""
+        """`place` for every (slot, a, b) segment of a batch: {kind: [N] storage entries}
+        for `store_rows`. All or nothing: PoolExhaustedError before any block is taken."""
+        spans = [(sid, int(positions[a:b].min()), int(positions[a:b].max()))
+                 for sid, a, b in segments if b > a]
+        if len(spans) > 1 and not self.fits(spans):
+            raise PoolExhaustedError(self._exhausted_message())
         flat: dict[int, list[np.ndarray]] = {}
         for sid, a, b in segments:
-            for w, idx in self._flat(sid, self.place(sid, positions[a:b])).items():
+            for w, idx in self.place(sid, positions[a:b]).items():
                 flat.setdefault(w, []).append(idx)
         return {w: np.concatenate(parts) for w, parts in flat.items()}
-
-    def _flat(self, slot: int, rows: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """A slot's storage rows ({window: rows}, from place) as entries of the flattened
-        [slots * capacity] storage that store_rows writes."""
-        return {w: slot * (self.ring_cap[w] if w > 0 else self.n_ctx) + np.asarray(idx, np.int64)
-                for w, idx in rows.items()}
 
     def store_rows(self, layer: int, entries: dict[int, np.ndarray],  # from place_rows()
                    k: np.ndarray,  # [N, Hkv, Dh] float32
@@ -276,9 +514,8 @@ class KVCache:
         """Write a batch's K/V rows, all slots in one call per tensor."""
         idx = entries[self.layer_window[layer]]
         k, v = self._rotated(k, v)
-        ks, vs = self.k[layer], self.v[layer]  # [S, cap, Hkv, W]
-        kv_quant.store(self.k_type, k, ks.reshape(-1, *ks.shape[2:]), idx)
-        kv_quant.store(self.v_type, v, vs.reshape(-1, *vs.shape[2:]), idx)
+        kv_quant.store(self.k_type, k, self.k[layer], idx)
+        kv_quant.store(self.v_type, v, self.v[layer], idx)
 
     def attend_rows(
         self,
@@ -291,41 +528,45 @@ class KVCache:
         softcap: float,
         out: np.ndarray,  # [n, Hq, Dv] float32, C-contiguous
     ) -> None:
-        """`attend` for the rows of every sequence of a batch in one kernel call; each row
-        gets the bits it would get alone."""
+        """`attend` for the rows of every sequence of a batch in one kernel call, through the
+        block tables; each row gets the bits it would get alone, wherever its blocks are."""
         w = self.layer_window[layer]
-        if w > 0:
-            if window <= 0 or window > w:
-                raise ValueError(f"layer {layer}: a ring cache for window {w} cannot serve "
-                                 f"attention with window {window}")
-            kpos = self.ring_pos[w]  # [S, cap]
-        else:
-            if self._full_pos is None:  # [S, n_ctx]: slot s holds position p at entry p
-                self._full_pos = np.tile(self.positions, (self.n_slots, 1))
-            kpos = self._full_pos
+        if w > 0 and (window <= 0 or window > w):
+            raise ValueError(f"layer {layer}: a cache for window {w} cannot serve "
+                             f"attention with window {window}")
         if self.k_rot:
             q = np.array(q, copy=True)
             ops.hadamard_(q, self.k_rot)
-        kv_quant.attention_slots(self.k_type, self.v_type, q, self.k[layer], self.v[layer],
-                                 q_pos, row_slot, kpos, window, scale, softcap, out)
+        kv_quant.attention_paged(self.k_type, self.v_type, q, self.k[layer], self.v[layer],
+                                 q_pos, row_slot, self.pools[w].pos, self.tables[w], self.block,
+                                 window, scale, softcap, out, checked=True)
         if self.v_rot:
             ops.hadamard_(out, self.v_rot)
 
+    def entries(self, layer: int, slot: int, positions: np.ndarray) -> np.ndarray:
+        """Storage entries [n] of a slot's positions in a layer (KeyError if not held)."""
+        w = self.layer_window[layer]
+        ps = np.asarray(positions, np.int64)
+        blk = self.tables[w][slot, ps // self.block]
+        ent = blk * self.block + ps % self.block
+        if np.any(blk < 0) or np.any(self.pools[w].pos[np.maximum(ent, 0)] != ps):
+            raise KeyError(f"slot {slot} does not hold all of these positions in layer {layer}")
+        return ent
+
     def load(self, layer: int, slot: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Dequantized K, V [n, Hkv, D] at the given positions (tests and debugging)."""
-        w = self.layer_window[layer]
-        if w > 0:
-            pos = self.ring_pos[w][slot]
-            idx = np.array([int(np.nonzero(pos == p)[0][0]) for p in positions], np.int64)
-        else:
-            idx = np.asarray(positions, np.int64)
-        k = kv_quant.load(self.k_type, self.k[layer][slot], idx)
-        v = kv_quant.load(self.v_type, self.v[layer][slot], idx)
+        idx = self.entries(layer, slot, positions)
+        k = kv_quant.load(self.k_type, self.k[layer], idx)
+        v = kv_quant.load(self.v_type, self.v[layer], idx)
         if self.k_rot:
             ops.hadamard_(k, self.k_rot)
         if self.v_rot:
             ops.hadamard_(v, self.v_rot)
         return k, v
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 def _rot_block(kv_type: str, dim: int, largest: bool) -> int:

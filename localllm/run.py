@@ -276,6 +276,7 @@ def verbose_report(engine: Engine, final: Event, load_s: float, total_s: float,
                  f"K {kv.k_type} / V {kv.v_type} ({kv.bytes_per_token() / 1024:.1f} KiB per "
                  f"token in all layers; {kv.full_cache_nbytes() / 2**20:.1f} MiB without "
                  "sliding-window rings)")
+    lines.append(f"kv blocks:            {kv.block_summary()}")
     if st.context_shifts:
         lines.append(f"context shifts:       {st.context_shifts}")
     if st.reuse_note:

@@ -17,7 +17,10 @@ Admission is FIFO into a bounded wait queue (`max_queue`; beyond it `QueueFullEr
 server turns into 503 + Retry-After). A request that reaches the head of the queue takes the
 free slot whose cached tokens share the longest prefix with its prompt (ties: least recently
 used; a prefix counts when it is at least half of the prompt or of the slot's cache, so a
-common BOS does not evict a long conversation), so a shared system prompt or the earlier turns of a chat are not evaluated again; only
+common BOS does not evict a long conversation), so a shared system prompt or the earlier turns of a chat are not evaluated again (nor stored
+again: whole blocks come from the KV cache's prefix index, whichever slot computed them, and a
+request whose prompt starts with blocks another sequence is prefilling right now waits for
+them to be published); only
 the suffix is prefilled and `stats.prompt_eval_tokens` counts just that. Sliding-window rings
 are honoured by `KVCache.reuse_prefix` (a ring that lost the window recomputes).
 
@@ -30,6 +33,17 @@ Structured output: a request's `constraint` wraps its sampler in a `ConstrainedS
 `generate_tokens` does, so the speculative verifier samples through it too (only the tokens
 it returns reach the grammar: rejected drafts need no rollback); the sequence ends with
 done_reason "stop" right after the token that completes the value.
+
+KV memory (the cache's block pool, `--kv-memory`): before each step the scheduler asks the
+cache whether the batch's new positions fit (`KVCache.fits`). When they do not, it preempts
+the newest sequence (vLLM's recompute policy): its blocks go back to the pool (its full
+blocks stay findable in the prefix index until evicted) and it waits, ahead of new requests,
+to be resumed by re-evaluating its prompt and the tokens it generated; its text stream,
+sampler and speculation state are kept, so the tokens are those of an uninterrupted run.
+New requests are admitted only when the pool can hold their prompt (less the blocks the
+prefix index already has). A lone sequence that outgrows the pool ends with "length"; a
+prompt that cannot fit even alone is refused at submit (`KVMemoryError`, HTTP 400).
+`counters["preempted"]` counts preemptions (/metrics).
 
 Not here: context shift (a sequence that fills the context ends with done_reason "length").
 """
@@ -73,6 +87,10 @@ class QueueFullError(RuntimeError):
 
 class SchedulerClosedError(RuntimeError):
     """The scheduler is shutting down and takes no new requests."""
+
+
+class KVMemoryError(ValueError):
+    """A prompt the KV memory budget cannot hold even with no other sequence (HTTP 400)."""
 
 
 @dataclass
@@ -159,6 +177,7 @@ class _Seq:
         self.spec = Speculator(NgramDrafter(spec.ngram_min, spec.ngram_max),
                                DraftPolicy(draft_max, costs)) if use_spec else None
         self.draft: list[int] = []  # drafted rows in the current step
+        self.resume_decode = False  # re-evaluating after preemption: no sampling at its end
 
     # --- text --------------------------------------------------------------------------------
 
@@ -209,12 +228,15 @@ class Scheduler:
         self._lock = threading.Condition()
         self._waiting: deque[tuple[Request, Handle, float, Sampler]] = deque()
         self._active: dict[int, _Seq] = {}  # slot -> sequence
+        self._preempted: deque[_Seq] = deque()  # waiting to resume, oldest first
+        self._tight = False  # the last plan did not fit: build this step's without drafts
         self._last_used = [0.0] * self.n_slots
         self._closing = False
         self._calls: deque[tuple[Callable[[], object], Future]] = deque()
         self.counters = {"requests": 0, "completed": 0, "cancelled": 0, "rejected": 0,
                          "prompt_tokens": 0, "prompt_eval_tokens": 0, "generated_tokens": 0,
-                         "draft_tokens": 0, "draft_accepted": 0, "steps": 0}
+                         "draft_tokens": 0, "draft_accepted": 0, "steps": 0, "preempted": 0,
+                         "recomputed_tokens": 0}
         self._thread = threading.Thread(target=self._run, name="localllm-engine", daemon=True)
         self._thread.start()
 
@@ -242,6 +264,11 @@ class Scheduler:
         vocab = self.engine.cfg.n_vocab
         if min(req.prompt) < 0 or max(req.prompt) >= vocab:
             raise ValueError(f"token ids must be in 0..{vocab - 1}")
+        cap = self.engine.kv.max_tokens()
+        if len(req.prompt) >= cap:
+            raise KVMemoryError(
+                f"the prompt is {len(req.prompt)} tokens but the KV memory budget holds "
+                f"{cap} tokens of one sequence (start the server with a larger --kv-memory)")
         with self._lock:
             if self._closing:
                 raise SchedulerClosedError("the server is shutting down")
@@ -292,9 +319,13 @@ class Scheduler:
         return fut
 
     def status(self) -> dict[str, int]:
+        blocks = self.engine.kv.block_stats()  # read unlocked: a gauge, approximate is fine
         with self._lock:
             return {"slots": self.n_slots, "slots_busy": len(self._active),
-                    "queue": len(self._waiting), **self.counters}
+                    "queue": len(self._waiting) + len(self._preempted), **self.counters,
+                    "kv_blocks": blocks["blocks"], "kv_used_bytes": blocks["used_bytes"],
+                    **{f"kv_blocks_{k}": blocks[k]
+                       for k in ("in_use", "shared", "cached", "free", "evictions")}}
 
     def slot_tokens(self, slot: int) -> int:
         """Tokens cached in a slot (for tests and /metrics)."""
@@ -302,7 +333,7 @@ class Scheduler:
 
     def idle(self) -> bool:
         with self._lock:
-            return not self._active and not self._waiting
+            return not self._active and not self._waiting and not self._preempted
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop taking requests; with drain, finish the admitted ones first, else cancel all."""
@@ -311,7 +342,7 @@ class Scheduler:
             if not drain:
                 for _, h, _, _ in self._waiting:
                     h.cancel()
-                for s in self._active.values():
+                for s in [*self._active.values(), *self._preempted]:
                     s.handle.cancel()
             self._lock.notify()
         self._thread.join(timeout)
@@ -325,10 +356,12 @@ class Scheduler:
         set_threads(self.engine.n_threads)
         while True:
             with self._lock:
-                while not (self._active or self._waiting or self._calls or self._closing):
+                while not (self._active or self._waiting or self._preempted or self._calls
+                           or self._closing):
                     self._lock.wait()
                 calls, self._calls = list(self._calls), deque()
-                if self._closing and not (self._active or self._waiting or calls):
+                if self._closing and not (self._active or self._waiting or self._preempted
+                                          or calls):
                     return
             for fn, fut in calls:
                 if not fut.set_running_or_notify_cancel():
@@ -360,12 +393,89 @@ class Scheduler:
             else:
                 kept.append(item)
         self._waiting = kept
+        for s in list(self._preempted):
+            if s.handle.cancelled.is_set():
+                self._preempted.remove(s)
+                self.counters["cancelled"] += 1
+                s.finish("cancelled")
+        # preempted sequences first (oldest first), then new requests in order; each only
+        # when the pool can take its tokens (with nothing running, it goes anyway: it fits
+        # alone, submit checked)
+        while self._preempted and len(self._active) < self.n_slots:
+            s = self._preempted[0]
+            if self._active and not self._room_for(s.history[: s.pos] + s.pending):
+                return
+            self._preempted.popleft()
+            self._resume(s)
         while self._waiting and len(self._active) < self.n_slots:
-            req, h, t, sampler = self._waiting.popleft()
+            req, h, t, sampler = self._waiting[0]
+            if self._active and (self._prefix_coming(req.prompt)
+                                 or not self._room_for(req.prompt)):
+                return
+            self._waiting.popleft()
             try:
                 self._place(req, h, t, sampler)
             except Exception as e:  # noqa: BLE001 - fails this request only
                 h._emit(e)
+
+    def _prefix_coming(self, prompt: list[int]) -> bool:
+        """Whether a running prefill is about to publish whole blocks this prompt starts
+        with: then the request waits for them (a step or a few) instead of evaluating the
+        same prefix beside it, so a shared system prompt is evaluated once."""
+        B = self.engine.kv.block
+        for s in self._active.values():
+            if not s.pending or s.resume_decode:
+                continue
+            n = min(len(prompt) - 1, len(s.prompt))
+            i = 0
+            while i < n and prompt[i] == s.prompt[i]:
+                i += 1
+            if i // B > s.pos // B:
+                return True
+        return False
+
+    def _room_for(self, tokens: list[int]) -> bool:
+        """Whether the pool can hold `tokens` (less what the prefix index has) and still
+        give each running sequence a block to grow into (freeing idle slots if need be)."""
+        kv = self.engine.kv
+        while not kv.prompt_fits(tokens, reserve=len(self._active)):
+            if not self._free_idle():
+                return False
+        return True
+
+    def _free_idle(self) -> bool:
+        """Give back the blocks of one idle slot (the least recently used) that still holds
+        a finished sequence's tokens: its whole blocks stay findable in the prefix index
+        until evicted, only its last partial block is lost. False when there is none."""
+        kv = self.engine.kv
+        idle = [x for x in range(self.n_slots) if x not in self._active and kv.n_past(x)]
+        if not idle:
+            return False
+        kv.clear(min(idle, key=lambda x: self._last_used[x]))
+        return True
+
+    def _resume(self, s: _Seq) -> None:
+        """Under the lock: a preempted sequence takes a free slot and re-evaluates what its
+        cache held (its prompt and the tokens generated so far) and what it had pending."""
+        kv = self.engine.kv
+        slot = max((x for x in range(self.n_slots) if x not in self._active),
+                   key=lambda x: -self._last_used[x])
+        target = s.history[: s.pos] + s.pending
+        reuse = kv.reuse_prefix(slot, target)
+        s.slot, s.pos, s.pending = slot, reuse.kept, target[reuse.kept:]
+        self.counters["recomputed_tokens"] += len(s.pending)
+        self._active[slot] = s
+
+    def _preempt(self, s: _Seq) -> None:
+        """Pause a sequence: its blocks go back to the pool, it waits to be resumed."""
+        with self._lock:
+            self._active.pop(s.slot, None)
+            self._last_used[s.slot] = time.perf_counter()
+            s.resume_decode = s.resume_decode or not s.pending
+            self._preempted.append(s)
+            self._preempted = deque(sorted(self._preempted, key=lambda x: x.t_submit))
+            self.counters["preempted"] += 1
+        self.engine.kv.clear(s.slot)
 
     def _place(self, req: Request, h: Handle, t: float, sampler: Sampler) -> None:
         """Under the lock: give a request the best free slot and start its prefill."""
@@ -409,36 +519,23 @@ class Scheduler:
         seqs = [s for s in seqs if not s.handle.cancelled.is_set()]
         if not seqs:
             return
-        decoding = [s for s in seqs if not s.pending]
-        prefilling = [s for s in seqs if s.pending]
-        parts: list[Batch] = []
-        plan: list[tuple[_Seq, int, int]] = []  # (seq, logits rows, prompt rows; 0: decode)
-        # Prefill chunks first decide their size (bounded), then drafts see the row count.
-        budget = self.prefill_chunk
-        chunks: list[tuple[_Seq, list[int]]] = []
-        for s in prefilling:
-            if budget <= 0:
+        while True:
+            parts, plan = self._build(seqs, drafts=not self._tight)
+            spans = [(int(p.seq_ids[0]), int(p.positions[0]), int(p.positions[-1]))
+                     for p in parts]
+            if eng.kv.fits(spans):
                 break
-            chunk = s.pending[:budget]
-            budget -= len(chunk)
-            chunks.append((s, chunk))
-        n_rows = len(decoding) + sum(len(c) for _, c in chunks)
-        for s in decoding:
-            draft: list[int] = []
-            if s.spec is not None:
-                room = min(eng.n_ctx - s.pos - 1, eng.n_batch - 1)
-                if s.req.max_tokens >= 0:
-                    room = min(room, s.req.max_tokens - len(s.generated) - 1)
-                draft = s.spec.draft(room, n_rows - 1)
-            s.draft = draft
-            n_rows += len(draft)
-            parts.append(Batch.for_sequence([s.last, *draft], s.pos, s.slot,
-                                            "all" if draft else "last"))
-            plan.append((s, len(draft) + 1, 0))
-        for s, chunk in chunks:
-            last = len(chunk) == len(s.pending)
-            parts.append(Batch.for_sequence(chunk, s.pos, s.slot, "last" if last else "none"))
-            plan.append((s, 1 if last else 0, len(chunk)))
+            if self._free_idle():  # finished sequences' slots first (their whole blocks stay
+                continue           # in the prefix index)
+            if not self._tight and any(s.draft for s in seqs):
+                self._tight = True  # drop the drafts before anyone's memory
+                continue
+            if len(seqs) > 1:  # the newest sequence waits; the others go on
+                self._preempt(seqs.pop())
+                continue
+            self._end(seqs[0], "length")  # alone and the pool is full: as at the context end
+            return
+        self._tight = False
         batch = Batch.concat(parts)
         t = time.perf_counter()
         logits = eng.step(batch)  # [rows wanted, V]
@@ -460,11 +557,52 @@ class Scheduler:
                 self.engine.kv.clear(s.slot)
                 s.handle._emit(e)
 
+    def _build(self, seqs: list[_Seq], drafts: bool
+               ) -> tuple[list[Batch], list[tuple[_Seq, int, int]]]:
+        """The step's parts (one Batch per sequence) and plan (seq, logits rows, prompt rows;
+        0: decode); drafts=False: no speculative rows (memory is short)."""
+        eng = self.engine
+        decoding = [s for s in seqs if not s.pending]
+        prefilling = [s for s in seqs if s.pending]
+        parts: list[Batch] = []
+        plan: list[tuple[_Seq, int, int]] = []
+        # Prefill chunks first decide their size (bounded), then drafts see the row count.
+        budget = self.prefill_chunk
+        chunks: list[tuple[_Seq, list[int]]] = []
+        for s in prefilling:
+            if budget <= 0:
+                break
+            chunk = s.pending[:budget]
+            budget -= len(chunk)
+            chunks.append((s, chunk))
+        n_rows = len(decoding) + sum(len(c) for _, c in chunks)
+        for s in decoding:
+            draft: list[int] = []
+            if s.spec is not None and drafts:
+                room = min(eng.n_ctx - s.pos - 1, eng.n_batch - 1)
+                if s.req.max_tokens >= 0:
+                    room = min(room, s.req.max_tokens - len(s.generated) - 1)
+                draft = s.spec.draft(room, n_rows - 1)
+            s.draft = draft
+            n_rows += len(draft)
+            parts.append(Batch.for_sequence([s.last, *draft], s.pos, s.slot,
+                                            "all" if draft else "last"))
+            plan.append((s, len(draft) + 1, 0))
+        for s, chunk in chunks:
+            last = len(chunk) == len(s.pending)
+            mode = "last" if last and not s.resume_decode else "none"
+            parts.append(Batch.for_sequence(chunk, s.pos, s.slot, mode))
+            plan.append((s, 1 if mode == "last" else 0, len(chunk)))
+        return parts, plan
+
     def _after_prefill(self, s: _Seq, chunk: int, rows: np.ndarray, dt: float) -> None:
         s.pos += chunk
         s.pending = s.pending[chunk:]
         s.stats.prompt_eval_s += dt
         if s.pending:
+            return
+        if s.resume_decode:  # back where preemption stopped it: s.last is next
+            s.resume_decode = False
             return
         token = s.sampler(rows[0], s.history)
         s.history.append(token)

@@ -218,4 +218,6 @@ def test_sliding_window_rings_batched_and_reused(tmp_path) -> None:
         sch.close()
     assert got == want
     assert redo.stats.prompt_eval_tokens == len(prompts[1])
-    assert again.tokens == want_follow and again.stats.prompt_eval_tokens == 3
+    # (at most 3: the first 32 tokens are also one whole block that the run alone above left
+    # in the prefix index, so only the last token may need evaluating)
+    assert again.tokens == want_follow and again.stats.prompt_eval_tokens <= 3

@@ -309,26 +309,27 @@ def test_kv_after_rollbacks_equals_a_never_speculated_cache(gemma: Engine) -> No
     cfg = SamplerConfig(temperature=0.0)
     gemma.kv.clear(0)
     _events(gemma, ids, cfg, 40, OFF)
-    plain_k = [k[0].copy() for k in gemma.kv.k]
-    plain_v = [v[0].copy() for v in gemma.kv.v]
-    plain_tokens = list(gemma.kv.tokens[0])
-    plain_pos = {w: p[0].copy() for w, p in gemma.kv.ring_pos.items()}
+    n = len(gemma.kv.tokens[0])
+    kv = gemma.kv
+
+    def held(il: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(positions held, their stored K bytes, V bytes) of slot 0 in layer il."""
+        w = kv.layer_window[il]
+        ps = np.arange(max(0, n - w + 1) if w else 0, n, dtype=np.int64)
+        ent = kv.entries(il, 0, ps)
+        return ps, kv.k[il][ent].copy(), kv.v[il][ent].copy()
+
+    plain = [held(il) for il in range(kv.n_layer)]
+    plain_tokens = list(kv.tokens[0])
     gemma.kv.clear(0)
     _, _, st = _events(gemma, ids, cfg, 40, SpecOptions())
     assert st.draft_tokens > st.draft_accepted > 0  # some drafts were rolled back
-    kv = gemma.kv
-    n = len(plain_tokens)
     assert kv.tokens[0][:n] == plain_tokens
     for il in range(kv.n_layer):
-        w = kv.layer_window[il]
-        if w == 0:
-            assert np.array_equal(kv.k[il][0][:n], plain_k[il][:n])
-            assert np.array_equal(kv.v[il][0][:n], plain_v[il][:n])
-        else:
-            live = (plain_pos[w] >= 0) & (plain_pos[w] < n)
-            assert np.array_equal(kv.ring_pos[w][0][live], plain_pos[w][live])
-            assert np.array_equal(kv.k[il][0][live], plain_k[il][live])
-            assert np.array_equal(kv.v[il][0][live], plain_v[il][live])
+        ps, pk, pv = plain[il]
+        ent = kv.entries(il, 0, ps)  # the window every sliding layer must still hold
+        assert np.array_equal(kv.k[il][ent], pk)
+        assert np.array_equal(kv.v[il][ent], pv)
 
 
 # --- draft models and bad input ---------------------------------------------------------------

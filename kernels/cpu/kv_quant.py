@@ -24,8 +24,13 @@ f32 dot is at least as accurate; V is accumulated in float32 too). The softmax i
 and weighted V sum per query head, rescaled at most once per key block; exp is a ~1 ulp
 polynomial so that a block's 32 exps vectorise.
 
-Positions need not be in order (ring buffers for sliding-window layers) and an entry whose
-position is EMPTY_POS is skipped (its bytes are never used, whatever they hold). When there are
+Storage is addressed through a block table (`attention_paged`): a sequence's position p lives
+at entry table[s, p // B] * B + p % B of one storage array shared by all sequences, so its
+blocks may lie anywhere and in any order (KVCache's block pool); the per-slot [S, T] layout
+of `attention_slots` and a flat or ring cache are the special case B = T, table[s, :] = s.
+Where the keys live never changes a row's arithmetic (lanes and chunks are fixed by
+position). Positions need not be in order and an entry whose position is not the one the
+table points it at (EMPTY_POS, a stale entry) is skipped (its bytes are never used). When there are
 fewer (tile, head) items than threads, as in decode, the keys are split into chunks worked on by
 different threads and merged at the end (flash-decoding).
 """
@@ -55,6 +60,7 @@ __all__ = [
     "load",
     "attention",
     "attention_slots",
+    "attention_paged",
 ]
 
 KV_TYPES: tuple[str, ...] = ("f32", "f16", "q8_0", "q4_0")
@@ -427,9 +433,10 @@ def _attention_kernel(
     v8, v16, v32,  # V storage, likewise for vk
     n_hkv: int,
     q_pos,     # [N] int64
-    row_slot,  # [N] int64: the sequence slot whose keys row i reads
-    kv_pos,    # [S * T] int64: slot s stores position p at entry s * T + p % T
-    n_ent: int,  # T, entries per slot
+    row_slot,  # [N] int64: the sequence whose keys row i reads
+    kv_pos,    # [E] int64: the position each storage entry holds (EMPTY_POS: none)
+    table,     # [S, NB] int64: sequence s's logical block i is storage block table[s, i] (<0: none)
+    blk: int,  # entries per block: position p of s at entry table[s, p // blk] * blk + p % blk
     window: int, scale: np.float32, softcap: np.float32,
     out,       # [N, Hq, Dv] float32
     tiles,     # [n_tiles + 1] int64: row bounds of the tiles (one slot per tile)
@@ -468,7 +475,9 @@ def _attention_kernel(
         tile = z // 2 if z % 2 == 0 else n_tiles - 1 - z // 2
         r0 = tiles[tile]
         nr = tiles[tile + 1] - r0
-        base = row_slot[r0] * n_ent  # the tile's slot: its first storage entry
+        srow = row_slot[r0]  # the tile's sequence: its block table row
+        n_tb = table.shape[1]
+        whole = blk % bk == 0  # a key block never straddles two storage blocks
         ni = nr * g  # (row, head) pairs of this item: i = r * g + head-in-group
         m = np.full(rg, neg_inf, dtype=np.float32)  # running max logit
         den = np.zeros(rg, dtype=np.float32)  # running sum of exp(logit - m)
@@ -493,11 +502,33 @@ def _attention_kernel(
             vb = np.empty((bk, dv), dtype=np.float32)  # decoded value rows of the block
             for b0 in range(v_lo // bk * bk, v_hi, bk):
                 any_key = False
+                # the storage block of the whole key block, when blocks are whole key
+                # blocks (one table lookup per 32 keys); -2: look up lane by lane
+                t0 = -2
+                if whole:
+                    t0 = -1
+                    lb = b0 // blk
+                    if lb < n_tb:
+                        pb = table[srow, lb]
+                        if pb >= 0:
+                            t0 = pb * blk + (b0 - lb * blk)
                 for j in range(bk):
                     p = b0 + j
-                    t = base + p % n_ent
+                    # where position p lives: a lookup in the block table; the lane (and
+                    # so the arithmetic) stays p % _KEY_BLOCK wherever that is
+                    t = 0
+                    present = False
+                    if t0 >= 0:
+                        t = t0 + j
+                        present = kv_pos[t] == p
+                    elif t0 == -2:
+                        lb = p // blk
+                        if lb < n_tb:
+                            pb = table[srow, lb]
+                            if pb >= 0:
+                                t = pb * blk + (p - lb * blk)
+                                present = kv_pos[t] == p
                     ent[j] = t
-                    present = kv_pos[t] == p
                     seen = False
                     for r in range(nr):
                         qp = q_pos[r0 + r]
@@ -849,10 +880,19 @@ def attention(
         kv_pos, k_store, v_store = _canonical(kv_pos, k_store, v_store)
         k8, k16, k32 = _views(k_type, k_store, "k_store")
         v8, v16, v32 = _views(v_type, v_store, "v_store")
+    n_ent = kv_pos.shape[0]
     _run(_KIND[k_type], _KIND[v_type], q, (k8, k16, k32), (v8, v16, v32), n_hkv, q_pos,
-         np.zeros(n_rows, np.int64), kv_pos, kv_pos.shape[0], window, scale, softcap, res)
+         np.zeros(n_rows, np.int64), kv_pos, _slot_table(1, n_ent, q_pos), n_ent, window,
+         scale, softcap, res)
     if not direct:
         out[...] = res
+
+
+def _slot_table(n_slots: int, n_ent: int, q_pos: np.ndarray) -> np.ndarray:
+    """The block table of per-slot storage: slot s, position p at entry s * T + p % T is
+    block s of size T for every logical block p // T a row can reach."""
+    width = int(q_pos.max()) // max(n_ent, 1) + 1 if q_pos.size else 1
+    return np.repeat(np.arange(n_slots, dtype=np.int64)[:, None], max(1, width), axis=1)
 
 
 def attention_slots(
@@ -878,34 +918,73 @@ def attention_slots(
     if k_store.shape[:2] != (n_slots, n_ent) or v_store.shape[:2] != (n_slots, n_ent):
         raise ValueError(f"storage {k_store.shape} / {v_store.shape} does not match kv_pos "
                          f"{kv_pos.shape}")
-    kf = k_store.reshape(n_slots * n_ent, *k_store.shape[2:])
-    vf = v_store.reshape(n_slots * n_ent, *v_store.shape[2:])
-    kv = _views(k_type, kf, "k_store")
-    vv = _views(v_type, vf, "v_store")
+    q_pos = np.ascontiguousarray(q_pos, dtype=np.int64)
+    attention_paged(k_type, v_type, q, k_store.reshape(n_slots * n_ent, *k_store.shape[2:]),
+                    v_store.reshape(n_slots * n_ent, *v_store.shape[2:]), q_pos, row_slot,
+                    kv_pos.reshape(-1), _slot_table(n_slots, n_ent, q_pos), n_ent, window,
+                    scale, softcap, out)
+
+
+def attention_paged(
+    k_type: str,
+    v_type: str,
+    q: np.ndarray,  # [N, Hq, Dh] float32, the rows of each sequence contiguous
+    k_store: np.ndarray,  # [E, Hkv, Wk] storage of k_type: E = blocks * block entries
+    v_store: np.ndarray,  # [E, Hkv, Wv] storage of v_type, likewise
+    q_pos: np.ndarray,  # [N] int64
+    row_seq: np.ndarray,  # [N] int64: the block-table row (sequence) row i attends to
+    kv_pos: np.ndarray,  # [E] int64: position held by each entry, EMPTY_POS where empty
+    table: np.ndarray,  # [S, NB] int64: logical block -> storage block, < 0 where none
+    block: int,  # entries per block
+    window: int,
+    scale: float,
+    softcap: float,
+    out: np.ndarray,  # [N, Hq, Dv] float32, C-contiguous
+    checked: bool = False,
+) -> None:
+    """`attention` for the rows of several sequences whose keys are read through a block
+    table: sequence s's position p at entry table[s, p // block] * block + p % block (and
+    only if kv_pos there is p). Each row gets exactly the bits it would get alone, whatever
+    blocks hold its keys (see _attention_kernel). checked=True: the caller guarantees the
+    table points inside the storage (KVCache, per layer per step: skips a scan of it)."""
+    if k_store.ndim != 3 or v_store.ndim != 3 or kv_pos.ndim != 1 or table.ndim != 2:
+        raise ValueError("k_store / v_store must be [E, Hkv, W], kv_pos [E], table [S, NB]")
+    n_ent = kv_pos.shape[0]
+    if k_store.shape[0] != n_ent or v_store.shape[0] != n_ent:
+        raise ValueError(f"storage {k_store.shape} / {v_store.shape} does not match kv_pos "
+                         f"{kv_pos.shape}")
+    if block <= 0 or (n_ent and n_ent % block):
+        raise ValueError(f"{n_ent} entries are not whole blocks of {block}")
+    kv = _views(k_type, k_store, "k_store")
+    vv = _views(v_type, v_store, "v_store")
     n_rows, n_hq, dh = q.shape
-    n_hkv = kf.shape[1]
-    if _head_dim_of(k_type, kf.shape[2]) != dh or _head_dim_of(v_type, vf.shape[2]) != out.shape[2]:
+    n_hkv = k_store.shape[1]
+    if (_head_dim_of(k_type, k_store.shape[2]) != dh
+            or _head_dim_of(v_type, v_store.shape[2]) != out.shape[2]):
         raise ValueError("head sizes of q / out do not match the cache")
-    if n_hkv == 0 or n_hq % n_hkv != 0 or vf.shape[1] != n_hkv:
+    if n_hkv == 0 or n_hq % n_hkv != 0 or v_store.shape[1] != n_hkv:
         raise ValueError(f"{n_hq} query heads are not a multiple of {n_hkv} kv heads")
     if out.shape[:2] != (n_rows, n_hq) or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be C-contiguous float32 [{n_rows}, {n_hq}, Dv]")
-    row_slot = np.ascontiguousarray(row_slot, dtype=np.int64)
+    row_seq = np.ascontiguousarray(row_seq, dtype=np.int64)
     q_pos = np.ascontiguousarray(q_pos, dtype=np.int64)
-    if row_slot.shape != (n_rows,) or q_pos.shape != (n_rows,):
+    if row_seq.shape != (n_rows,) or q_pos.shape != (n_rows,):
         raise ValueError(f"q_pos and row_slot must be [{n_rows}]")
     if n_rows == 0:
         return
-    if int(row_slot.min()) < 0 or int(row_slot.max()) >= n_slots:
-        raise IndexError(f"row_slot out of range for {n_slots} slots")
+    if int(row_seq.min()) < 0 or int(row_seq.max()) >= table.shape[0]:
+        raise IndexError(f"row_slot out of range for {table.shape[0]} slots")
+    table = np.ascontiguousarray(table, dtype=np.int64)
+    if not checked and table.size and int(table.max()) * block >= max(n_ent, 1):
+        raise IndexError(f"block table points past the {n_ent // block} blocks of storage")
     _run(_KIND[k_type], _KIND[v_type], np.ascontiguousarray(q, dtype=np.float32), kv, vv,
-         n_hkv, q_pos, row_slot, np.ascontiguousarray(kv_pos.reshape(-1)), n_ent, window,
-         scale, softcap, out)
+         n_hkv, q_pos, row_seq, np.ascontiguousarray(kv_pos, dtype=np.int64), table, block,
+         window, scale, softcap, out)
 
 
 def _run(kk: int, vk: int, q: np.ndarray, kv: tuple, vv: tuple, n_hkv: int,
-         q_pos: np.ndarray, row_slot: np.ndarray, kv_pos: np.ndarray, n_ent: int,
-         window: int, scale: float, softcap: float, res: np.ndarray) -> None:
+         q_pos: np.ndarray, row_slot: np.ndarray, kv_pos: np.ndarray, table: np.ndarray,
+         blk: int, window: int, scale: float, softcap: float, res: np.ndarray) -> None:
     """Tile the rows (never across a slot boundary), bound the partial results, call the
     kernel. Nothing here changes a row's arithmetic: chunks are fixed by absolute position."""
     n_rows, n_hq, _ = q.shape
@@ -946,7 +1025,7 @@ def _run(kk: int, vk: int, q: np.ndarray, kv: tuple, vv: tuple, n_hkv: int,
             part_l = poison.empty((n_chunks, b - a, n_hq), np.float32)
             part_acc = poison.empty((n_chunks, b - a, n_hq, dv), np.float32)
         _attention_kernel(
-            kk, vk, q[a:b], *kv, *vv, n_hkv, q_pos[a:b], row_slot[a:b], kv_pos, n_ent,
+            kk, vk, q[a:b], *kv, *vv, n_hkv, q_pos[a:b], row_slot[a:b], kv_pos, table, blk,
             int(window), np.float32(scale), np.float32(softcap), res[a:b],
             tiles[t0 : t1 + 1] - a, rows_per_tile, c_lo, n_chunks, part_m, part_l, part_acc,
         )

@@ -71,6 +71,15 @@ async def metrics(request: HttpRequest, state: ServerState) -> Response:
         "draft_tokens": ("counter", "speculative draft tokens verified"),
         "draft_accepted": ("counter", "speculative draft tokens accepted"),
         "steps": ("counter", "engine steps"),
+        "preempted": ("counter", "sequences paused because the KV memory was full (resumed by recomputation)"),
+        "recomputed_tokens": ("counter", "tokens re-evaluated to resume preempted sequences"),
+        "kv_blocks": ("gauge", "KV cache blocks in the pool (all layer kinds)"),
+        "kv_blocks_in_use": ("gauge", "KV blocks some sequence points at"),
+        "kv_blocks_shared": ("gauge", "KV blocks shared by more than one sequence (prefix sharing)"),
+        "kv_blocks_cached": ("gauge", "unused KV blocks kept for prefix reuse (evicted when needed)"),
+        "kv_blocks_free": ("gauge", "free KV blocks"),
+        "kv_blocks_evictions": ("counter", "cached KV blocks evicted to make room"),
+        "kv_used_bytes": ("gauge", "bytes of the KV blocks in use"),
         "queue": ("gauge", "requests waiting for a slot"),
         "slots_busy": ("gauge", "slots serving a request"),
         "slots": ("gauge", "sequence slots"),
@@ -174,7 +183,9 @@ def cmd_serve(ns: argparse.Namespace) -> int:
               + ("" if ns.api_key else " (no --api-key set)"), file=sys.stderr)
     state = make_state(ns)
     print(f"localllm serve: {state.name} on http://{ns.host}:{ns.port} "
-          f"({state.scheduler.n_slots} slots x {state.engine.n_ctx} tokens)", file=sys.stderr)
+          f"({state.scheduler.n_slots} slots x {state.engine.n_ctx} tokens; KV pool "
+          f"{state.engine.kv.nbytes() / 2**20:.0f} MiB, {state.engine.kv.max_tokens()} tokens "
+          "for one sequence at most)", file=sys.stderr)
     # uvicorn handles SIGINT/SIGTERM: it stops accepting and lets open responses finish.
     uvicorn.run(build_app(state), host=ns.host, port=ns.port, log_level="warning",
                 timeout_graceful_shutdown=30)
