@@ -135,6 +135,8 @@ class KVCache:
         self.pools = {w: BlockPool(n_blocks[w], block_size) for w in self.kinds}
         # [S, n_table] int64 per kind: logical block i of slot s -> pool block, -1 where none
         self.tables = {w: np.full((n_slots, self.n_table), -1, np.int64) for w in self.kinds}
+        self._views: list[tuple | None] = [None] * n_layer  # per layer: kernel views of k, v
+        self._plans: dict[tuple, kv_quant.AttentionPlan] = {}  # of the current step(s)
         self.k: list[np.ndarray] = []  # per layer [n_blocks * block, Hkv, Wk]
         self.v: list[np.ndarray] = []
         for w in self.layer_window:
@@ -514,8 +516,22 @@ class KVCache:
         """Write a batch's K/V rows, all slots in one call per tensor."""
         idx = entries[self.layer_window[layer]]
         k, v = self._rotated(k, v)
-        kv_quant.store(self.k_type, k, self.k[layer], idx)
-        kv_quant.store(self.v_type, v, self.v[layer], idx)
+        kv, vv = self._layer_views(layer)
+        if k.shape != (idx.shape[0], self.n_head_kv, self.head_dim) or \
+                v.shape != (idx.shape[0], self.n_head_kv, self.head_dim_v):
+            raise ValueError(f"K/V rows {k.shape} / {v.shape} do not fit this cache's "
+                             f"[{idx.shape[0]}, {self.n_head_kv}, head size]")
+        # the entries are place_rows' own (in range, int64): no per-layer re-check
+        kv_quant.store_planned(kv, np.ascontiguousarray(k, dtype=np.float32), idx)
+        kv_quant.store_planned(vv, np.ascontiguousarray(v, dtype=np.float32), idx)
+
+    def _layer_views(self, layer: int) -> tuple[kv_quant.StorageViews, kv_quant.StorageViews]:
+        """The kernels' views of a layer's K and V storage (made once: storage never moves)."""
+        views = self._views[layer]
+        if views is None:
+            views = self._views[layer] = (kv_quant.storage_views(self.k_type, self.k[layer]),
+                                          kv_quant.storage_views(self.v_type, self.v[layer]))
+        return views
 
     def attend_rows(
         self,
@@ -537,9 +553,29 @@ class KVCache:
         if self.k_rot:
             q = np.array(q, copy=True)
             ops.hadamard_(q, self.k_rot)
-        kv_quant.attention_paged(self.k_type, self.v_type, q, self.k[layer], self.v[layer],
-                                 q_pos, row_slot, self.pools[w].pos, self.tables[w], self.block,
-                                 window, scale, softcap, out, checked=True)
+        n_hq = q.shape[1]
+        if (q.ndim != 3 or q.shape[0] != q_pos.shape[0] or q.shape[2] != self.head_dim
+                or out.shape != (q.shape[0], n_hq, self.head_dim_v) or n_hq % self.n_head_kv
+                or out.dtype != np.float32 or not out.flags.c_contiguous):
+            raise ValueError(f"q {q.shape} / out {out.shape} do not fit this cache")
+        if q.shape[0] == 0:
+            return
+        # One plan per step and window: every layer of a forward pass attends with the same
+        # rows, so the tiling, chunking and partial buffers are made once, keyed by the
+        # rows' positions and sequences themselves (values, not array identities).
+        q_pos = np.ascontiguousarray(q_pos, dtype=np.int64)
+        row_slot = np.ascontiguousarray(row_slot, dtype=np.int64)
+        key = (w, window, n_hq, q_pos.tobytes(), row_slot.tobytes())
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= 8:
+                self._plans.clear()
+            plan = self._plans[key] = kv_quant.attention_plan(
+                n_hq, self.n_head_kv, self.head_dim_v, q_pos, row_slot, window)
+        kv, vv = self._layer_views(layer)
+        kv_quant.attention_planned(plan, np.ascontiguousarray(q, dtype=np.float32), kv, vv,
+                                   self.pools[w].pos, self.tables[w], self.block, scale,
+                                   softcap, out)
         if self.v_rot:
             ops.hadamard_(out, self.v_rot)
 

@@ -38,6 +38,7 @@ different threads and merged at the end (flash-decoding).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
@@ -61,6 +62,10 @@ __all__ = [
     "attention",
     "attention_slots",
     "attention_paged",
+    "attention_plan",
+    "attention_planned",
+    "storage_views",
+    "store_planned",
 ]
 
 KV_TYPES: tuple[str, ...] = ("f32", "f16", "q8_0", "q4_0")
@@ -982,13 +987,32 @@ def attention_paged(
          window, scale, softcap, out)
 
 
-def _run(kk: int, vk: int, q: np.ndarray, kv: tuple, vv: tuple, n_hkv: int,
-         q_pos: np.ndarray, row_slot: np.ndarray, kv_pos: np.ndarray, table: np.ndarray,
-         blk: int, window: int, scale: float, softcap: float, res: np.ndarray) -> None:
-    """Tile the rows (never across a slot boundary), bound the partial results, call the
-    kernel. Nothing here changes a row's arithmetic: chunks are fixed by absolute position."""
-    n_rows, n_hq, _ = q.shape
-    dv = res.shape[2]
+class AttentionPlan(NamedTuple):
+    """How one batch's rows are cut into kernel calls (attention_plan): a function of the
+    rows' sequences and positions, the head counts and the window only, so every layer of a
+    forward step with the same window reuses it (and its partial-result buffers)."""
+
+    n_rows: int
+    n_hq: int
+    n_hkv: int
+    dv: int
+    window: int
+    q_pos: np.ndarray  # [N] int64, C-contiguous
+    row_seq: np.ndarray  # [N] int64
+    calls: tuple  # (a, b, tiles [k + 1] int64 (relative to a), part_m, part_l, part_acc)
+    rows_per_tile: int
+    c_lo: int
+    n_chunks: int
+
+
+def attention_plan(n_hq: int, n_hkv: int, dv: int, q_pos: np.ndarray, row_seq: np.ndarray,
+                   window: int) -> AttentionPlan:
+    """Tile the rows (never across a sequence boundary) and bound the partial results.
+    Nothing here changes a row's arithmetic: chunks are fixed by absolute position.
+    q_pos / row_seq: [N] int64 (a sequence's rows contiguous)."""
+    q_pos = np.ascontiguousarray(q_pos, dtype=np.int64)
+    row_slot = np.ascontiguousarray(row_seq, dtype=np.int64)
+    n_rows = q_pos.shape[0]
     g = n_hq // n_hkv
     rows_per_tile = max(1, min(n_rows, _TILE_HEADS // g))
     # tile bounds: a new tile at every slot change and every rows_per_tile rows
@@ -1011,6 +1035,7 @@ def _run(kk: int, vk: int, q: np.ndarray, kv: tuple, vv: tuple, n_hkv: int,
     # row groups at tile bounds, each holding at most ~_PART_MAX partial floats
     per_row = max(1, n_chunks * n_hq * dv) if n_chunks > 1 else 1
     max_rows = max(rows_per_tile, _PART_MAX // per_row)
+    calls = []
     t0 = 0
     n_tiles = tiles.shape[0] - 1
     while t0 < n_tiles:
@@ -1024,10 +1049,63 @@ def _run(kk: int, vk: int, q: np.ndarray, kv: tuple, vv: tuple, n_hkv: int,
             part_m = poison.empty((n_chunks, b - a, n_hq), np.float32)
             part_l = poison.empty((n_chunks, b - a, n_hq), np.float32)
             part_acc = poison.empty((n_chunks, b - a, n_hq, dv), np.float32)
-        _attention_kernel(
-            kk, vk, q[a:b], *kv, *vv, n_hkv, q_pos[a:b], row_slot[a:b], kv_pos, table, blk,
-            int(window), np.float32(scale), np.float32(softcap), res[a:b],
-            tiles[t0 : t1 + 1] - a, rows_per_tile, c_lo, n_chunks, part_m, part_l, part_acc,
-        )
+        calls.append((a, b, tiles[t0 : t1 + 1] - a, part_m, part_l, part_acc))
         t0 = t1
+    return AttentionPlan(n_rows, n_hq, n_hkv, dv, int(window), q_pos, row_slot, tuple(calls),
+                         rows_per_tile, c_lo, n_chunks)
+
+
+def _execute(plan: AttentionPlan, kk: int, vk: int, q: np.ndarray, kv: tuple, vv: tuple,
+             kv_pos: np.ndarray, table: np.ndarray, blk: int, scale: float, softcap: float,
+             res: np.ndarray) -> None:
+    """The kernel calls of a plan for one layer's q [N, Hq, Dh] into res [N, Hq, Dv]."""
+    sc, cap = np.float32(scale), np.float32(softcap)
+    for a, b, tiles, part_m, part_l, part_acc in plan.calls:
+        whole = a == 0 and b == plan.n_rows
+        _attention_kernel(
+            kk, vk, q if whole else q[a:b], *kv, *vv, plan.n_hkv,
+            plan.q_pos if whole else plan.q_pos[a:b],
+            plan.row_seq if whole else plan.row_seq[a:b], kv_pos, table, blk, plan.window,
+            sc, cap, res if whole else res[a:b], tiles, plan.rows_per_tile, plan.c_lo,
+            plan.n_chunks, part_m, part_l, part_acc,
+        )
+
+
+def _run(kk: int, vk: int, q: np.ndarray, kv: tuple, vv: tuple, n_hkv: int,
+         q_pos: np.ndarray, row_slot: np.ndarray, kv_pos: np.ndarray, table: np.ndarray,
+         blk: int, window: int, scale: float, softcap: float, res: np.ndarray) -> None:
+    """Plan and run one call (attention_plan, then the kernel calls)."""
+    plan = attention_plan(q.shape[1], n_hkv, res.shape[2], q_pos, row_slot, window)
+    _execute(plan, kk, vk, q, kv, vv, kv_pos, table, blk, scale, softcap, res)
+
+
+class StorageViews(NamedTuple):
+    """A K or V storage array as the kernels take it (storage_views)."""
+
+    kind: int
+    s8: np.ndarray
+    s16: np.ndarray
+    s32: np.ndarray
+
+
+def storage_views(kv_type: str, arr: np.ndarray) -> StorageViews:
+    """The checked kernel views of a [E, Hkv, W] storage array of kv_type, to keep for
+    attention_planned / store_planned (KVCache keeps one per layer)."""
+    return StorageViews(_KIND[kv_type], *_views(kv_type, arr, "storage"))
+
+
+def attention_planned(plan: AttentionPlan, q: np.ndarray, k: StorageViews, v: StorageViews,
+                      kv_pos: np.ndarray, table: np.ndarray, block: int, scale: float,
+                      softcap: float, out: np.ndarray) -> None:
+    """attention_paged for a plan's rows, with no argument checks: the caller (KVCache, once
+    per layer of a forward step) built the plan, the views and the table itself. q [N, Hq,
+    Dh] and out [N, Hq, Dv] float32 C-contiguous; kv_pos [E] int64; table [S, NB] int64."""
+    _execute(plan, k.kind, v.kind, q, (k.s8, k.s16, k.s32), (v.s8, v.s16, v.s32), kv_pos,
+             table, block, scale, softcap, out)
+
+
+def store_planned(views: StorageViews, src: np.ndarray, idx: np.ndarray) -> None:
+    """store() with no argument checks: src [n, Hkv, Dh] float32 C-contiguous into entries
+    idx [n] int64 (in range) of the storage behind views (KVCache, which placed idx)."""
+    _store_rows(views.kind, src, views.s8, views.s16, views.s32, idx)
 
