@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -44,9 +45,12 @@ def _manifest_path(stamp: Path) -> Path:
     return stamp.with_suffix(".kernels.pkl")
 
 
-def used_kernels() -> list[ManifestEntry]:
-    """Every compiled function this process has: dispatchers with signatures in localllm's
-    modules, and the row kernels mm_driver built."""
+def used_kernels(nested: set | frozenset = frozenset()) -> list[ManifestEntry]:
+    """The disk-cached compiled functions this process has: dispatchers with signatures in
+    localllm's modules, and the row kernels mm_driver built. `nested`: entries seen compiled
+    only inside another function (helpers: their code is part of their callers' cache
+    entries, so loading them on their own would only cost time and memory)."""
+    from numba.core.caching import NullCache
     from numba.core.dispatcher import Dispatcher
 
     out: list[ManifestEntry] = []
@@ -54,8 +58,10 @@ def used_kernels() -> list[ManifestEntry]:
         if not name.startswith("localllm.") or mod is None:
             continue
         for attr, obj in list(vars(mod).items()):
-            if isinstance(obj, Dispatcher) and getattr(obj, "__module__", name) == name:
-                out.extend((name, attr, tuple(sig)) for sig in obj.signatures)
+            if (isinstance(obj, Dispatcher) and getattr(obj, "__module__", name) == name
+                    and not isinstance(getattr(obj, "_cache", None), NullCache)):
+                out.extend((name, attr, tuple(sig)) for sig in obj.signatures
+                           if (name, attr, tuple(sig)) not in nested)
     driver = sys.modules.get("localllm.kernels.cpu.mm_driver")
     for qtype, variant in getattr(driver, "_KERNELS", {}):
         out.append(("@kernel", int(qtype), variant))
@@ -84,22 +90,160 @@ def load_kernels(entries: list[ManifestEntry]) -> int:
     return n
 
 
-def _read_manifest(path: Path) -> list[ManifestEntry] | None:
+def callable_from_python(entry: ManifestEntry) -> bool:
+    """Whether an entry is a function Python calls (arrays and plain numbers as arguments),
+    not a helper compiled into its callers (literal or SIMD vector arguments): only those are
+    worth compiling on their own."""
+    from numba.core import types
+
+    mod, _, sig = entry
+    if mod == "@kernel":
+        return True
+    return all(isinstance(t, (types.Array, types.Integer, types.Float, types.Boolean))
+               and not isinstance(t, types.Literal) for t in sig)
+
+
+class Manifest:
+    """The compiled functions a model used, and how long each took to compile (seconds by
+    (module, function); 0 where unknown)."""
+
+    def __init__(self, entries: list[ManifestEntry], seconds: dict | None = None) -> None:
+        self.entries = entries
+        self.seconds = seconds or {}
+
+    def cost(self, entry: ManifestEntry) -> float:
+        return float(self.seconds.get(entry[:2], 0.0)) + 0.1
+
+
+def _read_manifest(path: Path) -> Manifest | None:
     try:
         with path.open("rb") as f:
-            entries = pickle.load(f)  # the same trust as Numba's own pickled cache index
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
+            data = pickle.load(f)  # the same trust as Numba's own pickled cache index
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError,
+            ValueError):
         return None
-    return entries if isinstance(entries, list) else None
+    if isinstance(data, dict) and isinstance(data.get("entries"), list):
+        return Manifest(data["entries"], data.get("seconds"))
+    return None
 
 
-def _write_manifest(path: Path, entries: list[ManifestEntry]) -> None:
-    tmp = path.with_suffix(f".tmp{id(entries)}")
+def _sibling_manifest(name: str) -> Manifest | None:
+    """The newest manifest of this model kind kept in another keyed folder (an earlier
+    version of the kernels): its list of functions is still a good guess of what to compile."""
+    from localllm.kernels import KERNEL_CACHE_DIR
+
+    here = Path(KERNEL_CACHE_DIR)
     try:
-        tmp.write_bytes(pickle.dumps(entries))
+        found = sorted(here.parent.glob(f"*/{name}"), key=lambda p: p.stat().st_mtime,
+                       reverse=True)
+    except OSError:
+        return None
+    for path in found:
+        if path.parent != here:
+            m = _read_manifest(path)
+            if m is not None:
+                return m
+    return None
+
+
+def _write_manifest(path: Path, manifest: Manifest) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    try:
+        tmp.write_bytes(pickle.dumps({"entries": manifest.entries,
+                                      "seconds": manifest.seconds}))
         tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
-    except (OSError, pickle.PicklingError):
+    except (OSError, pickle.PicklingError, AttributeError, TypeError):
         tmp.unlink(missing_ok=True)
+
+
+class _CompileProgress:
+    """A status line naming what Numba is compiling now (the numba:compile event), with a
+    count of the kernels done when the list is known. Records each compile's duration."""
+
+    def __init__(self, show: bool) -> None:
+        self.show = show
+        self.seconds: dict[tuple[str, str], float] = {}
+        self.nested: set[ManifestEntry] = set()  # compiled only as a callee
+        self._top: set[ManifestEntry] = set()
+        self._depth = 0
+        self._t0 = 0.0
+        self._done = 0
+        self._total = 0
+        self._what = "kernels"
+        self._progress: Any = None
+        self._task: Any = None
+        self._listener: Any = None
+
+    def __enter__(self) -> _CompileProgress:
+        from numba.core import event
+
+        if self.show:
+            from rich.console import Console
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                console=Console(stderr=True), transient=True)
+            self._progress.__enter__()
+            self._task = self._progress.add_task(self._text())
+        outer = self
+
+        class _Listener(event.Listener):
+            def on_start(self, ev: Any) -> None:
+                outer.on_compile(ev, start=True)
+
+            def on_end(self, ev: Any) -> None:
+                outer.on_compile(ev, start=False)
+
+        self._listener = _Listener()
+        event.register("numba:compile", self._listener)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from numba.core import event
+
+        event.unregister("numba:compile", self._listener)
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    def _text(self, name: str = "") -> str:
+        count = f" [{self._done}/{self._total}]" if self._total else ""
+        now = f": {name}" if name else ""
+        return (f"Compiling CPU kernels for this machine (first run only; cached "
+                f"afterwards){count}{now}")
+
+    def expect(self, total: int, what: str) -> None:
+        self._total, self._what = total, what
+        self._update()
+
+    def advance(self, n: int) -> None:
+        self._done += n
+        self._update()
+
+    def _update(self, name: str = "") -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=self._text(name))
+
+    def on_compile(self, ev: Any, start: bool) -> None:
+        import time
+
+        disp = ev.data.get("dispatcher") if isinstance(ev.data, dict) else None
+        py = getattr(disp, "py_func", None)
+        if py is None:
+            return
+        key = (py.__module__, py.__name__)
+        if start:
+            entry = (*key, tuple(ev.data.get("args") or ()))
+            (self._top if self._depth == 0 else self.nested).add(entry)
+            self.nested -= self._top
+            self._depth += 1
+            if self._depth == 1:
+                self._t0 = time.perf_counter()
+                self._update(f"{key[0].rsplit('.', 1)[-1]}.{key[1]}")
+        else:
+            self._depth -= 1
+            if self._depth == 0:
+                self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - self._t0
 
 
 def ensure_kernels_compiled(engine, progress: bool = True) -> bool:
@@ -107,30 +251,34 @@ def ensure_kernels_compiled(engine, progress: bool = True) -> bool:
     what only loading needed (localllm/lean.py). Returns True if this was a cold run that
     had to compile."""
     from localllm import lean
+    from localllm.compile_workers import compile_in_workers, default_workers
 
     qtypes = [int(t.type) for t in engine.gf.tensors.values()]
     arch = str(getattr(getattr(engine, "cfg", None), "arch", "") or "")
     stamp = _stamp(qtypes, arch)
     manifest = _manifest_path(stamp)
     cold = not stamp.exists()
-    if not cold:
-        entries = _read_manifest(manifest)
-        if entries is None:  # a stamp from before manifests: one warm-up pass records it
-            engine.warmup()
-            _write_manifest(manifest, used_kernels())
-        else:
-            load_kernels(entries)
+    known = _read_manifest(manifest)
+    if not cold and known is not None:
+        load_kernels([e for e in known.entries if callable_from_python(e)])
+    elif not cold:  # a stamp from before manifests: one warm-up pass records it
+        engine.warmup()
+        _write_manifest(manifest, Manifest(used_kernels()))
     else:
-        if progress:
-            from rich.console import Console
-
-            with Console(stderr=True).status(
-                "Compiling CPU kernels for this machine (first run only; cached afterwards)..."
-            ):
-                engine.warmup()
-        else:
-            engine.warmup()
-        _write_manifest(manifest, used_kernels())
+        # the list of what to compile: this folder's, or an earlier version's; with one, the
+        # work is split over worker processes; without, the warm-up pass finds it out
+        guess = known or _sibling_manifest(manifest.name)
+        n_workers = default_workers()
+        with _CompileProgress(progress) as prog:
+            if guess is not None and n_workers > 0:
+                todo = [e for e in guess.entries if callable_from_python(e)]
+                prog.expect(len(todo), "kernels")
+                compile_in_workers(todo, n_workers, cost=guess.cost,
+                                   on_share_done=prog.advance)
+            engine.warmup()  # loads what the workers compiled; compiles whatever is left
+        seconds = dict(guess.seconds) if guess is not None else {}
+        seconds.update(prog.seconds)
+        _write_manifest(manifest, Manifest(used_kernels(prog.nested), seconds))
         stamp.write_text(json.dumps({"qtypes": sorted(set(qtypes)), "arch": arch}))
     lean.release_free_heap()
     lean.page_out_jit_code()
