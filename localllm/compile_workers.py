@@ -28,8 +28,11 @@ from typing import Any
 
 
 def default_workers() -> int:
-    """Worker processes besides this one: one per further core, at most 3 (each compiling
-    process needs ~0.3-0.6 GB while LLVM runs)."""
+    """Worker processes besides this one: $LOCALLLM_COMPILE_WORKERS, else one per further
+    core, at most 3 (each compiling process needs ~0.3-0.6 GB while LLVM runs)."""
+    env = os.environ.get("LOCALLLM_COMPILE_WORKERS", "").strip()
+    if env.isdigit():
+        return int(env)
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(0, min(3, (n or 1) - 1))
 

@@ -72,16 +72,21 @@ def load_kernels(entries: list[ManifestEntry]) -> int:
     """Load these compiled functions (from Numba's disk cache, or compile them). Entries
     whose module, function or signature no longer exists are skipped: the forward pass
     compiles whatever it still misses. Returns how many were loaded."""
+    from localllm.kernels.cpu.cpu_features import FEATURES
+
     n = 0
     for mod_name, attr, sig in entries:
         try:
             if mod_name == "@kernel":
                 from localllm.kernels.cpu.mm_driver import kernel
 
+                # a list made on another CPU may name 512-bit kernels: never compile those
+                # where they cannot run (r16 is an AVX-512 VNNI layout)
                 if sig == "r16":
-                    kernel(attr, r16=True)
-                else:
-                    kernel(attr, wide=bool(sig))
+                    if FEATURES.wide:
+                        kernel(attr, r16=True)
+                    continue
+                kernel(attr, wide=bool(sig) and FEATURES.wide)
             else:
                 getattr(importlib.import_module(mod_name), attr).compile(sig)
             n += 1
@@ -112,6 +117,13 @@ class Manifest:
         self.seconds = seconds or {}
 
     def cost(self, entry: ManifestEntry) -> float:
+        """Seconds to compile an entry; a row kernel's share of its row loop's total."""
+        if entry[0] == "@kernel":
+            r16 = entry[2] == "r16"
+            loop = (("localllm.kernels.cpu.mm_r16", "_rows_r16") if r16
+                    else ("localllm.kernels.cpu.mm_driver", "_rows"))
+            n = sum(1 for e in self.entries if e[0] == "@kernel" and (e[2] == "r16") == r16)
+            return float(self.seconds.get(loop, 0.0)) / max(1, n) + 0.1
         return float(self.seconds.get(entry[:2], 0.0)) + 0.1
 
 
@@ -144,6 +156,45 @@ def _sibling_manifest(name: str) -> Manifest | None:
             if m is not None:
                 return m
     return None
+
+
+def _types_namespace() -> dict[str, Any]:
+    from numba.core import types
+
+    return {**vars(types), "bool": types.boolean}
+
+
+def shipped_manifest(arch: str, qtypes: list[int]) -> Manifest | None:
+    """The list kept in localllm/kernel_lists.py for this kind of model (the default model's),
+    for a first run on a machine with no kernel cache at all."""
+    from localllm.kernel_lists import KERNEL_LISTS
+
+    got = KERNEL_LISTS.get(f"{arch} {sorted(set(qtypes))}")
+    if got is None:
+        return None
+    ns = _types_namespace()
+    entries: list[ManifestEntry] = []
+    for mod, attr, sig in got["entries"]:
+        try:  # the signatures are numba type reprs: Array(float32, 2, 'C', False, ...), int64
+            entries.append((mod, attr, sig if mod == "@kernel" else eval(sig, ns)))  # noqa: S307
+        except Exception:  # noqa: BLE001 - a type this Numba does not know: compile it lazily
+            continue
+    return Manifest(entries, {tuple(k.split(":")): v for k, v in got["seconds"].items()})
+
+
+def manifest_source(manifest: Manifest, arch: str, qtypes: list[int]) -> str:
+    """`manifest` as an entry of localllm/kernel_lists.py (signatures written as reprs that
+    shipped_manifest evaluates back to the same types; any that would not are left out)."""
+    ns = _types_namespace()
+    rows = []
+    for mod, attr, sig in manifest.entries:
+        if mod == "@kernel":
+            rows.append(f"        ({mod!r}, {attr!r}, {sig!r}),")
+        elif callable_from_python((mod, attr, sig)) and eval(repr(sig), ns) == sig:  # noqa: S307
+            rows.append(f"        ({mod!r}, {attr!r},\n         {repr(sig)!r}),")
+    secs = ", ".join(f"{k[0] + ':' + k[1]!r}: {v:.2f}" for k, v in sorted(manifest.seconds.items()))
+    return (f"    {arch + ' ' + str(sorted(set(qtypes)))!r}: {{\n        \"entries\": [\n"
+            + "\n".join(rows) + f"\n        ],\n        \"seconds\": {{{secs}}},\n    }},")
 
 
 def _write_manifest(path: Path, manifest: Manifest) -> None:
@@ -267,7 +318,7 @@ def ensure_kernels_compiled(engine, progress: bool = True) -> bool:
     else:
         # the list of what to compile: this folder's, or an earlier version's; with one, the
         # work is split over worker processes; without, the warm-up pass finds it out
-        guess = known or _sibling_manifest(manifest.name)
+        guess = known or _sibling_manifest(manifest.name) or shipped_manifest(arch, qtypes)
         n_workers = default_workers()
         with _CompileProgress(progress) as prog:
             if guess is not None and n_workers > 0:
@@ -303,3 +354,29 @@ def skip_numba_blas_probe() -> None:
             del sys.modules[key]
         else:
             sys.modules[key] = saved
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m localllm.warmup [MODEL]`: compile (or load) the model's kernels and print
+    its entry for localllm/kernel_lists.py."""
+    import argparse
+
+    from localllm.default_model import resolve_model
+    from localllm.engine import Engine
+
+    ap = argparse.ArgumentParser(prog="python -m localllm.warmup")
+    ap.add_argument("model", nargs="?", default=None)
+    a = ap.parse_args(argv)
+    engine = Engine(resolve_model(a.model), n_ctx=512)
+    ensure_kernels_compiled(engine, progress=False)
+    qtypes = [int(t.type) for t in engine.gf.tensors.values()]
+    m = _read_manifest(_manifest_path(_stamp(qtypes, engine.cfg.arch)))
+    if m is None:
+        print("error: no kernel list was recorded", file=sys.stderr)
+        return 1
+    print(manifest_source(m, engine.cfg.arch, qtypes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
