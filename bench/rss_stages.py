@@ -80,6 +80,11 @@ def floor() -> int:
     how = "loaded" if _axpy.stats.cache_hits else "compiled (run again to load)"
     st(f"one njit call, {how}")
     print(f"({time.perf_counter() - t0:.2f} s; cache {KERNEL_CACHE_DIR})")
+    from localllm import lean
+
+    lean.release_free_heap()
+    lean.page_out_jit_code()
+    st("after lean.py (heap trim, LLVM pages)")
     return 0
 
 
@@ -99,7 +104,7 @@ def main() -> int:
     lean.tune_malloc()
     from localllm.cli import build_parser
 
-    build_parser()
+    build_parser("run")  # as `localllm run` builds it: only the run command's module
     st("import + CLI parser")
     from localllm.warmup import skip_numba_blas_probe
 

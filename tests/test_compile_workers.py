@@ -64,3 +64,27 @@ def test_split_balances_cost() -> None:
     assert sorted(sum(s) for s in shares) == [7, 7]
     assert sorted(x for s in shares for x in s) == [1, 1, 1, 1, 1, 4, 5]
     assert split([1, 2, 3], 1) == [[1, 2, 3]]
+
+
+def test_shipped_kernel_lists_name_existing_kernels() -> None:
+    """A stale list only costs time, but a renamed kernel should be noticed: every entry
+    names a cached dispatcher (or a row-kernel type) and its signature parses back."""
+    import importlib
+
+    from numba.core.dispatcher import Dispatcher
+
+    from localllm.formats.qtypes import QTYPES
+    from localllm.kernel_lists import KERNEL_LISTS
+    from localllm.warmup import shipped_manifest
+
+    assert KERNEL_LISTS
+    for key, listed in KERNEL_LISTS.items():
+        arch, qtypes = key.split(" ", 1)
+        m = shipped_manifest(arch, [int(q) for q in qtypes.strip("[]").split(",")])
+        assert m is not None and len(m.entries) == len(listed["entries"]), key
+        for mod, attr, sig in m.entries:
+            if mod == "@kernel":
+                assert attr in QTYPES and sig in (True, False, "r16")
+            else:
+                fn = getattr(importlib.import_module(mod), attr)
+                assert isinstance(fn, Dispatcher) and isinstance(sig, tuple), (mod, attr)
