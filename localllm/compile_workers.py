@@ -102,48 +102,76 @@ def merge_cache(src: Path, dst: Path) -> int:
     return added
 
 
+class Workers:
+    """Worker processes compiling their shares into private caches (see the module notes)."""
+
+    def __init__(self, shares: list[list[Any]]) -> None:
+        from localllm.kernels import KERNEL_CACHE_DIR
+
+        self.root = Path(tempfile.mkdtemp(prefix="localllm-compile-"))
+        self.procs: list[tuple[subprocess.Popen, Path, int]] = []
+        try:
+            for i, share in enumerate(s for s in shares if s):
+                job = self.root / f"share{i}.pkl"
+                job.write_bytes(pickle.dumps(share))
+                env = dict(os.environ, NUMBA_CACHE_DIR=str(self.root / f"cache{i}"))
+                p = subprocess.Popen(
+                    [sys.executable, "-m", "localllm.compile_workers", str(job)], env=env,
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL)
+                self.procs.append((p, self.root / f"cache{i}" / Path(KERNEL_CACHE_DIR).name,
+                                   len(share)))
+        except BaseException:
+            self.cancel()
+            raise
+
+    def finish(self, on_share_done: Callable[[int], None] | None = None) -> int:
+        """Wait for the workers and merge their caches into this process's; returns the
+        number of overloads merged. A worker that failed only leaves its share undone."""
+        from localllm.kernels import KERNEL_CACHE_DIR
+
+        merged = 0
+        try:
+            for p, folder, n in self.procs:
+                p.wait()
+                if p.returncode == 0 and folder.is_dir():
+                    merged += merge_cache(folder, Path(KERNEL_CACHE_DIR))
+                if on_share_done:
+                    on_share_done(n)
+        finally:
+            self.cancel()
+        return merged
+
+    def cancel(self) -> None:
+        """Stop what still runs and remove the private caches."""
+        for p, _, _ in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.procs = []
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 def compile_in_workers(entries: Sequence[Any], n_workers: int,
                        cost: Callable[[Any], float] | None = None,
                        on_share_done: Callable[[int], None] | None = None,
                        here: bool = True) -> int:
     """Compile `entries` (warmup.py manifest entries) with this process (unless `here` is
     false) and n_workers worker processes into this process's kernel cache. Returns the
-    number of overloads merged in from the workers. A worker that fails only leaves its
-    share to be compiled later."""
-    from localllm.kernels import KERNEL_CACHE_DIR
+    number of overloads merged in from the workers."""
     from localllm.warmup import load_kernels
 
     shares = split(entries, n_workers + int(here), cost)
     mine = shares.pop(0) if here else []
-    theirs = [s for s in shares if s]
-    root = Path(tempfile.mkdtemp(prefix="localllm-compile-"))
-    procs: list[tuple[subprocess.Popen, Path, int]] = []
+    workers = Workers(shares)
     try:
-        for i, share in enumerate(theirs):
-            job = root / f"share{i}.pkl"
-            job.write_bytes(pickle.dumps(share))
-            env = dict(os.environ, NUMBA_CACHE_DIR=str(root / f"cache{i}"))
-            p = subprocess.Popen([sys.executable, "-m", "localllm.compile_workers", str(job)],
-                                 env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
-            procs.append((p, root / f"cache{i}" / Path(KERNEL_CACHE_DIR).name, len(share)))
         load_kernels(mine)
         if on_share_done:
             on_share_done(len(mine))
-        merged = 0
-        for p, folder, n in procs:
-            p.wait()
-            if p.returncode == 0 and folder.is_dir():
-                merged += merge_cache(folder, Path(KERNEL_CACHE_DIR))
-            if on_share_done:
-                on_share_done(n)
-        return merged
-    finally:
-        for p, _, _ in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        shutil.rmtree(root, ignore_errors=True)
+    except BaseException:
+        workers.cancel()
+        raise
+    return workers.finish(on_share_done)
 
 
 def _worker(job: str) -> int:

@@ -297,18 +297,84 @@ class _CompileProgress:
                 self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - self._t0
 
 
-def ensure_kernels_compiled(engine, progress: bool = True) -> bool:
-    """Compile (or load from Numba's cache) the kernels this model needs, then let go of
-    what only loading needed (localllm/lean.py). Returns True if this was a cold run that
-    had to compile."""
-    from localllm import lean
-    from localllm.compile_workers import compile_in_workers, default_workers
+def _model_kind(gf: Any) -> tuple[list[int], str]:
+    """(weight types, architecture): what decides which kernels a model needs."""
+    return ([int(t.type) for t in gf.tensors.values()],
+            str(gf.metadata.get("general.architecture", "") or ""))
 
-    qtypes = [int(t.type) for t in engine.gf.tensors.values()]
-    arch = str(getattr(getattr(engine, "cfg", None), "arch", "") or "")
+
+class PendingCompile:
+    """Worker processes compiling a cold first run's kernels, started before the model loads
+    (start_compiling), and this process's own share, done in ensure_kernels_compiled."""
+
+    def __init__(self, stamp: Path, guess: Manifest, n_workers: int) -> None:
+        from localllm.compile_workers import Workers, split
+
+        self.stamp, self.guess = stamp, guess
+        self.todo = [e for e in guess.entries if callable_from_python(e)]
+        shares = split(self.todo, n_workers + 1, guess.cost)
+        self.mine = shares.pop(0)
+        self.workers = Workers(shares)
+
+    def finish(self, prog: _CompileProgress) -> None:
+        prog.expect(len(self.todo), "kernels")
+        try:
+            load_kernels(self.mine)
+            prog.advance(len(self.mine))
+        except BaseException:
+            self.workers.cancel()
+            raise
+        self.workers.finish(prog.advance)
+
+    def cancel(self) -> None:
+        self.workers.cancel()
+
+
+def _guess(manifest: Path, arch: str, qtypes: list[int]) -> Manifest | None:
+    """The list of what to compile: this folder's, an earlier kernel version's, or the one
+    shipped for this kind of model."""
+    return (_read_manifest(manifest) or _sibling_manifest(manifest.name)
+            or shipped_manifest(arch, qtypes))
+
+
+def start_compiling(model_path: str | os.PathLike) -> PendingCompile | None:
+    """On a cold first run, start the compile workers now, while this process loads the
+    model (~1-2 s earlier than ensure_kernels_compiled could). None when there is nothing to
+    start: kernels cached, no list of them, no spare core, or a file that does not read (the
+    model load then says why)."""
+    from localllm.compile_workers import default_workers
+    from localllm.formats import read_gguf
+
+    n_workers = default_workers()
+    if n_workers <= 0:
+        return None
+    try:
+        with read_gguf(model_path) as gf:
+            qtypes, arch = _model_kind(gf)
+    except Exception:  # noqa: BLE001 - reported by the model load that follows
+        return None
+    stamp = _stamp(qtypes, arch)
+    if stamp.exists():
+        return None
+    guess = _guess(_manifest_path(stamp), arch, qtypes)
+    return None if guess is None else PendingCompile(stamp, guess, n_workers)
+
+
+def ensure_kernels_compiled(engine, progress: bool = True,
+                            pending: PendingCompile | None = None) -> bool:
+    """Compile (or load from Numba's cache) the kernels this model needs, then let go of
+    what only loading needed (localllm/lean.py). `pending`: workers start_compiling started
+    for this model. Returns True if this was a cold run that had to compile."""
+    from localllm import lean
+    from localllm.compile_workers import default_workers
+
+    qtypes, arch = _model_kind(engine.gf)
     stamp = _stamp(qtypes, arch)
     manifest = _manifest_path(stamp)
     cold = not stamp.exists()
+    if pending is not None and (not cold or pending.stamp != stamp):
+        pending.cancel()  # started for another model, or another process finished first
+        pending = None
     known = _read_manifest(manifest)
     if not cold and known is not None:
         load_kernels([e for e in known.entries if callable_from_python(e)])
@@ -316,18 +382,16 @@ def ensure_kernels_compiled(engine, progress: bool = True) -> bool:
         engine.warmup()
         _write_manifest(manifest, Manifest(used_kernels()))
     else:
-        # the list of what to compile: this folder's, or an earlier version's; with one, the
-        # work is split over worker processes; without, the warm-up pass finds it out
-        guess = known or _sibling_manifest(manifest.name) or shipped_manifest(arch, qtypes)
-        n_workers = default_workers()
+        # with a list of what to compile, the work is split over worker processes; without
+        # one, the warm-up pass finds it out
+        if pending is None and default_workers() > 0:
+            guess = _guess(manifest, arch, qtypes)
+            pending = None if guess is None else PendingCompile(stamp, guess, default_workers())
         with _CompileProgress(progress) as prog:
-            if guess is not None and n_workers > 0:
-                todo = [e for e in guess.entries if callable_from_python(e)]
-                prog.expect(len(todo), "kernels")
-                compile_in_workers(todo, n_workers, cost=guess.cost,
-                                   on_share_done=prog.advance)
+            if pending is not None:
+                pending.finish(prog)
             engine.warmup()  # loads what the workers compiled; compiles whatever is left
-        seconds = dict(guess.seconds) if guess is not None else {}
+        seconds = dict(pending.guess.seconds) if pending is not None else {}
         seconds.update(prog.seconds)
         _write_manifest(manifest, Manifest(used_kernels(prog.nested), seconds))
         stamp.write_text(json.dumps({"qtypes": sorted(set(qtypes)), "arch": arch}))
