@@ -344,9 +344,13 @@ def start_compiling(model_path: str | os.PathLike) -> PendingCompile | None:
     model load then says why)."""
     from localllm.compile_workers import default_workers
     from localllm.formats import read_gguf
+    from localllm.kernels import KERNEL_CACHE_DIR
 
     n_workers = default_workers()
-    if n_workers <= 0:
+    # Reading the file's tensor table costs ~50 ms: only worth it on the first run of this
+    # kernel version (any other model kind compiled here means warm runs are the rule; a new
+    # kind then still gets its workers, just after the model load)
+    if n_workers <= 0 or any(Path(KERNEL_CACHE_DIR).glob("warm-*.json")):
         return None
     try:
         with read_gguf(model_path) as gf:
