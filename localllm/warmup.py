@@ -258,10 +258,10 @@ class _CompileProgress:
             self._progress.__exit__(*exc)
 
     def _text(self, name: str = "") -> str:
-        count = f" [{self._done}/{self._total}]" if self._total else ""
-        now = f": {name}" if name else ""
-        return (f"Compiling CPU kernels for this machine (first run only; cached "
-                f"afterwards){count}{now}")
+        # short, the changing part first: an 80-column terminal shows it all
+        count = f" {self._done}/{self._total}" if self._total else ""
+        now = f" {name[:36]}" if name else ""
+        return f"first run, compiling CPU kernels (cached after){count}{now}"
 
     def expect(self, total: int, what: str) -> None:
         self._total, self._what = total, what
