@@ -1,10 +1,12 @@
 """Time to first token of a fresh `localllm run` process (and optionally llama.cpp's).
 
-    python bench/ttft.py [--runs 7] [--cold] [--llama-completion /path/to/llama-completion]
+    python bench/ttft.py [--runs 7] [--cold [--workers N]] [--llama-completion PATH]
 
 Measures from process start to the first byte of generated text on stdout, for a short raw
-prompt. `--cold` first deletes localllm's compiled-kernel stamp and Numba's on-disk cache for
-the kernels, so the first run includes JIT compilation (reported separately).
+prompt. `--cold` points the kernel cache at a new empty folder (NUMBA_CACHE_DIR; the user's
+cache is left alone), so the first run includes JIT compilation (reported separately, with
+the CPU time it took); `--workers` sets LOCALLLM_COMPILE_WORKERS for it (0: no parallel
+compilation).
 """
 
 from __future__ import annotations
@@ -16,15 +18,14 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 PROMPT = "The capital of France is"
 
 
-def first_byte_seconds(cmd: list[str]) -> float:
+def first_byte_seconds(cmd: list[str], env: dict[str, str] | None = None) -> float:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, env=env)
     assert proc.stdout is not None
     first = proc.stdout.read(1)
     dt = time.perf_counter() - t0
@@ -35,35 +36,37 @@ def first_byte_seconds(cmd: list[str]) -> float:
     return dt
 
 
-def clear_kernel_caches() -> None:
-    import localllm
-    from localllm import kernels
-    from localllm.default_model import cache_dir
-
-    for stamp in cache_dir().glob("kernels-*.json"):
-        stamp.unlink()
-    for root in {Path(kernels.__file__).parent, Path(localllm.__file__).parent}:
-        for pyc in root.rglob("__pycache__"):
-            for f in pyc.glob("*.nb[ic]"):  # Numba's cache index and data files
-                f.unlink()
-    numba_dir = os.environ.get("NUMBA_CACHE_DIR")
-    if numba_dir:
-        shutil.rmtree(numba_dir, ignore_errors=True)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--cold", action="store_true")
+    ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--llama-completion", default=None)
     ap.add_argument("--model", default=None)
     a = ap.parse_args()
     ours = [sys.executable, "-m", "localllm", "run"] + ([a.model] if a.model else []) + [
         PROMPT, "--raw", "-n", "8", "--temperature", "0"]
+    env = None
+    tmp = None
     if a.cold:
-        clear_kernel_caches()
-        print(f"localllm cold (compiles kernels): {first_byte_seconds(ours):.2f} s")
-    warm = [first_byte_seconds(ours) for _ in range(a.runs)]
+        import resource
+        import tempfile
+
+        tmp = tempfile.mkdtemp(prefix="ttft-kernels-")
+        env = {**os.environ, "NUMBA_CACHE_DIR": tmp}
+        if a.workers is not None:
+            env["LOCALLLM_COMPILE_WORKERS"] = str(a.workers)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        dt = first_byte_seconds(ours, env)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        print(f"localllm cold (compiles kernels): {dt:.2f} s to the first byte, "
+              f"{cpu:.1f} s of CPU in all its processes")
+    try:
+        warm = [first_byte_seconds(ours, env) for _ in range(a.runs)]
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
     print(f"localllm warm: median {statistics.median(warm):.3f} s "
           f"(min {min(warm):.3f}, max {max(warm):.3f}, {a.runs} runs)")
     if a.llama_completion:

@@ -18,6 +18,7 @@ fails with a `GGUFError` naming the file and the problem.
 
 from __future__ import annotations
 
+import codecs
 import mmap
 import os
 import struct
@@ -29,6 +30,8 @@ from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from localllm.formats.strings import StringArray
 
 __all__ = [
     "DEFAULT_ALIGNMENT",
@@ -46,6 +49,9 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ARRAY_NESTING = 8  # arrays of arrays deeper than this are not a real model, only a stack bomb
 _MAX_DIM = (1 << 63) - 1  # ggml stores ne as int64
+# String arrays at least this long (vocabularies, merges) are returned packed, as a
+# StringArray (formats/strings.py), instead of a list with a Python object per string.
+PACK_MIN_STRINGS = 1024
 
 # GGUF metadata value type ids (gguf.GGUFValueType)
 _T_UINT8, _T_INT8, _T_UINT16, _T_INT16, _T_UINT32, _T_INT32 = 0, 1, 2, 3, 4, 5
@@ -290,12 +296,14 @@ class _Parser:
             return [self.array(f"{what}[{i}]", depth + 1) for i in range(count)]
         raise self.error(f"array {what} has unknown item type id {itype} at offset {self.pos - 12}")
 
-    def string_array(self, count: int, what: str) -> list[str]:
+    def string_array(self, count: int, what: str) -> list[str] | StringArray:
         if count == 0:
             return []
         starts, lens = _locate_strings(self, count, what)  # [count] int64 each, absolute
         end = int(starts[-1] + lens[-1])
-        strings = _decode_strings(self, starts, lens, what)
+        strings = _pack_strings(self, starts, lens) if count >= PACK_MIN_STRINGS else None
+        if strings is None:
+            strings = _decode_strings(self, starts, lens, what)
         self.pos = end
         return strings
 
@@ -506,6 +514,31 @@ def _bulk_chain(chunk: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray, 
     if k == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64), 0
     return g[:k].astype(np.int64), lens[:k], int(nxt[k - 1])
+
+
+def _pack_strings(p: _Parser, starts: np.ndarray, lens: np.ndarray) -> StringArray | None:
+    """The strings as one StringArray, or None when one is not valid UTF-8 (then
+    _decode_strings names it). No Python object per string is made."""
+    u8 = np.frombuffer(p.buf, dtype=np.uint8)
+    first = int(starts[0]) - 8
+    end = int(starts[-1] + lens[-1])
+    # Keep the text and the last byte of each length prefix (0 for a length < 2**56): that NUL
+    # ends the string before it, so a valid buffer means every string is valid on its own.
+    keep = np.ones(end - first, dtype=bool)
+    rec = starts - 8 - first  # [count] record offsets within the region
+    for j in range(7):
+        keep[rec + j] = False
+    blob = u8[first:end][keep].tobytes()
+    dec = codecs.getincrementaldecoder("utf-8")()
+    step = 1 << 20  # validate in pieces: no str of the whole vocabulary is ever built
+    try:
+        for i in range(0, len(blob), step):
+            dec.decode(blob[i : i + step])
+        dec.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return None
+    lead = np.cumsum(lens) - lens  # [count] text bytes before string i
+    return StringArray(blob, lead + np.arange(1, len(starts) + 1), lens)
 
 
 def _decode_strings(p: _Parser, starts: np.ndarray, lens: np.ndarray, what: str) -> list[str]:

@@ -20,6 +20,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from localllm.formats.quants import quantize, row_nbytes
+from localllm.formats.strings import StringArray
 
 __all__ = ["TensorSpec", "gguf_value_type", "write_gguf"]
 
@@ -78,7 +79,7 @@ def gguf_value_type(value: Any) -> tuple[Any, GGUFValueType, GGUFValueType | Non
         if value.size == 0:
             raise ValueError("GGUFWriter cannot write empty metadata arrays")
         return value.tolist(), GGUFValueType.ARRAY, sub
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, StringArray)):
         items = list(value)
         if not items:
             raise ValueError("GGUFWriter cannot write empty metadata arrays")

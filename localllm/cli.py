@@ -34,7 +34,28 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Which module registers each subcommand, so that `localllm run ...` imports only the run
+# module (not the server's web stack or the TUI: ~5 MB resident and their import time). A
+# command missing here still works: the full parser is built.
+_MODULE_OF = {
+    "run": "localllm.run", "show": "localllm.inspect_cli", "tokenize": "localllm.inspect_cli",
+    "perplexity": "localllm.perplexity", "chat": "localllm.tui.chat_cli",
+    "bench": "localllm.bench", "serve": "localllm.server.app", "pull": "localllm.models_cli",
+    "list": "localllm.models_cli", "ls": "localllm.models_cli", "rm": "localllm.models_cli", "import": "localllm.models_cli",
+}
+
+
+def _command_of(argv: Sequence[str] | None) -> str | None:
+    """The subcommand named first on the command line, if it is a known one."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    first = next((a for a in args if not a.startswith("-")), None)
+    if first is None or any(a in ("-h", "--help", "--version") for a in args[: args.index(first)]):
+        return None
+    return first if first in _MODULE_OF else None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The CLI parser; with `only` (a subcommand) just the module that registers it."""
     import importlib
 
     from localllm import __version__
@@ -46,21 +67,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"localllm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in COMMAND_MODULES if only is None else (_MODULE_OF[only],):
         importlib.import_module(name).add_parsers(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(_command_of(argv))
     ns = parser.parse_args(argv)
     if ns.command is None:
         parser.print_help()
         return EXIT_ERROR
     try:
         if getattr(ns, "runs_model", False):
+            from localllm.lean import tune_malloc
             from localllm.warmup import skip_numba_blas_probe
 
+            tune_malloc()  # before the model's big buffers come and go (lean.py)
             skip_numba_blas_probe()
         if getattr(ns, "device", "auto") != "auto":
             from localllm.kernels.cuda.loader import resolve_device

@@ -9,6 +9,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, LlamaFileType
 
 from localllm.formats.gguf import GGUFFile
+from localllm.formats.strings import StringArray
 
 __all__ = ["describe", "file_type_name", "format_description"]
 
@@ -90,7 +91,7 @@ def describe(gf: GGUFFile) -> dict[str, Any]:
     mix = dict(sorted(mix.items(), key=lambda kv: -kv[1]["bytes"]))
 
     tokens = md.get("tokenizer.ggml.tokens")
-    vocab = len(tokens) if isinstance(tokens, list) else None
+    vocab = len(tokens) if isinstance(tokens, (list, StringArray)) else None
     special: dict[str, dict[str, Any]] = {}
     for label, key in _SPECIAL_TOKENS:
         tid = md.get(key)

@@ -145,11 +145,17 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
     from localllm.engine import Engine
     from localllm.speculative import StepCosts, make_drafter
-    from localllm.warmup import ensure_kernels_compiled
+    from localllm.warmup import ensure_kernels_compiled, start_compiling
 
     t0 = time.perf_counter()
-    engine = Engine(path, **engine_options(ns))
-    ensure_kernels_compiled(engine)
+    pending = start_compiling(path)  # a cold first run: workers compile while the model loads
+    try:
+        engine = Engine(path, **engine_options(ns))
+    except BaseException:
+        if pending is not None:
+            pending.cancel()
+        raise
+    ensure_kernels_compiled(engine, pending=pending)
     # one drafter (and draft model) for the process
     session = _Session(engine, ns, spec, make_drafter(spec, engine), StepCosts(), fmt)
     load_s = time.perf_counter() - t0

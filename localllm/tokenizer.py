@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from localllm.formats.strings import StringArray, StringIndex, pack
+
 
 class TokenizerError(ValueError):
     """The GGUF tokenizer metadata is missing, malformed or of an unsupported kind."""
@@ -260,7 +262,7 @@ class Tokenizer:
         *,
         model: str,
         pre: str,
-        tokens: list[str],
+        tokens: Sequence[str],  # a list or a packed StringArray (what read_gguf gives)
         scores: np.ndarray,  # [n_vocab] float32
         token_types: np.ndarray,  # [n_vocab] int32, GGUF token types
         merges: list[str] | None = None,
@@ -290,16 +292,20 @@ class Tokenizer:
             )
         self.model = model
         self.pre = pre
-        # llama.cpp renames empty tokens so that every text maps to a distinct id.
-        if "" in tokens:
-            tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-        self._tokens = tokens
+        # The vocabulary stays packed (formats/strings.py): one UTF-8 buffer and a hash table
+        # of int arrays instead of ~40 MB of str objects and a dict for Gemma's 262k tokens.
+        packed = pack(tokens)
+        if not packed.lens().all():
+            # llama.cpp renames empty tokens so that every text maps to a distinct id.
+            packed = StringArray.from_strings(
+                [t if t else f"[EMPTY_{i}]" for i, t in enumerate(packed)])
+        self._tokens = packed
         # array('f'): 1 MB instead of 8 MB of float objects, and indexing it is as fast as a
         # list's in the merge loop (it returns Python floats)
         self._scores = array("f", scores[:n].astype(np.float32).tobytes())
         self._types = token_types[:n].astype(np.int32)  # [n_vocab]
-        # later duplicates win, as in llama.cpp
-        self._text_to_id = dict(zip(tokens, range(n), strict=True))
+        # text -> id; later duplicates win, as in llama.cpp
+        self._index = StringIndex(packed)
 
         attrs = np.zeros(n, dtype=np.int32)  # [n_vocab] ATTR_* bit sets
         for ttype, attr in _TYPE_TO_ATTR.items():
@@ -330,12 +336,12 @@ class Tokenizer:
                 attrs[i] |= ATTR_RSTRIP
             for text, on in (("</s>", True), ("<unk>", False), ("<s>", False),
                              ("<|endoftext|>", False)):
-                tid = self._text_to_id.get(text)
+                tid = self._index.get(text)
                 if tid is not None:
                     attrs[tid] = attrs[tid] | ATTR_RSTRIP if on else attrs[tid] & ~ATTR_RSTRIP
 
         self._build_special_index()
-        self._pieces: list[bytes | None] = [None] * n
+        self._pieces: dict[int, bytes] = {}  # rendered pieces, filled as tokens are seen
         self._frag_cache: dict[str, tuple[int, ...]] = {}
 
         self._bpe: Any = None
@@ -361,9 +367,12 @@ class Tokenizer:
         raw_tokens = md.get("tokenizer.ggml.tokens")
         if raw_tokens is None:
             raise TokenizerError("the GGUF file has no vocabulary ('tokenizer.ggml.tokens')")
-        tokens = list(raw_tokens)
-        if set(map(type, tokens)) != {str}:
-            tokens = [_as_str(t) for t in tokens]
+        if isinstance(raw_tokens, StringArray):
+            tokens: Sequence[str] = raw_tokens
+        else:
+            tokens = list(raw_tokens)
+            if set(map(type, tokens)) != {str}:
+                tokens = [_as_str(t) for t in tokens]
         n = len(tokens)
         scores_raw = md.get("tokenizer.ggml.scores")
         scores = (np.zeros(n, np.float32) if scores_raw is None
@@ -425,10 +434,10 @@ class Tokenizer:
         self, eot: int | None, eom: int | None, fim: list[int | None]
     ) -> tuple[int | None, int | None, frozenset[int]]:
         """llama.cpp's name-based detection of end-of-turn / end-of-generation tokens."""
-        lookup = self._text_to_id
+        lookup = self._index
 
         def first_of(names: Sequence[str]) -> int | None:
-            ids = [lookup[s] for s in names if s in lookup]
+            ids = [i for i in map(lookup.get, names) if i is not None]
             return min(ids) if ids else None
 
         def make_control(tid: int) -> None:
@@ -503,7 +512,9 @@ class Tokenizer:
                 raise TokenizerError(f"malformed BPE merge {m!r} (expected 'left right')")
             pairs.append((m[:pos], m[pos + 1:]))
         try:
-            bpe = models.BPE(vocab=dict(self._text_to_id), merges=pairs,
+            # later duplicates win, as in the index
+            vocab = dict(zip(self._tokens, range(len(self._tokens)), strict=True))
+            bpe = models.BPE(vocab=vocab, merges=pairs,
                              ignore_merges=ignore_merges, fuse_unk=False, byte_fallback=False)
         except Exception as exc:  # the Rust side raises plain Exceptions
             raise TokenizerError(f"cannot build the BPE tokenizer: {exc}") from exc
@@ -534,7 +545,7 @@ class Tokenizer:
 
     def token_to_id(self, text: str) -> int | None:
         """The id whose vocab text is exactly ``text`` (as stored, e.g. '▁the'), or None."""
-        return self._text_to_id.get(text)
+        return self._index.get(text)
 
     def token_type(self, token_id: int) -> int:
         """The GGUF token type (TOKEN_TYPE_*) of ``token_id``."""
@@ -652,7 +663,7 @@ class Tokenizer:
         n = len(text)
         if n == 0:
             return
-        vocab = self._text_to_id
+        vocab = self._index
         scores = self._scores
         sym = list(text)  # current text of each symbol; '' once merged into its left neighbour
         nxt = list(range(1, n + 1))
@@ -703,9 +714,9 @@ class Tokenizer:
             i = nxt[i]
 
     def _spm_byte_token(self, byte: int) -> int:
-        tid = self._text_to_id.get(f"<0x{byte:02X}>")
+        tid = self._index.get(f"<0x{byte:02X}>")
         if tid is None:
-            tid = self._text_to_id.get(chr(byte)) if byte < 0x80 else None
+            tid = self._index.get(chr(byte)) if byte < 0x80 else None
         if tid is None:
             if self.unk_id is None:
                 raise TokenizerError(
@@ -726,7 +737,7 @@ class Tokenizer:
         attr = int(self._attrs[tid])
         if not special and attr & (ATTR_CONTROL | ATTR_UNKNOWN):
             return b""
-        piece = self._pieces[tid]
+        piece = self._pieces.get(tid)
         if piece is None:
             piece = self._render(tid, attr)
             self._pieces[tid] = piece

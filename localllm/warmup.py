@@ -1,45 +1,407 @@
-"""First-run JIT compilation shown as progress, not as a silent stall.
+"""First-run JIT compilation shown as progress, and a lean start on every later run.
 
 Numba compiles each kernel on first use and caches the machine code on disk (cache=True).
 The first run on a machine therefore takes a while; we run one small forward pass of each
 batch shape (decode, and the prefill path) under a visible status line, then remember that
-this combination of localllm, Numba, kernel sources and weight types is compiled.
+this combination of localllm, Numba, kernel sources, architecture and weight types is
+compiled.
+
+With the stamp we also keep a manifest: which compiled functions those passes used (each
+Numba dispatcher's module, name and argument types, and the row kernels by weight type).
+Later runs load exactly those from the disk cache *before* the first forward pass, instead
+of one by one inside it. That order is what keeps the process lean: loading cached code is
+the only thing that needs LLVM (~70 MB of libllvmlite's code pages), and once every kernel
+is in, those pages leave the resident set (localllm/lean.py) before the forward passes
+bring in the model's pages — the peak is the larger of the two, not their sum.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
+import os
+import pickle
+import sys
 from pathlib import Path
+from typing import Any
+
+# (module, attribute, argument types) of a Numba dispatcher, or ("@kernel", qtype, variant)
+# for a row kernel built by mm_driver.kernel()
+ManifestEntry = tuple[str, Any, Any]
 
 
-def _stamp(qtypes: list[int]) -> Path:
+def _stamp(qtypes: list[int], arch: str = "") -> Path:
     """A marker in the keyed kernel cache folder (kernels/cache.py): that folder changes with
     every source, tool or target change, so a stamp there is never stale."""
     from localllm.kernels import KERNEL_CACHE_DIR
 
-    tag = hashlib.sha256(str(sorted(set(qtypes))).encode()).hexdigest()[:12]
+    key = str(sorted(set(qtypes))) + (f" {arch}" if arch else "")
+    tag = hashlib.sha256(key.encode()).hexdigest()[:12]
     return Path(KERNEL_CACHE_DIR) / f"warm-{tag}.json"
 
 
-def ensure_kernels_compiled(engine, progress: bool = True) -> bool:
-    """Compile (or load from Numba's cache) the kernels this model needs. Returns True if
-    this was a cold run that had to compile."""
-    qtypes = [int(t.type) for t in engine.gf.tensors.values()]
-    stamp = _stamp(qtypes)
-    if stamp.exists():
-        return False
-    if progress:
-        from rich.console import Console
+def _manifest_path(stamp: Path) -> Path:
+    return stamp.with_suffix(".kernels.pkl")
 
-        with Console(stderr=True).status(
-            "Compiling CPU kernels for this machine (first run only; cached afterwards)..."
-        ):
-            engine.warmup()
-    else:
+
+def used_kernels(nested: set | frozenset = frozenset()) -> list[ManifestEntry]:
+    """The disk-cached compiled functions this process has: dispatchers with signatures in
+    localllm's modules, and the row kernels mm_driver built. `nested`: entries seen compiled
+    only inside another function (helpers: their code is part of their callers' cache
+    entries, so loading them on their own would only cost time and memory)."""
+    from numba.core.caching import NullCache
+    from numba.core.dispatcher import Dispatcher
+
+    out: list[ManifestEntry] = []
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("localllm.") or mod is None:
+            continue
+        for attr, obj in list(vars(mod).items()):
+            if (isinstance(obj, Dispatcher) and getattr(obj, "__module__", name) == name
+                    and not isinstance(getattr(obj, "_cache", None), NullCache)):
+                out.extend((name, attr, tuple(sig)) for sig in obj.signatures
+                           if (name, attr, tuple(sig)) not in nested)
+    driver = sys.modules.get("localllm.kernels.cpu.mm_driver")
+    for qtype, variant in getattr(driver, "_KERNELS", {}):
+        out.append(("@kernel", int(qtype), variant))
+    return out
+
+
+def load_kernels(entries: list[ManifestEntry]) -> int:
+    """Load these compiled functions (from Numba's disk cache, or compile them). Entries
+    whose module, function or signature no longer exists are skipped: the forward pass
+    compiles whatever it still misses. Returns how many were loaded."""
+    from localllm.kernels.cpu.cpu_features import FEATURES
+
+    n = 0
+    for mod_name, attr, sig in entries:
+        try:
+            if mod_name == "@kernel":
+                from localllm.kernels.cpu.mm_driver import kernel
+
+                # a list made on another CPU may name 512-bit kernels: never compile those
+                # where they cannot run (r16 is an AVX-512 VNNI layout)
+                if sig == "r16":
+                    if FEATURES.wide:
+                        kernel(attr, r16=True)
+                    continue
+                kernel(attr, wide=bool(sig) and FEATURES.wide)
+            else:
+                getattr(importlib.import_module(mod_name), attr).compile(sig)
+            n += 1
+        except Exception:  # noqa: BLE001 - a stale entry only costs a lazy load later
+            continue
+    return n
+
+
+def callable_from_python(entry: ManifestEntry) -> bool:
+    """Whether an entry is a function Python calls (arrays and plain numbers as arguments),
+    not a helper compiled into its callers (literal or SIMD vector arguments): only those are
+    worth compiling on their own."""
+    from numba.core import types
+
+    mod, _, sig = entry
+    if mod == "@kernel":
+        return True
+    return all(isinstance(t, (types.Array, types.Integer, types.Float, types.Boolean))
+               and not isinstance(t, types.Literal) for t in sig)
+
+
+class Manifest:
+    """The compiled functions a model used, and how long each took to compile (seconds by
+    (module, function); 0 where unknown)."""
+
+    def __init__(self, entries: list[ManifestEntry], seconds: dict | None = None) -> None:
+        self.entries = entries
+        self.seconds = seconds or {}
+
+    def cost(self, entry: ManifestEntry) -> float:
+        """Seconds to compile an entry; a row kernel's share of its row loop's total."""
+        if entry[0] == "@kernel":
+            r16 = entry[2] == "r16"
+            loop = (("localllm.kernels.cpu.mm_r16", "_rows_r16") if r16
+                    else ("localllm.kernels.cpu.mm_driver", "_rows"))
+            n = sum(1 for e in self.entries if e[0] == "@kernel" and (e[2] == "r16") == r16)
+            return float(self.seconds.get(loop, 0.0)) / max(1, n) + 0.1
+        return float(self.seconds.get(entry[:2], 0.0)) + 0.1
+
+
+def _read_manifest(path: Path) -> Manifest | None:
+    try:
+        with path.open("rb") as f:
+            data = pickle.load(f)  # the same trust as Numba's own pickled cache index
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError,
+            ValueError):
+        return None
+    if isinstance(data, dict) and isinstance(data.get("entries"), list):
+        return Manifest(data["entries"], data.get("seconds"))
+    return None
+
+
+def _sibling_manifest(name: str) -> Manifest | None:
+    """The newest manifest of this model kind kept in another keyed folder (an earlier
+    version of the kernels): its list of functions is still a good guess of what to compile."""
+    from localllm.kernels import KERNEL_CACHE_DIR
+
+    here = Path(KERNEL_CACHE_DIR)
+    try:
+        found = sorted(here.parent.glob(f"*/{name}"), key=lambda p: p.stat().st_mtime,
+                       reverse=True)
+    except OSError:
+        return None
+    for path in found:
+        if path.parent != here:
+            m = _read_manifest(path)
+            if m is not None:
+                return m
+    return None
+
+
+def _types_namespace() -> dict[str, Any]:
+    from numba.core import types
+
+    return {**vars(types), "bool": types.boolean}
+
+
+def shipped_manifest(arch: str, qtypes: list[int]) -> Manifest | None:
+    """The list kept in localllm/kernel_lists.py for this kind of model (the default model's),
+    for a first run on a machine with no kernel cache at all."""
+    from localllm.kernel_lists import KERNEL_LISTS
+
+    got = KERNEL_LISTS.get(f"{arch} {sorted(set(qtypes))}")
+    if got is None:
+        return None
+    ns = _types_namespace()
+    entries: list[ManifestEntry] = []
+    for mod, attr, sig in got["entries"]:
+        try:  # the signatures are numba type reprs: Array(float32, 2, 'C', False, ...), int64
+            entries.append((mod, attr, sig if mod == "@kernel" else eval(sig, ns)))  # noqa: S307
+        except Exception:  # noqa: BLE001 - a type this Numba does not know: compile it lazily
+            continue
+    return Manifest(entries, {tuple(k.split(":")): v for k, v in got["seconds"].items()})
+
+
+def manifest_source(manifest: Manifest, arch: str, qtypes: list[int]) -> str:
+    """`manifest` as an entry of localllm/kernel_lists.py (signatures written as reprs that
+    shipped_manifest evaluates back to the same types; any that would not are left out)."""
+    ns = _types_namespace()
+    rows = []
+    for mod, attr, sig in manifest.entries:
+        if mod == "@kernel":
+            rows.append(f"        ({mod!r}, {attr!r}, {sig!r}),")
+        elif callable_from_python((mod, attr, sig)) and eval(repr(sig), ns) == sig:  # noqa: S307
+            rows.append(f"        ({mod!r}, {attr!r},\n         {repr(sig)!r}),")
+    secs = ", ".join(f"{k[0] + ':' + k[1]!r}: {v:.2f}" for k, v in sorted(manifest.seconds.items()))
+    return (f"    {arch + ' ' + str(sorted(set(qtypes)))!r}: {{\n        \"entries\": [\n"
+            + "\n".join(rows) + f"\n        ],\n        \"seconds\": {{{secs}}},\n    }},")
+
+
+def _write_manifest(path: Path, manifest: Manifest) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    try:
+        tmp.write_bytes(pickle.dumps({"entries": manifest.entries,
+                                      "seconds": manifest.seconds}))
+        tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
+    except (OSError, pickle.PicklingError, AttributeError, TypeError):
+        tmp.unlink(missing_ok=True)
+
+
+class _CompileProgress:
+    """A status line naming what Numba is compiling now (the numba:compile event), with a
+    count of the kernels done when the list is known. Records each compile's duration."""
+
+    def __init__(self, show: bool) -> None:
+        self.show = show
+        self.seconds: dict[tuple[str, str], float] = {}
+        self.nested: set[ManifestEntry] = set()  # compiled only as a callee
+        self._top: set[ManifestEntry] = set()
+        self._depth = 0
+        self._t0 = 0.0
+        self._done = 0
+        self._total = 0
+        self._what = "kernels"
+        self._progress: Any = None
+        self._task: Any = None
+        self._listener: Any = None
+
+    def __enter__(self) -> _CompileProgress:
+        from numba.core import event
+
+        if self.show:
+            from rich.console import Console
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                console=Console(stderr=True), transient=True)
+            self._progress.__enter__()
+            self._task = self._progress.add_task(self._text())
+        outer = self
+
+        class _Listener(event.Listener):
+            def on_start(self, ev: Any) -> None:
+                outer.on_compile(ev, start=True)
+
+            def on_end(self, ev: Any) -> None:
+                outer.on_compile(ev, start=False)
+
+        self._listener = _Listener()
+        event.register("numba:compile", self._listener)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from numba.core import event
+
+        event.unregister("numba:compile", self._listener)
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    def _text(self, name: str = "") -> str:
+        # short, the changing part first: an 80-column terminal shows it all
+        count = f" {self._done}/{self._total}" if self._total else ""
+        now = f" {name[:36]}" if name else ""
+        return f"first run, compiling CPU kernels (cached after){count}{now}"
+
+    def expect(self, total: int, what: str) -> None:
+        self._total, self._what = total, what
+        self._update()
+
+    def advance(self, n: int) -> None:
+        self._done += n
+        self._update()
+
+    def _update(self, name: str = "") -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=self._text(name))
+
+    def on_compile(self, ev: Any, start: bool) -> None:
+        import time
+
+        disp = ev.data.get("dispatcher") if isinstance(ev.data, dict) else None
+        py = getattr(disp, "py_func", None)
+        if py is None:
+            return
+        key = (py.__module__, py.__name__)
+        if start:
+            entry = (*key, tuple(ev.data.get("args") or ()))
+            (self._top if self._depth == 0 else self.nested).add(entry)
+            self.nested -= self._top
+            self._depth += 1
+            if self._depth == 1:
+                self._t0 = time.perf_counter()
+                self._update(f"{key[0].rsplit('.', 1)[-1]}.{key[1]}")
+        else:
+            self._depth -= 1
+            if self._depth == 0:
+                self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - self._t0
+
+
+def _model_kind(gf: Any) -> tuple[list[int], str]:
+    """(weight types, architecture): what decides which kernels a model needs."""
+    return ([int(t.type) for t in gf.tensors.values()],
+            str(gf.metadata.get("general.architecture", "") or ""))
+
+
+class PendingCompile:
+    """Worker processes compiling a cold first run's kernels, started before the model loads
+    (start_compiling), and this process's own share, done in ensure_kernels_compiled."""
+
+    def __init__(self, stamp: Path, guess: Manifest, n_workers: int) -> None:
+        from localllm.compile_workers import Workers, split
+
+        self.stamp, self.guess = stamp, guess
+        self.todo = [e for e in guess.entries if callable_from_python(e)]
+        shares = split(self.todo, n_workers + 1, guess.cost)
+        self.mine = shares.pop(0)
+        self.workers = Workers(shares)
+
+    def finish(self, prog: _CompileProgress) -> None:
+        prog.expect(len(self.todo), "kernels")
+        try:
+            load_kernels(self.mine)
+            prog.advance(len(self.mine))
+        except BaseException:
+            self.workers.cancel()
+            raise
+        self.workers.finish(prog.advance)
+
+    def cancel(self) -> None:
+        self.workers.cancel()
+
+
+def _guess(manifest: Path, arch: str, qtypes: list[int]) -> Manifest | None:
+    """The list of what to compile: this folder's, an earlier kernel version's, or the one
+    shipped for this kind of model."""
+    return (_read_manifest(manifest) or _sibling_manifest(manifest.name)
+            or shipped_manifest(arch, qtypes))
+
+
+def start_compiling(model_path: str | os.PathLike) -> PendingCompile | None:
+    """On a cold first run, start the compile workers now, while this process loads the
+    model (~1-2 s earlier than ensure_kernels_compiled could). None when there is nothing to
+    start: kernels cached, no list of them, no spare core, or a file that does not read (the
+    model load then says why)."""
+    from localllm.compile_workers import default_workers
+    from localllm.formats import read_gguf
+    from localllm.kernels import KERNEL_CACHE_DIR
+
+    n_workers = default_workers()
+    # Reading the file's tensor table costs ~50 ms: only worth it on the first run of this
+    # kernel version (any other model kind compiled here means warm runs are the rule; a new
+    # kind then still gets its workers, just after the model load)
+    if n_workers <= 0 or any(Path(KERNEL_CACHE_DIR).glob("warm-*.json")):
+        return None
+    try:
+        with read_gguf(model_path) as gf:
+            qtypes, arch = _model_kind(gf)
+    except Exception:  # noqa: BLE001 - reported by the model load that follows
+        return None
+    stamp = _stamp(qtypes, arch)
+    if stamp.exists():
+        return None
+    guess = _guess(_manifest_path(stamp), arch, qtypes)
+    return None if guess is None else PendingCompile(stamp, guess, n_workers)
+
+
+def ensure_kernels_compiled(engine, progress: bool = True,
+                            pending: PendingCompile | None = None) -> bool:
+    """Compile (or load from Numba's cache) the kernels this model needs, then let go of
+    what only loading needed (localllm/lean.py). `pending`: workers start_compiling started
+    for this model. Returns True if this was a cold run that had to compile."""
+    from localllm import lean
+    from localllm.compile_workers import default_workers
+
+    qtypes, arch = _model_kind(engine.gf)
+    stamp = _stamp(qtypes, arch)
+    manifest = _manifest_path(stamp)
+    cold = not stamp.exists()
+    if pending is not None and (not cold or pending.stamp != stamp):
+        pending.cancel()  # started for another model, or another process finished first
+        pending = None
+    known = _read_manifest(manifest)
+    if not cold and known is not None:
+        load_kernels([e for e in known.entries if callable_from_python(e)])
+    elif not cold:  # a stamp from before manifests: one warm-up pass records it
         engine.warmup()
-    stamp.write_text(json.dumps({"qtypes": sorted(set(qtypes))}))
-    return True
+        _write_manifest(manifest, Manifest(used_kernels()))
+    else:
+        # with a list of what to compile, the work is split over worker processes; without
+        # one, the warm-up pass finds it out
+        if pending is None and default_workers() > 0:
+            guess = _guess(manifest, arch, qtypes)
+            pending = None if guess is None else PendingCompile(stamp, guess, default_workers())
+        with _CompileProgress(progress) as prog:
+            if pending is not None:
+                pending.finish(prog)
+            engine.warmup()  # loads what the workers compiled; compiles whatever is left
+        seconds = dict(pending.guess.seconds) if pending is not None else {}
+        seconds.update(prog.seconds)
+        _write_manifest(manifest, Manifest(used_kernels(prog.nested), seconds))
+        stamp.write_text(json.dumps({"qtypes": sorted(set(qtypes)), "arch": arch}))
+    lean.release_free_heap()
+    lean.page_out_jit_code()
+    return cold
 
 
 def skip_numba_blas_probe() -> None:
@@ -48,8 +410,6 @@ def skip_numba_blas_probe() -> None:
     use no BLAS, so for CLI processes we let that probe fail fast; scipy itself stays
     importable afterwards. Not done on library import: a host program may want Numba's
     np.dot."""
-    import sys
-
     if "numba.np.arraymath" in sys.modules:
         return
     key = "scipy.linalg.cython_blas"
@@ -62,3 +422,29 @@ def skip_numba_blas_probe() -> None:
             del sys.modules[key]
         else:
             sys.modules[key] = saved
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m localllm.warmup [MODEL]`: compile (or load) the model's kernels and print
+    its entry for localllm/kernel_lists.py."""
+    import argparse
+
+    from localllm.default_model import resolve_model
+    from localllm.engine import Engine
+
+    ap = argparse.ArgumentParser(prog="python -m localllm.warmup")
+    ap.add_argument("model", nargs="?", default=None)
+    a = ap.parse_args(argv)
+    engine = Engine(resolve_model(a.model), n_ctx=512)
+    ensure_kernels_compiled(engine, progress=False)
+    qtypes = [int(t.type) for t in engine.gf.tensors.values()]
+    m = _read_manifest(_manifest_path(_stamp(qtypes, engine.cfg.arch)))
+    if m is None:
+        print("error: no kernel list was recorded", file=sys.stderr)
+        return 1
+    print(manifest_source(m, engine.cfg.arch, qtypes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

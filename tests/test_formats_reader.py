@@ -25,6 +25,7 @@ from gguf import GGUFValueType as V
 
 from localllm.formats import GGUFError, GGUFFile, GGUFTensor, read_gguf
 from localllm.formats.quants import quantize
+from localllm.formats.strings import StringArray
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +216,7 @@ def test_default_model_metadata(model: GGUFFile) -> None:
     assert md["tokenizer.ggml.model"] == "llama"
     assert md["tokenizer.ggml.add_bos_token"] is True
     tokens = md["tokenizer.ggml.tokens"]
-    assert isinstance(tokens, list) and len(tokens) == 262144
+    assert isinstance(tokens, StringArray) and len(tokens) == 262144  # packed, not a list
     assert tokens[:5] == ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
     assert tokens[-1] == "<unused6241>"
     assert all(isinstance(t, str) for t in tokens[::997])

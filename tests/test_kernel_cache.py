@@ -92,3 +92,21 @@ def test_this_process_uses_the_keyed_folder() -> None:
 
     assert config.CACHE_DIR == str(KERNEL_CACHE_DIR)
     assert Path(KERNEL_CACHE_DIR).name == cache.cache_key(cache.kernel_sources())
+
+
+def test_another_cpu_gets_another_folder(tmp_path: Path, monkeypatch) -> None:
+    """Kernels are compiled for the host CPU: a machine with another CPU (or a forced
+    NUMBA_CPU_NAME) must compile into its own folder, never load these."""
+    import llvmlite.binding as llvm
+
+    a = tmp_path / "a.py"
+    a.write_text("x = 1\n")
+    here = cache.cache_key([a])
+    monkeypatch.setenv("NUMBA_CPU_NAME", "generic")
+    generic = cache.cache_key([a])
+    assert generic != here
+    monkeypatch.delenv("NUMBA_CPU_NAME")
+    monkeypatch.setattr(llvm, "get_host_cpu_name", lambda: "some-other-cpu")
+    assert cache.cache_key([a]) not in (here, generic)
+    monkeypatch.undo()
+    assert cache.cache_key([a]) == here

@@ -420,15 +420,105 @@ def _deq_range(qtype, src, dst, b0, b1, kv):
     # other types are rejected in Python before reaching the kernel
 
 
-@njit(cache=True, nogil=True)
-def _decode_rows(raw2d, qtype, ids, out, b0, b1, kv):
-    """out[r, blocks b0..b1) = decode(raw2d[ids[r], blocks b0..b1)) for every r.
+# One row decoder per type, so that a model compiles only the types it has: one loop over
+# _deq_range, which branches over every type, cost ~10 s of a cold first run to compile; one
+# of these ~0.5 s. out[r, blocks b0..b1) = decode(raw2d[ids[r], blocks b0..b1)); raw2d:
+# [rows, row_bytes] u8 (read-only), ids: [n] i64, out: [n, K] f32, kv: [16] f32. nogil, so
+# that several Python threads can run one on disjoint parts of `out` at once.
 
-    raw2d: [rows, row_bytes] u8 (read-only), ids: [n] i64, out: [n, K] f32, kv: [16] f32.
-    nogil, so that several Python threads can run it on disjoint parts of `out` at once.
-    """
+@njit(cache=True, nogil=True)
+def _rows_f32(raw2d, ids, out, b0, b1, kv):
     for r in range(ids.shape[0]):
-        _deq_range(qtype, raw2d[ids[r]], out[r], b0, b1, kv)
+        _deq_f32(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_f16(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_f16(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_bf16(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_bf16(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_q4_0(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_q4_0(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_q4_1(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_q4_1(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_q5_0(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_q5_0(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_q5_1(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_q5_1(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_q8_0(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_q8_0(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_q2_k(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_q2_k(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_q3_k(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_q3_k(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_q4_k(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_q4_k(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_q5_k(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_q5_k(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_q6_k(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_q6_k(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_iq4_nl(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_iq4_nl(raw2d[ids[r]], out[r], b0, b1, kv)
+
+@njit(cache=True, nogil=True)
+def _rows_iq4_xs(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_iq4_xs(raw2d[ids[r]], out[r], b0, b1, kv)
+
+
+_ROWS_BY_TYPE = {
+    F32: _rows_f32,
+    F16: _rows_f16,
+    BF16: _rows_bf16,
+    Q4_0: _rows_q4_0,
+    Q4_1: _rows_q4_1,
+    Q5_0: _rows_q5_0,
+    Q5_1: _rows_q5_1,
+    Q8_0: _rows_q8_0,
+    Q2_K: _rows_q2_k,
+    Q3_K: _rows_q3_k,
+    Q4_K: _rows_q4_k,
+    Q5_K: _rows_q5_k,
+    Q6_K: _rows_q6_k,
+    IQ4_NL: _rows_iq4_nl,
+    IQ4_XS: _rows_iq4_xs,
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -489,9 +579,10 @@ def _run(raw2d: np.ndarray, qtype: int, ids: np.ndarray, out: np.ndarray, n_bloc
     if n == 0 or n_blocks == 0:
         return
     kv = _KVALUES_IQ4NL
+    decode_rows = _ROWS_BY_TYPE[qtype]  # the type was checked by the caller
     n_threads = min(numba.get_num_threads(), _MAX_WORKERS)
     if out.size < _PARALLEL_MIN_ELEMS or n_threads <= 1:
-        _decode_rows(raw2d, qtype, ids, out, 0, n_blocks, kv)
+        decode_rows(raw2d, ids, out, 0, n_blocks, kv)
         return
     # Why threads and not prange: a prange loop around the per-type dispatch makes Numba
     # re-compile every decoder inside the parallel region (6-20 s on a 2-core machine, paid on
@@ -504,11 +595,11 @@ def _run(raw2d: np.ndarray, qtype: int, ids: np.ndarray, out: np.ndarray, n_bloc
         jobs = [(ids, out, a, b) for a, b in pairwise(cuts) if b > a]
     pool = _pool()
     futures = [
-        pool.submit(_decode_rows, raw2d, qtype, j_ids, j_out, b0, b1, kv)
+        pool.submit(decode_rows, raw2d, j_ids, j_out, b0, b1, kv)
         for j_ids, j_out, b0, b1 in jobs[1:]
     ]
     j_ids, j_out, b0, b1 = jobs[0]
-    _decode_rows(raw2d, qtype, j_ids, j_out, b0, b1, kv)  # the calling thread takes a share
+    decode_rows(raw2d, j_ids, j_out, b0, b1, kv)  # the calling thread takes a share
     for f in futures:
         f.result()  # re-raises a worker's exception
 

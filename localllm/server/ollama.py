@@ -236,7 +236,9 @@ async def show(request: HttpRequest, state: ServerState) -> Response:
 def _jsonable(v: Any) -> Any:
     import numpy as np
 
-    if isinstance(v, np.ndarray):
+    from localllm.formats.strings import StringArray
+
+    if isinstance(v, (np.ndarray, StringArray)):  # a packed vocabulary too
         return v.tolist()
     if isinstance(v, np.generic):
         return v.item()

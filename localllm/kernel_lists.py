@@ -1,0 +1,46 @@
+# ruff: noqa: E501  (signatures are kept on one line each, as generated)
+"""Which compiled functions a kind of model needs, for a first run with no kernel cache.
+
+warmup.py records this list on every machine after the first run (next to the kernels);
+the copy here lets the very first run compile the default model's kernels in parallel
+worker processes (compile_workers.py) instead of discovering them one by one in a forward
+pass. Keyed by "architecture [weight types]"; signatures are Numba type reprs; "seconds"
+are compile times measured on a first run (only used to balance the workers' shares).
+A stale entry costs nothing but time: whatever the list misses, the warm-up pass compiles.
+Regenerate with `python -m localllm.warmup [MODEL]` after changing kernels.
+"""
+
+KERNEL_LISTS: dict[str, dict] = {
+    'gemma3 [0, 6, 8, 12, 14]': {
+        "entries": [
+        ('localllm.kernels.cpu.kv_quant', '_store_rows',
+         "(int64, Array(float32, 3, 'C', False, aligned=True), Array(uint8, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True))"),
+        ('localllm.kernels.cpu.kv_quant', '_attention_kernel',
+         "(int64, int64, Array(float32, 3, 'C', False, aligned=True), Array(uint8, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), Array(uint8, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), int64, Array(int64, 1, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), int64, int64, float32, float32, Array(float32, 3, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), int64, int64, int64, Array(float32, 3, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), Array(float32, 4, 'C', False, aligned=True))"),
+        ('localllm.kernels.cpu.ops', '_rms_norm3',
+         "(Array(float32, 3, 'C', False, aligned=True), Array(float32, 1, 'C', True, aligned=True), float64, Array(float32, 3, 'C', False, aligned=True), bool)"),
+        ('localllm.kernels.cpu.ops', '_rope_apply',
+         "(Array(float32, 3, 'C', False, aligned=True), Array(float32, 2, 'C', False, aligned=True), Array(float32, 2, 'C', False, aligned=True), bool)"),
+        ('localllm.kernels.cpu.ops', '_gelu_ggml_mul_par',
+         "(Array(float32, 1, 'C', False, aligned=True), Array(float32, 1, 'C', False, aligned=True), Array(float32, 1, 'C', False, aligned=True), Array(float32, 1, 'C', False, aligned=True))"),
+        ('localllm.kernels.cpu.ops', '_gelu_ggml_mul',
+         "(Array(float32, 1, 'C', False, aligned=True), Array(float32, 1, 'C', False, aligned=True), Array(float32, 1, 'C', False, aligned=True), Array(float32, 1, 'C', False, aligned=True))"),
+        ('localllm.kernels.cpu.dequant', '_rows_q8_0',
+         "(Array(uint8, 2, 'C', True, aligned=True), Array(int64, 1, 'C', False, aligned=True), Array(float32, 2, 'C', False, aligned=True), int64, int64, Array(float32, 1, 'C', False, aligned=True))"),
+        ('localllm.kernels.cpu.mm_r16', '_repack_r16',
+         "(int64, Array(uint8, 2, 'C', True, aligned=True), Array(uint8, 3, 'C', False, aligned=True))"),
+        ('localllm.kernels.cpu.quant_act', 'quantize_q8_0',
+         "(Array(float32, 2, 'C', False, aligned=True), Array(int8, 2, 'C', False, aligned=True), Array(float32, 2, 'C', False, aligned=True), Array(float32, 2, 'C', False, aligned=True), Array(float32, 2, 'C', False, aligned=True))"),
+        ('localllm.kernels.cpu.quant_act', 'quantize_q8_k',
+         "(Array(float32, 2, 'C', False, aligned=True), Array(int8, 2, 'C', False, aligned=True), Array(float32, 2, 'C', False, aligned=True), Array(int16, 2, 'C', False, aligned=True), Array(int16, 2, 'C', False, aligned=True))"),
+        ('localllm.kernels.cpu.mm_driver', '_mm_simd',
+         "(int64, int64, Array(uint8, 2, 'C', True, aligned=True), Array(float32, 2, 'C', False, aligned=True), Array(float32, 2, 'C', False, aligned=True), int64, int64, int64, int64, int64, int64, int64, int64, bool, bool, int64)"),
+        ('@kernel', 6, 'r16'),
+        ('@kernel', 8, 'r16'),
+        ('@kernel', 12, True),
+        ('@kernel', 14, True),
+        ('@kernel', 8, True),
+        ],
+        "seconds": {'localllm.kernels.cpu.dequant:_rows_q8_0': 0.37, 'localllm.kernels.cpu.kv_quant:_attention_kernel': 14.72, 'localllm.kernels.cpu.kv_quant:_store_rows': 1.75, 'localllm.kernels.cpu.mm_driver:_mm_simd': 5.07, 'localllm.kernels.cpu.mm_driver:_rows': 6.41, 'localllm.kernels.cpu.mm_r16:_rows_r16': 2.83, 'localllm.kernels.cpu.ops:_gelu_ggml_mul': 0.38, 'localllm.kernels.cpu.ops:_gelu_ggml_mul_par': 1.52, 'localllm.kernels.cpu.ops:_rms_norm3': 0.17, 'localllm.kernels.cpu.ops:_rope_apply': 0.21, 'localllm.kernels.cpu.quant_act:quantize_q8_0': 1.01, 'localllm.kernels.cpu.quant_act:quantize_q8_k': 0.61},
+    },
+}

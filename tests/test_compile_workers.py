@@ -1,0 +1,90 @@
+"""First-run compilation in worker processes (localllm/compile_workers.py, warmup.py).
+
+The worker path must leave a cache that a fresh process loads instead of compiling, and the
+merge must keep what is already in the shared folder.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from localllm.compile_workers import split
+
+# A small real kernel (~1 s to compile): row decoding of F32 weights.
+SCRIPT = r'''
+import sys
+import numpy as np
+from localllm.kernels import KERNEL_CACHE_DIR
+from localllm.kernels.cpu import dequant
+from localllm.warmup import used_kernels, load_kernels
+
+raw = np.zeros((4, 32), np.uint8); raw.flags.writeable = sys.argv[2] == "rw"
+ids = np.arange(2, dtype=np.int64)
+out = np.zeros((2, 8), np.float32)
+kv = np.zeros(16, np.float32)
+if sys.argv[1] == "workers":
+    from numba import typeof
+    from localllm.compile_workers import compile_in_workers
+    sig = tuple(typeof(a) for a in (raw, ids, out, 0, 8, kv))
+    entries = [("localllm.kernels.cpu.dequant", "_rows_f32", sig)]
+    n = compile_in_workers(entries, 1, here=False)  # all of it in the worker
+    print("merged", n, "compiled here", len(dequant._rows_f32.signatures))
+else:
+    dequant._rows_f32(raw, ids, out, 0, 8, kv)
+    print("hits", sum(dequant._rows_f32.stats.cache_hits.values()),
+          "misses", sum(dequant._rows_f32.stats.cache_misses.values()))
+'''
+
+
+def _run(tmp: Path, mode: str, layout: str = "ro") -> str:
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp / "cache")}
+    r = subprocess.run([sys.executable, "-c", SCRIPT, mode, layout], capture_output=True,
+                       text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip().splitlines()[-1]
+
+
+def test_worker_compiled_cache_is_loaded_by_a_fresh_process(tmp_path: Path) -> None:
+    _, merged, *_, here = _run(tmp_path, "workers").split()
+    assert int(merged) >= 1 and here == "0"  # the function and its cached helpers
+    assert _run(tmp_path, "load") == "hits 1 misses 0"
+    # a second signature of the same function merges into the existing index, renumbered
+    _, merged, *_ = _run(tmp_path, "workers", "rw").split()
+    assert int(merged) >= 1
+    assert _run(tmp_path, "load", "rw") == "hits 1 misses 0"
+    assert _run(tmp_path, "load", "ro") == "hits 1 misses 0"
+
+
+def test_split_balances_cost() -> None:
+    shares = split([5, 1, 1, 1, 1, 1, 4], 2, cost=float)
+    assert sorted(sum(s) for s in shares) == [7, 7]
+    assert sorted(x for s in shares for x in s) == [1, 1, 1, 1, 1, 4, 5]
+    assert split([1, 2, 3], 1) == [[1, 2, 3]]
+
+
+def test_shipped_kernel_lists_name_existing_kernels() -> None:
+    """A stale list only costs time, but a renamed kernel should be noticed: every entry
+    names a cached dispatcher (or a row-kernel type) and its signature parses back."""
+    import importlib
+
+    from numba.core.dispatcher import Dispatcher
+
+    from localllm.formats.qtypes import QTYPES
+    from localllm.kernel_lists import KERNEL_LISTS
+    from localllm.warmup import shipped_manifest
+
+    assert KERNEL_LISTS
+    for key, listed in KERNEL_LISTS.items():
+        arch, qtypes = key.split(" ", 1)
+        m = shipped_manifest(arch, [int(q) for q in qtypes.strip("[]").split(",")])
+        assert m is not None and len(m.entries) == len(listed["entries"]), key
+        for mod, attr, sig in m.entries:
+            if mod == "@kernel":
+                assert attr in QTYPES and sig in (True, False, "r16")
+            else:
+                fn = getattr(importlib.import_module(mod), attr)
+                assert isinstance(fn, Dispatcher) and isinstance(sig, tuple), (mod, attr)
