@@ -11,6 +11,7 @@ from numba.extending import overload
 from localllm.kernels.cpu.mm_common import (
     _B32_BYTES,
     IQ4_NL,
+    PREFETCH_BYTES,
     Q4_0,
     Q4_1,
     Q5_0,
@@ -43,6 +44,7 @@ from localllm.kernels.cpu.simd import (
     lut16,
     mul16,
     or8,
+    prefetch,
     splat2f,
     splat8,
     zerof,
@@ -177,6 +179,8 @@ def _dot1_b32(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
     rb = w.shape[1]
     for r in range(r0, r1):
         o = r * rb
+        for po in range(0, rb, 64):  # the row PREFETCH_BYTES ahead, line by line
+            prefetch(w, o + PREFETCH_BYTES + po)
         bb = _b32_bytes(qt)
         xo = n * nb * 32
         acc = zerof()
@@ -239,6 +243,8 @@ def _dot1_b32w(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
     rb = w.shape[1]
     for r in range(r0, r1):
         o = r * rb
+        for po in range(0, rb, 64):  # the row PREFETCH_BYTES ahead, line by line
+            prefetch(w, o + PREFETCH_BYTES + po)
         acc = zerof16()
         macc = np.float32(0.0)
         for i in range(nb // 2):

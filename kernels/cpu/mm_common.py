@@ -43,6 +43,13 @@ _GROUP_BYTES = 16384
 # Below this many weight bytes x N a product runs on the calling thread: a parallel region costs
 # ~4 us (measured, 2 cores), which only pays off above ~8 us of single-thread work.
 _SERIAL_BYTES = 131072
+# Decode (N = 1) kernels prefetch the weight bytes this far ahead of the row or record they
+# multiply (prefetcht0, one per cache line). Each thread streams its rows from DRAM and the
+# hardware prefetcher alone left it short of the read bandwidth: on Zen 5 with 8 KiB the
+# Gemma 3 head went from ~29 to ~37 GB/s on one thread and decode per token dropped 14%
+# (Gemma 3 270M) and 15% (SmolLM2-135M); 4 KiB gained less, 16 KiB no more (bench notes in
+# BENCHMARKS.md, issue 16).
+PREFETCH_BYTES = 8192
 
 def _literal(qt) -> int | None:
     return qt.literal_value if isinstance(qt, types.IntegerLiteral) else None

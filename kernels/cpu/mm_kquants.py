@@ -7,6 +7,7 @@ import numpy as np
 from numba import njit
 
 from localllm.kernels.cpu.mm_common import (
+    PREFETCH_BYTES,
     Q2_K,
     Q4_K,
     _store4,
@@ -35,6 +36,7 @@ from localllm.kernels.cpu.simd import (
     madd16,
     mul32,
     or8,
+    prefetch,
     shl8,
     shl32,
     splat8,
@@ -90,6 +92,8 @@ def _dot1_k45(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
     rb = w.shape[1]
     for r in range(r0, r1):
         o = r * rb
+        for po in range(0, rb, 64):  # the row PREFETCH_BYTES ahead, line by line
+            prefetch(w, o + PREFETCH_BYTES + po)
         bb = 144 if qt == Q4_K else 176
         k = nb * 256
         xo = n * k
@@ -210,6 +214,8 @@ def _dot1_q6k(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
     rb = w.shape[1]
     for r in range(r0, r1):
         o = r * rb
+        for po in range(0, rb, 64):  # the row PREFETCH_BYTES ahead, line by line
+            prefetch(w, o + PREFETCH_BYTES + po)
         k = nb * 256
         xo = n * k
         xbo = n * (k // 16) * 2

@@ -12,6 +12,7 @@ from localllm.kernels.cpu import dequant
 from localllm.kernels.cpu.cpu_features import FEATURES, simd_disabled_by_env
 from localllm.kernels.cpu.mm_b32 import _b32_bytes, _b32_cmul, _b32_mode
 from localllm.kernels.cpu.mm_common import (
+    PREFETCH_BYTES,
     Q4_0,
     Q4_1,
     Q5_0,
@@ -34,6 +35,7 @@ from localllm.kernels.cpu.simd import (
     nib_hi64,
     nib_lo64,
     or_bits64,
+    prefetch,
     splatf16,
     st_f32x16,
     zero32x16,
@@ -176,6 +178,8 @@ def _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out):
         m0 = zerof16()
         for b in range(nb):
             p = (g * nb + b) * rec
+            for po in range(0, rec, 64):  # the record PREFETCH_BYTES ahead
+                prefetch(w, p + PREFETCH_BYTES + po)
             dw = ld_f16x16(w, p)
             a0 = fma16(a0, cvtf16(_r16_dot(_r16_dec(qt, w, p), xq, 32 * b)),
                        mul16(dw, splatf16(xd[0, b])))
