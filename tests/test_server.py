@@ -79,7 +79,10 @@ def _wait_idle(state: ServerState) -> None:
 def test_generate_and_chat_streaming_and_not(server, oc) -> None:
     m = _model(server)
     r = oc.generate(model=m, prompt="What is the capital of France?", options=GREEDY)
-    assert r.done and r.done_reason == "length" and r.eval_count == 12 and r.response
+    # 12 tokens (num_predict), or fewer when the model ends its answer first
+    assert r.done and r.response and (
+        (r.done_reason == "length" and r.eval_count == 12)
+        or (r.done_reason == "stop" and 0 < r.eval_count < 12)), (r.done_reason, r.eval_count)
     assert r.prompt_eval_count > 0 and r.total_duration > 0 and r.context
     parts = list(oc.generate(model=m, prompt="What is the capital of France?", options=GREEDY,
                              stream=True))

@@ -318,7 +318,8 @@ def test_real_chat_model_answers_and_reuses_the_prefix(smollm2_path: Path) -> No
             await wait_for(pilot, lambda: app.info is not None, "the model")
             assert app.info.template == "gguf"  # SmolLM2 carries its ChatML template
             one = await send(pilot, app, "What is the capital of France?")
-            assert one["content"].strip() and one["stats"]["tokens"] == 8
+            # at most the 8 tokens asked for (the model may end its answer first)
+            assert one["content"].strip() and 0 < one["stats"]["tokens"] <= 8
             assert app.turn.widget.markdown.source == one["content"]
             two = (await send(pilot, app, "And of Italy?"))["stats"]
             assert two["prompt_evaluated"] < two["prompt_tokens"] - one["stats"]["prompt_tokens"]
