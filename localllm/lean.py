@@ -7,7 +7,8 @@ need:
   big NumPy temporaries (GGUF parsing, weight repacking, per-step logits) come from the heap,
   and the heap cannot shrink past whatever small object was allocated after them: ~10-25 MB
   of freed memory stays resident. `tune_malloc()` pins the threshold (which also turns the
-  dynamic adjustment off) so buffers of 256 KiB and more are mapped and unmapped on their own.
+  dynamic adjustment off) so buffers of 4 MiB and more (prefill's, GGUF parsing's, repacking's) are mapped and
+  unmapped on their own, while a decode step's smaller ones are reused from the heap.
 * `release_free_heap()` (malloc_trim) hands back what is free in the heap after loading.
 * LLVM: Numba links cached kernels through LLVM's JIT, which touches ~70 MB of
   libllvmlite.so's code pages while loading them, and does not run again unless something
@@ -29,9 +30,15 @@ import ctypes.util
 import os
 import sys
 
-_M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
+_M_TRIM_THRESHOLD = -1  # mallopt parameters (malloc.h)
+_M_MMAP_THRESHOLD = -3
 _MADV_DONTNEED = 4
-MMAP_THRESHOLD = 256 * 1024
+# Above one decode step's biggest temporary (the logits of a few rows of a 262k vocabulary:
+# 1 MiB a row), below prefill's: a step's buffers are reused from the heap, not mapped,
+# faulted in and unmapped every token (that churn cost ~8% of Gemma 3's decode at 256 KiB).
+MMAP_THRESHOLD = 4 << 20
+TRIM_THRESHOLD = 8 << 20  # free heap top kept for the next step instead of trimmed
+
 _JIT_LIBRARIES = ("libllvmlite",)
 
 
@@ -51,7 +58,8 @@ def tune_malloc() -> bool:
     libc = _libc() if _enabled() else None
     if libc is None or not hasattr(libc, "mallopt"):
         return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+                and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
 def release_free_heap() -> None:
