@@ -20,11 +20,15 @@ Shapes: one loop structure serves all batch sizes.
 
 * N == 1 (decode): a matrix-vector product is bound by memory bandwidth; a prange over groups
   of rows streams every weight byte exactly once.
-* Q4_0 / Q5_0 / Q8_0 weights up to R16_MAX_WEIGHT bytes (the layer weights) are, with
-  AVX-512 VNNI, repacked at load into groups of 16 interleaved rows (r16, see mm_r16) whose
+* Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights up to R16_MAX_WEIGHT bytes (the layer weights)
+  are, with AVX-512 VNNI, repacked at load into groups of 16 interleaved rows (r16, see mm_r16) whose
   kernels keep 16 rows' dot products in the 16 lanes of a vector: no horizontal sums, ~5x
   fewer instructions than the row-major kernels below, for every N. The weight owns its copy
   (models/base.py QWeight.packed) and passes it as `packed=`.
+* Weights that read the same activations (a layer's q/k/v, gate/up) go through one
+  `matmul_multi` call: one quantization, one parallel region, each output's bits unchanged.
+* The N = 1 kernels prefetch weights PREFETCH_BYTES ahead (mm_common): the hardware
+  prefetcher alone left one thread short of the read bandwidth.
 * N > 1: activation rows go in tiles of 4 (the scratch is padded to a multiple of 4 rows). Each
   weight block is decoded once and applied to the 4 rows from registers, so a step with N = 4
   reads no more weight bytes than N = 1. Rows are processed in groups sized to stay in L1
