@@ -185,8 +185,17 @@ def test_preempted_sequences_resume_with_the_same_tokens(tmp_path: Path) -> None
     try:
         # three sequences of up to 66 tokens need 3 x 3 blocks of 32; the pool has 5. The
         # engine thread waits until all three are queued, so they start together.
-        gate = threading.Event()
-        sch.call_soon(gate.wait)
+        # (held only once the thread is inside the call: a thread still on its way to it
+        # could admit the first request alone, which may then finish before the others
+        # start, and nothing would need preempting)
+        gate, holding = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            holding.set()
+            gate.wait()
+
+        sch.call_soon(hold)
+        assert holding.wait(60), "the engine thread never ran the call"
         handles = [sch.submit(Request(p, greedy, max_tokens=40, ignore_eos=True))
                    for p in prompts]
         gate.set()
