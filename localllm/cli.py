@@ -72,9 +72,31 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """parse_args, letting a command's options sit between its positionals as llama.cpp and
+    Ollama users type them (`run MODEL -n 24 "prompt"`): argparse alone stops filling
+    positionals at the first option, so a leftover prompt is re-read with the command's
+    parser in intermixed mode."""
+    ns, extra = parser.parse_known_args(argv)
+    command = getattr(ns, "command", None)
+    if not extra or command is None:
+        return parser.parse_args(argv)  # no leftovers: the same result (or argparse's error)
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    sub = subs[0].choices.get(command) if subs else None
+    if sub is None or command not in argv:
+        return parser.parse_args(argv)
+    try:
+        rest = sub.parse_intermixed_args(argv[argv.index(command) + 1:])
+    except TypeError:  # a command with sub-commands: intermixed parsing does not apply
+        return parser.parse_args(argv)
+    for key, value in vars(rest).items():
+        setattr(ns, key, value)
+    return ns
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(_command_of(argv))
-    ns = parser.parse_args(argv)
+    ns = _parse(parser, list(sys.argv[1:] if argv is None else argv))
     if ns.command is None:
         parser.print_help()
         return EXIT_ERROR

@@ -74,6 +74,14 @@ def test_run_tiny_model_greedy_json_and_prompt_too_long(tmp_path: Path) -> None:
     assert "tokens too many" in line
     r = cli("run", str(p), "--raw", "-n", "4", "--temperature", "0", input="hello from stdin")
     assert r.returncode == 0, r.stderr
+    # options between the model and the prompt, as llama.cpp users type them: same answer
+    mixed = cli("run", str(p), "--raw", "-n", "8", "--temperature", "0", "--json",
+                "hello world")
+    assert mixed.returncode == 0, mixed.stderr
+    assert json.loads(mixed.stdout)["tokens"] == ja["tokens"]
+    bad = cli("run", str(p), "-n", "2", "--bogus", "hi")  # argparse's usage message
+    assert bad.returncode != 0 and "unrecognized arguments: --bogus" in bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 def test_bad_option_values() -> None:
