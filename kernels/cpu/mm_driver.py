@@ -361,19 +361,10 @@ def _quant_rows(kind, x, xq, xd, xs, xc, xbs, xb2, xf) -> None:
             xf[n, :] = x[n, :]
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def _mm_simd(fn, kind, w, x, out, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, group, par,
-             quantized, rows):  # a_*: Scratch.addrs, in order
-    """The parallel driver shared by all types.
-
-    fn: address of the type's row kernel; kind: its activation format; w [>= rows, rb] u8
-    (row-major blocks, or the r16 records of `rows` rows: see repack_r16); x [N, K] f32;
-    out [N, >= rows] f32 (rows contiguous); a_*: addresses of the scratch arrays
-    (see Scratch; passed as integers because typing 6 more arrays costs microseconds per call).
-    Quantizes x unless `quantized`, then splits the rows into groups of `group`: parallel tasks
-    if `par`, else a single call on this thread (a parallel region costs more than a small
-    product).
-    """
+@njit
+def _prepare_act(kind, x, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, quantized) -> None:
+    """The scratch as the row kernels read it: x [N, K] quantized (unless `quantized`: the
+    caller did it in parallel) and, for Q8_0 with N > 1, the transposed scale copies."""
     n_act, k = x.shape
     npad = 1 if n_act == 1 else (n_act + 3) // 4 * 4
     nb32 = k // 32
@@ -395,6 +386,23 @@ def _mm_simd(fn, kind, w, x, out, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, grou
                 xdt[b, n] = xd[n, b]
                 xst[b, n] = xs[n, b]
                 xct[b, n] = xc[n, b]
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _mm_simd(fn, kind, w, x, out, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, group, par,
+             quantized, rows):  # a_*: Scratch.addrs, in order
+    """The parallel driver shared by all types.
+
+    fn: address of the type's row kernel; kind: its activation format; w [>= rows, rb] u8
+    (row-major blocks, or the r16 records of `rows` rows: see repack_r16); x [N, K] f32;
+    out [N, >= rows] f32 (rows contiguous); a_*: addresses of the scratch arrays
+    (see Scratch; passed as integers because typing 6 more arrays costs microseconds per call).
+    Quantizes x unless `quantized`, then splits the rows into groups of `group`: parallel tasks
+    if `par`, else a single call on this thread (a parallel region costs more than a small
+    product).
+    """
+    n_act, k = x.shape
+    _prepare_act(kind, x, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, quantized)
     rb = w.shape[1]
     wp = _addr(w)
     op = _addr(out)
@@ -433,25 +441,7 @@ def _mm_multi(tab, kind, x, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, par, quantized
     """
     n_act, k = x.shape
     m_w = tab.shape[0]
-    nb = tab[0, T_NB]
-    npad = 1 if n_act == 1 else (n_act + 3) // 4 * 4
-    nb32 = k // 32
-    xd = carray(_p_f32(a_xd), (npad, nb))
-    xs = carray(_p_f32(a_xs), (npad, nb32))
-    xc = carray(_p_f32(a_xs + 8 * npad * nb32), (npad, nb32))
-    if not quantized:
-        _quant_rows(kind, x, carray(_p_i8(a_xq), (npad, k)), xd, xs, xc,
-                    carray(_p_i16(a_xbs), (npad, k // 16)), carray(_p_i16(a_xb2), (npad, nb32)),
-                    carray(_p_f32(a_xf), (npad, k)))
-    if kind == ACT_Q8_0 and n_act > 1:
-        xdt = carray(_p_f32(a_xd + 4 * npad * nb), (nb, npad))
-        xst = carray(_p_f32(a_xs + 4 * npad * nb32), (nb32, npad))
-        xct = carray(_p_f32(a_xs + 12 * npad * nb32), (nb32, npad))
-        for n in range(npad):
-            for b in range(nb):
-                xdt[b, n] = xd[n, b]
-                xst[b, n] = xs[n, b]
-                xct[b, n] = xc[n, b]
+    _prepare_act(kind, x, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, tab[0, T_NB], quantized)
     last = tab[m_w - 1]
     n_tasks = last[T_TASK0] + (last[T_ROWS] + last[T_GROUP] - 1) // last[T_GROUP]
     if not par:
