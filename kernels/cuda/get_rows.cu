@@ -23,7 +23,8 @@ __device__ __forceinline__ float de_q5_0(const u8* row, int i) {
     const u8* b = row + (i / QK) * 22;
     const int j = i % QK;
     const u32 qh = (u32)load_i32_a2(b + 2, 0);
-    return load_f16(b) * (float)((nib(b + 6, j) | (((qh >> j) & 1u) << 4)) - 16);
+    // (int): qh's bit is unsigned, and q - 16 must not wrap around
+    return load_f16(b) * (float)((nib(b + 6, j) | (int)(((qh >> j) & 1u) << 4)) - 16);
 }
 __device__ __forceinline__ float de_q5_1(const u8* row, int i) {
     const u8* b = row + (i / QK) * 24;
