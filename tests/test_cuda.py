@@ -54,12 +54,13 @@ def test_every_kernel_is_exported(tmp_path: Path) -> None:
     """Each kernel the loader launches exists under its extern "C" name in the PTX."""
     wanted = {
         "quant_act": ["quantize_q8_1", "quantize_q8_k"],
-        "mmv": [k for k, _ in loader.MMV_KERNELS.values()],
+        "mmv": [k + x8 for k, _ in loader.MMV_KERNELS.values() for x8 in ("", "_x8")],
         "get_rows": [loader.plan_get_rows(t, 1, 256).kernel for t in loader.MMV_KERNELS],
-        "ops": ["rms_norm", "rope_apply", "silu_mul", "gelu_tanh_mul", "softmax_rows",
-                "hadamard_rows"],
-        "attention": ["attn_combine"] + [f"attn_partial_{a}_{b}" for a in loader.KV_TYPES
+        "ops": ["rms_norm", "rope_apply", "silu_mul", "gelu_tanh_mul", "gelu_table_mul",
+                "softmax_rows", "hadamard_rows"],
+        "attention": ["attn_combine"] + [f"attn_paged_{a}_{b}" for a in loader.KV_TYPES
                                          for b in loader.KV_TYPES],
+        "kv_store": [f"kv_store_{t}" for t in loader.KV_TYPES],
     }
     for name, kernels in wanted.items():
         src = tmp_path / f"{name}.cu"
@@ -89,8 +90,8 @@ def test_mmv_plan_q4_0() -> None:
     assert quant.grid == (3 * 128 // loader.QUANT_WARPS,)  # 384 blocks of 32, 8 per CTA
     assert quant.buffers == {"xq": ((3, 4096), "int8"), "xd": ((3, 128), "float32"),
                              "xs": ((3, 128), "float32")}
-    assert mmv.kernel == "mmv_q4_0"
-    assert mmv.grid == (250, 3) and mmv.block == (32, loader.ROWS_PER_BLOCK)
+    assert mmv.kernel == "mmv_q4_0_x8"  # N > 1: 8 activation rows per warp
+    assert mmv.grid == (250, 1) and mmv.block == (32, loader.ROWS_PER_BLOCK)
     assert mmv.buffers == {"out": ((3, 1000), "float32")}
     assert loader.row_bytes(2, 4096) == 128 * 18
 
@@ -100,10 +101,10 @@ def test_mmv_plan_k_quant_and_float() -> None:
     assert quant is not None and quant.kernel == "quantize_q8_k"
     assert quant.grid == (2,) and quant.block == (256,)
     assert quant.buffers["xbs"] == ((1, 32), "int16")
-    assert mmv.grid == (2, 1)  # ceil(7 / 4)
+    assert mmv.grid == (2, 1) and mmv.kernel == "mmv_q6_k"  # ceil(7 / 4); N = 1
     assert loader.row_bytes(14, 512) == 2 * 210
-    quant, mmv = loader.plan_mmv(1, rows=5, k=96, n=2)
-    assert quant is None and mmv.kernel == "mmv_f16"
+    quant, mmv = loader.plan_mmv(1, rows=5, k=96, n=17)
+    assert quant is None and mmv.kernel == "mmv_f16_x8" and mmv.grid == (2, 3)
 
 
 @pytest.mark.parametrize(("qtype", "k"), [(2, 48), (12, 288), (99, 256)])
@@ -121,27 +122,36 @@ def test_mmv_table_matches_formats() -> None:
 
 
 def test_attention_plan_split() -> None:
-    # decode over a long context: few (row, head) blocks, so the keys are split
-    part, comb = loader.plan_attention(1, 8, 2, 128, 128, 8192, n_sm=132)
+    # chunks of ATT_CHUNK positions, however many rows: decode over a long context spreads
+    # over many blocks, and a row's split never depends on the batch
+    part, comb = loader.plan_attention(1, 8, 2, 128, 128, 8192)
     s = part.params["splits"]
-    assert part.grid == (8, s) and s == 32  # min(ceil(8192/256), ceil(264/8)=33)
-    assert part.params["chunk"] * s >= 8192 > part.params["chunk"] * (s - 1)
+    assert s == 8192 // loader.ATT_CHUNK and part.grid == (8, s)
+    assert part.params["chunk"] == loader.ATT_CHUNK
     assert part.buffers["part_acc"] == ((s, 1, 8, 128), "float32")
     assert comb.grid == (8,) and comb.buffers["out"] == ((1, 8, 128), "float32")
-    assert part.kernel == "attn_partial_f16_f16" and part.params["kw"] == 256
+    assert part.kernel == "attn_paged_f16_f16" and part.params["kw"] == 256
     part, _ = loader.plan_attention(1, 8, 2, 128, 64, 16, k_type="q8_0", v_type="q4_0")
-    assert part.kernel == "attn_partial_q8_0_q4_0"
+    assert part.kernel == "attn_paged_q8_0_q4_0" and part.params["splits"] == 1
     assert (part.params["kw"], part.params["vw"]) == (4 * 34, 2 * 18)
     assert part.buffers["part_acc"] == ((1, 1, 8, 64), "float32")
-    # prefill: enough blocks already, one chunk
-    part, _ = loader.plan_attention(512, 8, 2, 64, 64, 512, n_sm=132)
-    assert part.params["splits"] == 1 and part.params["chunk"] == 512
+    part, _ = loader.plan_attention(512, 8, 2, 64, 64, 513)
+    assert part.grid == (512 * 8, 5)
     with pytest.raises(ValueError, match="exceeds"):
         loader.plan_attention(1, 8, 2, 512, 512, 16)
     with pytest.raises(ValueError, match="multiple"):
         loader.plan_attention(1, 6, 4, 64, 64, 16)
     with pytest.raises(ValueError, match="multiple of 32"):
         loader.plan_attention(1, 8, 2, 80, 80, 16, k_type="q4_0")
+
+
+def test_kv_store_plan() -> None:
+    plan = loader.plan_kv_store("q4_0", 5, 2, 64)
+    assert plan.kernel == "kv_store_q4_0" and plan.grid == (10,) and plan.block == (32,)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        loader.plan_kv_store("q8_0", 1, 1, 48)
+    with pytest.raises(ValueError, match="unknown KV cache type"):
+        loader.plan_kv_store("q2", 1, 1, 64)
 
 
 def test_get_rows_plan() -> None:
@@ -170,20 +180,23 @@ def test_rows_plan() -> None:
 # ----------------------------------------------------------------------------- CLI
 
 
-def test_device_auto_and_cpu_resolve_to_cpu() -> None:
-    assert loader.resolve_device("auto") == "cpu"
+def test_device_auto_resolves_to_what_is_there() -> None:
+    assert loader.resolve_device("auto") == ("cuda" if _CUDA_OK else "cpu")
     assert loader.resolve_device("cpu") == "cpu"
+    with pytest.raises(ValueError, match="unknown device"):
+        loader.resolve_device("tpu")
 
 
 def test_device_cuda_is_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:
-    # Without CuPy/GPU: why, and how to install; with them: the forward is not wired yet.
-    # Either way one error line and exit 1 before any model is opened.
+    # Without CuPy/GPU: why, and how to install, before any model is opened; with them the
+    # command goes on to the model, which does not exist here. Either way one error line.
     rc = main(["run", "--device", "cuda", "no-such-model.gguf", "hi"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 1
-    assert len(err) == 1 and err[0].startswith("error: --device cuda")
+    assert rc == 1 and len(err) == 1 and err[0].startswith("error: ")
     if not _CUDA_OK:
-        assert "CuPy and an NVIDIA GPU" in err[0]
+        assert err[0].startswith("error: --device cuda") and "CuPy and an NVIDIA GPU" in err[0]
+    else:
+        assert "no-such-model" in err[0]
 
 
 # ----------------------------------------------------------------------------- GPU numerics
@@ -360,3 +373,123 @@ def test_attention_matches_cpu(k_type: str, v_type: str, t: int, window: int,
                            cupy.asarray(q_pos), cupy.asarray(kv_pos), window, dh ** -0.5,
                            softcap)
     np.testing.assert_allclose(cupy.asnumpy(got), want, rtol=1e-4, atol=1e-5)
+
+
+@needs_gpu
+@pytest.mark.parametrize("qtype", sorted(loader.MMV_KERNELS))
+def test_mmv_rows_are_batch_invariant(qtype: int) -> None:
+    """Each output row has the same bits alone (mmv_*, N = 1) as in any batch (mmv_*_x8)."""
+    import cupy
+
+    rng = np.random.default_rng(qtype)
+    rows, k, n = 37, 512, 11
+    w = cupy.asarray(_random_weights(qtype, rows, k, rng))
+    x = cupy.asarray(rng.standard_normal((n, k)).astype(np.float32))
+    batch = cupy.asnumpy(loader.mmv(w, qtype, rows, x))
+    for i in range(n):
+        alone = cupy.asnumpy(loader.mmv(w, qtype, rows, x[i:i + 1]))
+        np.testing.assert_array_equal(alone[0], batch[i])
+    three = cupy.asnumpy(loader.mmv(w, qtype, rows, x[4:7]))
+    np.testing.assert_array_equal(three, batch[4:7])
+
+
+@needs_gpu
+@pytest.mark.parametrize("kv_type", loader.KV_TYPES)
+def test_kv_store_matches_cpu_bytes(kv_type: str) -> None:
+    """The stored blocks are byte for byte what kv_quant.store writes (ggml's rounding)."""
+    import cupy
+
+    from localllm.kernels.cpu import kv_quant
+
+    rng = np.random.default_rng(7)
+    n, h, d, e = 9, 3, 128, 20
+    x = (rng.standard_normal((n, h, d)) * 2).astype(np.float32)
+    x[2, 1, :32] = 0.0  # an all-zero block
+    x[3, 0, 5] = x[3, 0, 9] = -7.5  # ties of the largest magnitude (q4_0 takes the first)
+    x[3, 0, 7] = 7.5
+    ent = rng.choice(e, n, replace=False).astype(np.int64)
+    want = kv_quant.allocate(kv_type, e, h, d)
+    kv_quant.store(kv_type, x, want, ent)
+    got = cupy.zeros(want.shape, dtype=want.dtype)
+    loader.kv_store(kv_type, cupy.asarray(x), got, cupy.asarray(ent))
+    np.testing.assert_array_equal(cupy.asnumpy(got).view(np.uint8), want.view(np.uint8))
+
+
+@needs_gpu
+def test_gelu_table_matches_cpu() -> None:
+    import cupy
+
+    from localllm.kernels.cpu import ops
+
+    rng = np.random.default_rng(3)
+    g = (rng.standard_normal((4, 1000)) * 4).astype(np.float32)
+    g[0, :4] = [-10.0, 10.0, -12.5, 11.0]
+    u = rng.standard_normal(g.shape).astype(np.float32)
+    want = np.empty_like(g)
+    ops.gelu_tanh_mul_ggml(g, u, want)
+    got = cupy.asnumpy(loader.gated("gelu_tanh_ggml", cupy.asarray(g), cupy.asarray(u)))
+    np.testing.assert_array_equal(got, want)
+
+
+def _twin_caches(k_type: str, v_type: str, window: int):
+    """A host KVCache and a CudaKVCache given the same history: three sequences, one
+    sharing another's prefix blocks, one rewound, so blocks lie scattered in the pools."""
+    import cupy
+
+    from localllm.cuda_kv import CudaKVCache
+    from localllm.kv_cache import KVCache
+
+    rng = np.random.default_rng(11)
+    kw = dict(n_ctx=512, n_head_kv=2, head_dim=64, n_slots=3, layer_window=[0, window],
+              k_type=k_type, v_type=v_type, n_batch=64)
+    caches = (KVCache(2, **kw), CudaKVCache(2, **kw))
+    prompts = [list(rng.integers(0, 100, 150)), None, list(rng.integers(0, 100, 90))]
+    prompts[1] = prompts[0][:96] + list(rng.integers(0, 100, 40))
+    for slot, toks in enumerate(prompts):
+        k_all = rng.standard_normal((len(toks), 2, 64)).astype(np.float32)
+        v_all = rng.standard_normal((len(toks), 2, 64)).astype(np.float32)
+        for c in caches:  # the same books, so the same rows evaluated in both
+            keep = c.reuse_prefix(slot, toks).kept
+            pos = np.arange(keep, len(toks), dtype=np.int64)
+            placed = c.place_rows([(slot, 0, pos.size)], pos)
+            k, v = k_all[keep:], v_all[keep:]
+            for layer in range(2):
+                if isinstance(c, CudaKVCache):
+                    c.store_rows(layer, placed, cupy.asarray(k), cupy.asarray(v))
+                else:
+                    c.store_rows(layer, placed, k, v)
+            c.commit(slot, keep, toks[keep:])
+    for c in caches:
+        c.truncate(2, 70)
+    return caches
+
+
+@needs_gpu
+@pytest.mark.parametrize(("k_type", "v_type", "window"), [
+    ("f16", "f16", 48), ("f32", "q8_0", 0), ("q8_0", "q8_0", 100), ("q4_0", "f16", 33)])
+def test_paged_attention_matches_cpu_and_is_batch_invariant(k_type: str, v_type: str,
+                                                            window: int) -> None:
+    import cupy
+
+    host, dev = _twin_caches(k_type, v_type, window)
+    rng = np.random.default_rng(5)
+    rows = [(0, 149), (0, 3), (1, 135), (1, 90), (2, 69)]  # (slot, position), slots in runs
+    row_slot = np.array([r[0] for r in rows], np.int64)
+    q_pos = np.array([r[1] for r in rows], np.int64)
+    q = rng.standard_normal((len(rows), 4, 64)).astype(np.float32)
+    for layer, win in ((0, 0), (1, window)):
+        want = np.empty((len(rows), 4, 64), np.float32)
+        host.attend_rows(layer, row_slot, q, q_pos, win, 0.125, 0.0, want)
+        got = cupy.empty((len(rows), 4, 64), dtype=cupy.float32)
+        dev.attend_rows(layer, row_slot, cupy.asarray(q), q_pos, win, 0.125, 0.0, got)
+        got = cupy.asnumpy(got)
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+        for i in range(len(rows)):  # each row alone: the same bits
+            one = cupy.empty((1, 4, 64), dtype=cupy.float32)
+            dev.attend_rows(layer, row_slot[i:i + 1], cupy.asarray(q[i:i + 1]),
+                            q_pos[i:i + 1], win, 0.125, 0.0, one)
+            np.testing.assert_array_equal(cupy.asnumpy(one)[0], got[i])
+    # what the GPU cache holds decodes to what the host cache holds
+    for pos in (np.arange(0, 96), np.arange(100, 150)):
+        for a, b in zip(host.load(0, 0, pos), dev.load(0, 0, pos), strict=True):
+            np.testing.assert_array_equal(a, b)

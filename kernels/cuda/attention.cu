@@ -1,23 +1,26 @@
-// Causal GQA attention over the KV cache as localllm/kv_cache.py lays it out (f32, f16, q8_0,
-// q4_0 storage for K and V independently), with a flash-decoding split over the keys.
+// Causal GQA attention over the paged KV cache as localllm/kv_cache.py lays it out (f32, f16,
+// q8_0, q4_0 storage for K and V independently), with a flash-decoding split over the keys.
 //
-// Cache layout (one layer, one slot): k [T, Hkv, kw] and v [T, Hkv, vw] bytes (kw, vw: bytes of
-// one head row of the storage type; quantized rows are stored Hadamard-rotated by KVCache,
-// so the caller rotates q and the output, as on the CPU); kv_pos [T]
-// int64 the position held by each entry (EMPTY_POS: nothing). Full layers hold position p at
-// entry p, sliding-window rings at p % T; the kernel masks by kv_pos alone, so both layouts
-// (and ring holes) need nothing special. Key t is visible to query row i iff kv_pos[t] is not
-// EMPTY_POS, kv_pos[t] <= q_pos[i] and (window <= 0 or q_pos[i] - kv_pos[t] < window);
-// logits are (q * scale) . k, then softcap * tanh(logit / softcap) when softcap > 0; a row
-// that sees no key gets zeros (kernels/cpu/kv_quant.attention).
+// Cache layout (one layer): k [E, Hkv, kw] and v [E, Hkv, vw] bytes for all E entries of the
+// layer kind's block pool (kw, vw: bytes of one head row of the storage type; quantized rows
+// are stored Hadamard-rotated by KVCache, so the caller rotates q and the output, as on the
+// CPU); epos [E] int64 the position each entry holds (the pool's books, EMPTY_POS: none);
+// table [slots, n_table] int64: logical block i of a slot (positions i*B .. i*B+B-1) -> pool
+// block, -1 where none. Query row i of slot s = row_slot[i] at position p = q_pos[i] sees
+// position t iff t <= p, (window <= 0 or p - t < window), table[s, t / B] >= 0 and the entry
+// e = table[s, t / B] * B + t % B holds t (epos[e] == t): the CPU kernel's rule
+// (kernels/cpu/kv_quant.attention_paged). Logits are (q * scale) . k, then
+// softcap * tanh(logit / softcap) when softcap > 0; a row that sees no key gets zeros.
 //
-// Pass 1 (attn_partial_<k>_<v>): grid (N * Hq, S), block (32 * ATT_WARPS). Block (row, head, s)
-// takes keys [s * chunk, (s + 1) * chunk); each warp an interleaved share of them, keeping an
-// online softmax (max m, sum l, weighted sum acc) with lane c owning dims c, c + 32, ...
-// The warps are merged in shared memory and the chunk's (m, l, acc) written to the parts.
-// Pass 2 (attn_combine): grid (N * Hq), block (32): merges the S chunks into out. S = 1 for
-// short contexts (then pass 2 is a plain normalisation); long contexts split so that enough
-// blocks run to fill the GPU when N * Hq alone is small (decode).
+// Pass 1 (attn_paged_<k>_<v>): grid (N * Hq, S), block (32 * ATT_WARPS). Block (row, head, s)
+// takes positions [s * chunk, (s + 1) * chunk), warp w those with t % ATT_WARPS == w, each
+// keeping an online softmax (max m, sum l, weighted sum acc; lane c owns dims c, c + 32, ..).
+// The warps merge in shared memory in a fixed order and write the chunk's (m, l, acc).
+// Pass 2 (attn_combine): grid (N * Hq), block (32): merges chunks 0.. S-1 in order, skipping
+// those that saw nothing. Chunks are cut at absolute positions and the chunk length is a
+// constant, so a row's arithmetic depends on its own position and keys only: the same bits
+// whatever else is in the batch (S is the batch's largest need; the extra chunks of shorter
+// rows see nothing and are skipped).
 #include "common.cuh"
 
 #define ATT_WARPS 4
@@ -49,17 +52,19 @@ __device__ __forceinline__ float kv_elem(const u8* row, int i) {
 }
 
 template <int KK, int VK>
-__device__ __forceinline__ void attn_partial(
-    const float* __restrict__ q,      // [N, Hq, Dh]
-    const u8* __restrict__ k,         // [T, Hkv, kw] bytes
-    const u8* __restrict__ v,         // [T, Hkv, vw] bytes
-    const i64* __restrict__ q_pos,    // [N]
-    const i64* __restrict__ kv_pos,   // [T]
-    int T, int Hq, int Hkv, int Dh, int Dv, int kw, int vw, int chunk, i64 window,
-    float scale, float softcap,
-    float* __restrict__ part_m,       // [S, N, Hq]
-    float* __restrict__ part_l,       // [S, N, Hq]
-    float* __restrict__ part_acc,     // [S, N, Hq, Dv]
+__device__ __forceinline__ void attn_paged(
+    const float* __restrict__ q,         // [N, Hq, Dh]
+    const u8* __restrict__ k,            // [E, Hkv, kw] bytes
+    const u8* __restrict__ v,            // [E, Hkv, vw] bytes
+    const i64* __restrict__ q_pos,       // [N]
+    const i64* __restrict__ row_slot,    // [N]
+    const i64* __restrict__ table,       // [slots, n_table]
+    const i64* __restrict__ epos,        // [E]
+    int n_table, int B, int Hq, int Hkv, int Dh, int Dv, int kw, int vw, int chunk,
+    i64 window, float scale, float softcap,
+    float* __restrict__ part_m,          // [S, N, Hq]
+    float* __restrict__ part_l,          // [S, N, Hq]
+    float* __restrict__ part_acc,        // [S, N, Hq, Dv]
     int N) {
     __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
     __shared__ float s_acc[ATT_WARPS][ATT_DMAX];
@@ -68,6 +73,8 @@ __device__ __forceinline__ void attn_partial(
     const int g = h / (Hq / Hkv);
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     const i64 p = q_pos[n];
+    const i64 lo = window > 0 ? max((i64)0, p - window + 1) : 0;
+    const i64* trow = table + row_slot[n] * n_table;
 
     float qs[ATT_PER], acc[ATT_PER];
 #pragma unroll
@@ -77,11 +84,14 @@ __device__ __forceinline__ void attn_partial(
         acc[c] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
-    const int t0 = split * chunk, t1 = min(T, t0 + chunk);
-    for (int t = t0 + w; t < t1; t += ATT_WARPS) {
-        const i64 kp = kv_pos[t];
-        if (kp == EMPTY_POS || kp > p || (window > 0 && p - kp >= window)) continue;
-        const u8* kr = k + ((i64)t * Hkv + g) * kw;
+    const i64 t0 = (i64)split * chunk, t1 = min(p + 1, t0 + chunk);
+    for (i64 t = t0 + w; t < t1; t += ATT_WARPS) {
+        if (t < lo) continue;
+        const i64 blk = trow[t / B];
+        if (blk < 0) continue;
+        const i64 e = blk * B + t % B;
+        if (epos[e] != t) continue;
+        const u8* kr = k + (e * Hkv + g) * kw;
         float s = 0.0f;
 #pragma unroll
         for (int c = 0; c < ATT_PER; ++c) {
@@ -92,13 +102,13 @@ __device__ __forceinline__ void attn_partial(
         if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
         const float m_new = fmaxf(m, s);
         const float corr = expf(m - m_new);  // 0 on the first visible key (m = -inf)
-        const float e = expf(s - m_new);
-        l = l * corr + e;
-        const u8* vr = v + ((i64)t * Hkv + g) * vw;
+        const float e_s = expf(s - m_new);
+        l = l * corr + e_s;
+        const u8* vr = v + (e * Hkv + g) * vw;
 #pragma unroll
         for (int c = 0; c < ATT_PER; ++c) {
             const int i = lane + WARP * c;
-            acc[c] = acc[c] * corr + (i < Dv ? e * kv_elem<VK>(vr, i) : 0.0f);
+            acc[c] = acc[c] * corr + (i < Dv ? e_s * kv_elem<VK>(vr, i) : 0.0f);
         }
         m = m_new;
     }
@@ -124,25 +134,27 @@ __device__ __forceinline__ void attn_partial(
     }
 }
 
-// One extern "C" entry per (K type, V type): attn_partial_<k>_<v>.
-#define ATTN_PARTIAL(kname, vname, KK, VK)                                                    \
-    extern "C" __global__ void attn_partial_##kname##_##vname(                               \
-        const float* q, const u8* k, const u8* v, const i64* q_pos, const i64* kv_pos, int T, \
-        int Hq, int Hkv, int Dh, int Dv, int kw, int vw, int chunk, i64 window, float scale,  \
-        float softcap, float* part_m, float* part_l, float* part_acc, int N) {                \
-        attn_partial<KK, VK>(q, k, v, q_pos, kv_pos, T, Hq, Hkv, Dh, Dv, kw, vw, chunk,       \
-                             window, scale, softcap, part_m, part_l, part_acc, N);            \
+// One extern "C" entry per (K type, V type): attn_paged_<k>_<v>.
+#define ATTN_PAGED(kname, vname, KK, VK)                                                      \
+    extern "C" __global__ void attn_paged_##kname##_##vname(                                 \
+        const float* q, const u8* k, const u8* v, const i64* q_pos, const i64* row_slot,      \
+        const i64* table, const i64* epos, int n_table, int B, int Hq, int Hkv, int Dh,       \
+        int Dv, int kw, int vw, int chunk, i64 window, float scale, float softcap,            \
+        float* part_m, float* part_l, float* part_acc, int N) {                               \
+        attn_paged<KK, VK>(q, k, v, q_pos, row_slot, table, epos, n_table, B, Hq, Hkv, Dh,    \
+                           Dv, kw, vw, chunk, window, scale, softcap, part_m, part_l,         \
+                           part_acc, N);                                                      \
     }
-#define ATTN_PARTIAL_V(kname, KK)                \
-    ATTN_PARTIAL(kname, f32, KK, KV_F32)         \
-    ATTN_PARTIAL(kname, f16, KK, KV_F16)         \
-    ATTN_PARTIAL(kname, q8_0, KK, KV_Q8_0)       \
-    ATTN_PARTIAL(kname, q4_0, KK, KV_Q4_0)
+#define ATTN_PAGED_V(kname, KK)                \
+    ATTN_PAGED(kname, f32, KK, KV_F32)         \
+    ATTN_PAGED(kname, f16, KK, KV_F16)         \
+    ATTN_PAGED(kname, q8_0, KK, KV_Q8_0)       \
+    ATTN_PAGED(kname, q4_0, KK, KV_Q4_0)
 
-ATTN_PARTIAL_V(f32, KV_F32)
-ATTN_PARTIAL_V(f16, KV_F16)
-ATTN_PARTIAL_V(q8_0, KV_Q8_0)
-ATTN_PARTIAL_V(q4_0, KV_Q4_0)
+ATTN_PAGED_V(f32, KV_F32)
+ATTN_PAGED_V(f16, KV_F16)
+ATTN_PAGED_V(q8_0, KV_Q8_0)
+ATTN_PAGED_V(q4_0, KV_Q4_0)
 
 extern "C" __global__ void attn_combine(const float* __restrict__ part_m,
                                         const float* __restrict__ part_l,

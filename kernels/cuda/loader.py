@@ -11,9 +11,8 @@ Launch geometry and scratch sizes are computed by the pure-Python `plan_*` funct
 are tested without a GPU; the `cupy`-facing wrappers (`quantize_act`, `mmv`, `rms_norm`,
 `attention`, ...) only allocate what a plan names and launch.
 
-Status: the kernels compile for sm_80/sm_90 with nvcc (tests/test_cuda.py) but the numeric
-GPU tests have not run on hardware yet, and no model forward uses them: `--device cuda` is
-refused with a clear message until the GPU forward is wired and checked.
+The model forward that runs on these kernels is models/cuda_model.py (`--device cuda`); the
+cache storage it attends over is localllm/cuda_kv.py.
 """
 
 from __future__ import annotations
@@ -26,16 +25,17 @@ from typing import Any
 
 from localllm.formats.qtypes import QK, QK_K
 
-SOURCES: tuple[str, ...] = ("quant_act", "mmv", "get_rows", "ops", "attention")
+SOURCES: tuple[str, ...] = ("quant_act", "mmv", "get_rows", "ops", "attention", "kv_store")
 _DIR = Path(__file__).resolve().parent
 _HEADER = "common.cuh"
 NVRTC_OPTIONS: tuple[str, ...] = ("--std=c++17",)
 
 ROWS_PER_BLOCK = 4  # warps (output rows) per thread block of the mmv kernels
+MMV_NC = 8  # activation rows per warp of the small-N kernels (`mmv_*_x8`, N > 1)
 QUANT_WARPS = 8  # 32-blocks per thread block of quantize_q8_1
 ATT_WARPS = 4  # must match attention.cu
 ATT_DMAX = 256  # must match attention.cu
-ATT_MIN_CHUNK = 256  # keys per attention block before splitting is worth it
+ATT_CHUNK = 128  # positions per attention block (a constant: a row's split is its own)
 
 # GGML type id -> (mmv kernel, activation format). Activations: "q8_1" (Q8_0/Q8_1 blocks of
 # 32: xq, xd, xs), "q8_k" (blocks of 256: xq, xd, xbs), "f32" (floats; the kernel rounds them
@@ -68,8 +68,10 @@ class CudaUnavailable(RuntimeError):
 # --------------------------------------------------------------------------- availability
 
 
+@functools.cache
 def cuda_available() -> tuple[bool, str]:
-    """(True, device name) when CuPy imports and sees a GPU, else (False, why not)."""
+    """(True, device name) when CuPy imports and sees a GPU, else (False, why not); asked
+    once per process (every model-loading command resolves --device auto)."""
     try:
         import cupy  # noqa: F401
     except Exception as e:  # noqa: BLE001 - ImportError, or a CuPy that fails to load its libs
@@ -88,19 +90,39 @@ def cuda_available() -> tuple[bool, str]:
 def resolve_device(requested: str) -> str:
     """The device a command runs on, for --device auto|cpu|cuda.
 
-    auto: cpu (silently) until the CUDA forward pass exists; cuda: raises CudaUnavailable with
-    one line saying why it cannot be served (no CuPy, no GPU, or no GPU forward yet).
+    auto: cuda where CuPy imports and sees a GPU, else cpu (silently); cuda: raises
+    CudaUnavailable with one line saying why it cannot be served (no CuPy, no GPU).
     """
-    if requested in ("auto", "cpu"):
+    if requested == "cpu":
         return "cpu"
-    if requested != "cuda":
+    if requested not in ("auto", "cuda"):
         raise ValueError(f"unknown device {requested!r} (choose auto, cpu or cuda)")
     ok, why = cuda_available()
-    if not ok:
-        raise CudaUnavailable(f"--device cuda needs CuPy and an NVIDIA GPU: {why} "
-                              "(install with `pip install localllm[cuda]`, or use --device cpu)")
-    raise CudaUnavailable(f"--device cuda: found {why}, but the GPU forward pass is not "
-                          "implemented yet (only its kernels are); use --device cpu")
+    if ok:
+        return "cuda"
+    if requested == "auto":
+        return "cpu"
+    raise CudaUnavailable(f"--device cuda needs CuPy and an NVIDIA GPU: {why} "
+                          "(install with `pip install localllm[cuda]`, or use --device cpu)")
+
+
+def device_read_bandwidth(mib: int = 1024, passes: int = 10) -> float:
+    """The GPU's measured read bandwidth, bytes/s: the best of `passes` timed sums over a
+    buffer far larger than L2 (a sum reads every byte once and writes almost nothing)."""
+    import cupy
+
+    buf = cupy.ones(mib * 2**20 // 4, dtype=cupy.float32)
+    out = cupy.empty((), dtype=cupy.float32)
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    cupy.sum(buf, out=out)  # compiles the reduction
+    best = float("inf")
+    for _ in range(passes):
+        start.record()
+        cupy.sum(buf, out=out)
+        end.record()
+        end.synchronize()
+        best = min(best, cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return buf.nbytes / best
 
 
 # --------------------------------------------------------------------------- sources
@@ -184,7 +206,11 @@ def plan_mmv(qtype: int, rows: int, k: int, n: int) -> tuple[Launch | None, Laun
         raise ValueError(f"K={k} is not a multiple of the {per}-weight block")
     name, act = MMV_KERNELS[qtype]
     quant = None if act == "f32" else plan_quantize(act, n, k)
-    mmv = Launch(name, (math.ceil(rows / ROWS_PER_BLOCK), n), (32, ROWS_PER_BLOCK),
+    # N > 1: each warp takes MMV_NC activation rows (the weight read once for all of them);
+    # the per-output arithmetic is the same, so a row's bits do not depend on N
+    nc = 1 if n == 1 else MMV_NC
+    mmv = Launch(name if nc == 1 else f"{name}_x8",
+                 (math.ceil(rows / ROWS_PER_BLOCK), math.ceil(n / nc)), (32, ROWS_PER_BLOCK),
                  {"out": ((n, rows), "float32")})
     return quant, mmv
 
@@ -210,31 +236,38 @@ def kv_row_bytes(kv_type: str, d: int) -> int:
     return d // QK * (34 if kv_type == "q8_0" else 18)
 
 
-def plan_attention(n: int, hq: int, hkv: int, dh: int, dv: int, t: int, n_sm: int = 132,
+def plan_attention(n: int, hq: int, hkv: int, dh: int, dv: int, n_pos: int,
                    k_type: str = "f16", v_type: str = "f16") -> tuple[Launch, Launch]:
-    """(partial pass, combine pass) of attention of n query rows over t cache entries.
+    """(partial pass, combine pass) of attention of n query rows whose positions are below
+    n_pos (the batch's largest position + 1).
 
-    The keys are split into S chunks when n * hq blocks alone would leave SMs idle (decode
-    over a long context), each chunk at least ATT_MIN_CHUNK keys: S = min(ceil(t / 256),
-    ceil(2 * n_sm / (n * hq))). The split depends only on the shapes, so a given request gives
-    the same result whatever else runs.
+    The positions are cut into chunks of ATT_CHUNK, one thread block each per (row, head):
+    S = ceil(n_pos / ATT_CHUNK). Decode over a long context thus spreads over many blocks
+    (the flash-decoding split) and a row's chunks depend on its own position only, so it
+    gets the same result whatever else runs in the batch.
     """
-    if min(n, hq, hkv, dh, dv, t) <= 0:
+    if min(n, hq, hkv, dh, dv, n_pos) <= 0:
         raise ValueError("attention shapes must be positive")
     if hq % hkv:
         raise ValueError(f"{hq} query heads are not a multiple of {hkv} kv heads")
     if dh > ATT_DMAX or dv > ATT_DMAX:
         raise ValueError(f"head size {max(dh, dv)} exceeds the CUDA kernel's {ATT_DMAX}")
     kw, vw = kv_row_bytes(k_type, dh), kv_row_bytes(v_type, dv)
-    s = max(1, min(math.ceil(t / ATT_MIN_CHUNK), math.ceil(2 * n_sm / (n * hq))))
-    chunk = math.ceil(t / s)
-    s = math.ceil(t / chunk)  # no empty trailing chunk
-    partial = Launch(f"attn_partial_{k_type}_{v_type}", (n * hq, s), (32 * ATT_WARPS,), {
+    s = math.ceil(n_pos / ATT_CHUNK)
+    partial = Launch(f"attn_paged_{k_type}_{v_type}", (n * hq, s), (32 * ATT_WARPS,), {
         "part_m": ((s, n, hq), "float32"), "part_l": ((s, n, hq), "float32"),
         "part_acc": ((s, n, hq, dv), "float32")},
-        {"chunk": chunk, "splits": s, "kw": kw, "vw": vw})
+        {"chunk": ATT_CHUNK, "splits": s, "kw": kw, "vw": vw})
     combine = Launch("attn_combine", (n * hq,), (32,), {"out": ((n, hq, dv), "float32")})
     return partial, combine
+
+
+def plan_kv_store(kv_type: str, n: int, h: int, d: int) -> Launch:
+    """Store of n rows of h heads of d values as `kv_type`: one warp per head row."""
+    kv_row_bytes(kv_type, d)  # checks the type and the block multiple
+    if n <= 0 or h <= 0:
+        raise ValueError(f"empty K/V rows [{n}, {h}, {d}]")
+    return Launch(f"kv_store_{kv_type}", (n * h,), (32,))
 
 
 def plan_get_rows(qtype: int, n_ids: int, k: int) -> Launch:
@@ -292,8 +325,12 @@ def quantize_act(x: Any, act: str) -> dict[str, Any]:
     return bufs
 
 
-def mmv(w: Any, qtype: int, rows: int, x: Any) -> Any:
-    """out [N, rows] f32 = x [N, K] @ W^T for raw GGUF weight bytes w [rows, row_bytes] uint8."""
+def mmv(w: Any, qtype: int, rows: int, x: Any, out: Any = None,
+        act: dict[str, Any] | None = None) -> Any:
+    """out [N, rows] f32 = x [N, K] @ W^T for raw GGUF weight bytes w [rows, row_bytes] uint8.
+
+    act: x already quantized by quantize_act into this type's activation format (weights
+    that multiply the same input share one quantization)."""
     import cupy
 
     x = cupy.ascontiguousarray(x, dtype=cupy.float32)
@@ -303,22 +340,34 @@ def mmv(w: Any, qtype: int, rows: int, x: Any) -> Any:
     if w.dtype != cupy.uint8 or w.size != rows * rb:
         raise ValueError(f"weights must be {rows} x {rb} bytes of uint8")
     w = cupy.ascontiguousarray(w)
-    out = _alloc(plan)["out"]
+    if out is None:
+        out = _alloc(plan)["out"]
+    elif out.shape != (n, rows) or out.dtype != cupy.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 [{n}, {rows}] array")
     fn = get_kernel("mmv", plan.kernel)
     if quant is None:
-        fn(plan.grid, plan.block, (w, cupy.int64(rb), x, out, cupy.int32(rows), cupy.int32(k)))
+        fn(plan.grid, plan.block, (w, cupy.int64(rb), x, out, cupy.int32(rows), cupy.int32(k),
+                                   cupy.int32(n)))
         return out
-    a = quantize_act(x, MMV_KERNELS[qtype][1])
-    dummy = cupy.zeros(1, dtype=cupy.float32)
-    dummy16 = cupy.zeros(1, dtype=cupy.int16)
-    fn(plan.grid, plan.block, (w, cupy.int64(rb), a["xq"], a["xd"], a.get("xs", dummy),
-                               a.get("xbs", dummy16), out, cupy.int32(rows), cupy.int32(k)))
+    a = act if act is not None else quantize_act(x, MMV_KERNELS[qtype][1])
+    fn(plan.grid, plan.block, (w, cupy.int64(rb), a["xq"], a["xd"], a.get("xs", _dummy(4)),
+                               a.get("xbs", _dummy(2)), out, cupy.int32(rows), cupy.int32(k),
+                               cupy.int32(n)))
     return out
 
 
-def get_rows(w: Any, qtype: int, ids: Any, k: int) -> Any:
+@functools.cache
+def _dummy(itemsize: int) -> Any:
+    """A one-element device array for a kernel argument the weight type does not read."""
+    import cupy
+
+    return cupy.zeros(1, dtype=cupy.float32 if itemsize == 4 else cupy.int16)
+
+
+def get_rows(w: Any, qtype: int, ids: Any, k: int, checked: bool = True) -> Any:
     """out [n, k] f32: rows ids [n] of raw GGUF weights w [rows, row_bytes] uint8, dequantized
-    (the embedding lookup)."""
+    (the embedding lookup). checked=False: the caller checked the ids on the host (the range
+    check reads them back, which a captured CUDA graph cannot do)."""
     import cupy
 
     ids = cupy.ascontiguousarray(ids, dtype=cupy.int32)
@@ -326,7 +375,7 @@ def get_rows(w: Any, qtype: int, ids: Any, k: int) -> Any:
     rb = row_bytes(qtype, k)
     if w.dtype != cupy.uint8 or w.ndim != 2 or w.shape[1] != rb:
         raise ValueError(f"weights must be [rows, {rb}] uint8")
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= w.shape[0]):
+    if checked and ids.size and (int(ids.min()) < 0 or int(ids.max()) >= w.shape[0]):
         raise IndexError(f"row id out of range for {w.shape[0]} rows")
     out = _alloc(plan)["out"]
     get_kernel("get_rows", plan.kernel)(plan.grid, plan.block, (
@@ -383,53 +432,106 @@ def hadamard_(x: Any, block: int) -> None:
         x, cupy.int32(d), cupy.int32(block), cupy.float32(1.0 / math.sqrt(block))))
 
 
-def gated(kind: str, gate: Any, up: Any) -> Any:
-    """silu(gate) * up or gelu_tanh(gate) * up (kind "silu" / "gelu_tanh"), a new array."""
+GATES = ("silu", "gelu_tanh", "gelu_tanh_ggml")  # ModelConfig.activation names
+
+
+def gated(kind: str, gate: Any, up: Any, out: Any = None) -> Any:
+    """silu(gate) * up, gelu_tanh(gate) * up, or the latter with ggml's float16-table GELU
+    (kind "silu" / "gelu_tanh" / "gelu_tanh_ggml"); out may be gate or up."""
     import cupy
 
-    if kind not in ("silu", "gelu_tanh"):
+    if kind not in GATES:
         raise ValueError(f"unknown gate {kind!r}")
     g = cupy.ascontiguousarray(gate, dtype=cupy.float32)
     u = cupy.ascontiguousarray(up, dtype=cupy.float32)
     if g.shape != u.shape:
         raise ValueError(f"gate {g.shape} and up {u.shape} differ in shape")
-    out = cupy.empty_like(g)
+    out = cupy.empty_like(g) if out is None else out
     blocks = max(1, min(4096, math.ceil(g.size / 256)))
-    get_kernel("ops", f"{kind}_mul")((blocks,), (256,), (g, u, out, cupy.int64(g.size)))
+    if kind == "gelu_tanh_ggml":
+        get_kernel("ops", "gelu_table_mul")((blocks,), (256,), (
+            g, u, out, _gelu_table(), cupy.int64(g.size)))
+    else:
+        get_kernel("ops", f"{kind}_mul")((blocks,), (256,), (g, u, out, cupy.int64(g.size)))
+    return out
+
+
+@functools.cache
+def _gelu_table() -> Any:
+    """The CPU's float16 GELU table (kernels/cpu/ops.py), on the device: one source of truth."""
+    import cupy
+
+    from localllm.kernels.cpu.ops import _GELU_F16
+
+    return cupy.asarray(_GELU_F16)
+
+
+def kv_store(kv_type: str, x: Any, storage: Any, ent: Any) -> None:
+    """Rows x [N, H, D] f32 into storage [E, H, W] (any dtype, viewed as bytes) at entries
+    ent [N] int64, encoded as `kv_type` (kv_quant's storage layout and rounding)."""
+    import cupy
+
+    n, h, d = x.shape
+    plan = plan_kv_store(kv_type, n, h, d)
+    sb = storage.view(cupy.uint8).reshape(storage.shape[0], h, -1)
+    if sb.shape[2] != kv_row_bytes(kv_type, d) or ent.shape != (n,) or ent.dtype != cupy.int64:
+        raise ValueError(f"rows {x.shape} / entries {ent.shape} do not fit {kv_type} storage "
+                         f"{storage.shape}")
+    get_kernel("kv_store", plan.kernel)(plan.grid, plan.block, (
+        cupy.ascontiguousarray(x, dtype=cupy.float32), sb, ent, cupy.int32(h), cupy.int32(d),
+        cupy.int32(sb.shape[2])))
+
+
+def attention_paged(k_type: str, v_type: str, q: Any, k: Any, v: Any, q_pos: Any,
+                    row_slot: Any, table: Any, epos: Any, block: int, window: int,
+                    scale: float, softcap: float, dv: int, n_pos: int,
+                    out: Any = None) -> Any:
+    """out [N, Hq, Dv] f32 of q [N, Hq, Dh] f32 over a paged cache: k [E, Hkv, .], v [E, Hkv,
+    .] storage (any dtype, viewed as bytes), epos [E] int64 the position of each entry,
+    table [slots, n_table] int64 block tables, row_slot/q_pos [N] int64 (attention.cu says
+    who sees what). n_pos: an upper bound of q_pos + 1 (host-side: sizes the split)."""
+    import cupy
+
+    n, hq, dh = q.shape
+    hkv = k.shape[1]
+    partial, combine = plan_attention(n, hq, hkv, dh, dv, n_pos, k_type, v_type)
+    pp = partial.params
+    kb = k.view(cupy.uint8).reshape(k.shape[0], hkv, -1)
+    vb = v.view(cupy.uint8).reshape(v.shape[0], hkv, -1)
+    if kb.shape[2] != pp["kw"] or vb.shape[2] != pp["vw"] or epos.shape != (k.shape[0],):
+        raise ValueError(f"cache k {k.shape} / v {v.shape} do not fit q {q.shape} as "
+                         f"{k_type}/{v_type} storage")
+    parts = _alloc(partial)
+    get_kernel("attention", partial.kernel)(partial.grid, partial.block, (
+        cupy.ascontiguousarray(q, dtype=cupy.float32), kb, vb, q_pos, row_slot, table, epos,
+        cupy.int32(table.shape[1]), cupy.int32(block), cupy.int32(hq), cupy.int32(hkv),
+        cupy.int32(dh), cupy.int32(dv), cupy.int32(pp["kw"]), cupy.int32(pp["vw"]),
+        cupy.int32(pp["chunk"]), cupy.int64(window), cupy.float32(scale),
+        cupy.float32(softcap), parts["part_m"], parts["part_l"], parts["part_acc"],
+        cupy.int32(n)))
+    if out is None:
+        out = _alloc(combine)["out"]
+    get_kernel("attention", combine.kernel)(combine.grid, combine.block, (
+        parts["part_m"], parts["part_l"], parts["part_acc"], cupy.int32(pp["splits"]),
+        cupy.int32(n * hq), cupy.int32(dv), out))
     return out
 
 
 def attention(k_type: str, v_type: str, q: Any, k: Any, v: Any, q_pos: Any, kv_pos: Any,
               window: int, scale: float, softcap: float, dv: int | None = None) -> Any:
-    """out [N, Hq, Dv] f32 of q [N, Hq, Dh] f32 over one cache slot in kv_quant's storage:
-    k [T, Hkv, Wk], v [T, Hkv, Wv] (float32 / uint16 f16 bits / uint8 blocks) at positions
-    kv_pos [T] int64. Quantized storage is Hadamard-rotated by KVCache: rotate q before and
-    the output after, as KVCache.attend does on the CPU. dv: V head size (default Dh)."""
+    """out [N, Hq, Dv] f32 of q [N, Hq, Dh] f32 over one unpaged cache: k [T, Hkv, .],
+    v [T, Hkv, .] storage whose entry t holds position kv_pos[t] (EMPTY_POS: nothing; ring
+    layouts allowed). Served by the paged kernel through a one-position-per-block table."""
     import cupy
 
-    q = cupy.ascontiguousarray(q, dtype=cupy.float32)
-    n, hq, dh = q.shape
-    t, hkv, _ = k.shape
-    dv = dh if dv is None else dv
-    dev = cupy.cuda.Device()
-    partial, combine = plan_attention(n, hq, hkv, dh, dv, t,
-                                      dev.attributes["MultiProcessorCount"], k_type, v_type)
-    kb = cupy.ascontiguousarray(k).view(cupy.uint8)
-    vb = cupy.ascontiguousarray(v).view(cupy.uint8)
-    pp = partial.params
-    if kb.shape != (t, hkv, pp["kw"]) or vb.shape != (t, hkv, pp["vw"]):
-        raise ValueError(f"cache k {k.shape} / v {v.shape} do not fit q {q.shape} as "
-                         f"{k_type}/{v_type} storage")
-    parts = _alloc(partial)
-    get_kernel("attention", partial.kernel)(partial.grid, partial.block, (
-        q, kb, vb, cupy.ascontiguousarray(q_pos, dtype=cupy.int64),
-        cupy.ascontiguousarray(kv_pos, dtype=cupy.int64), cupy.int32(t), cupy.int32(hq),
-        cupy.int32(hkv), cupy.int32(dh), cupy.int32(dv), cupy.int32(pp["kw"]),
-        cupy.int32(pp["vw"]), cupy.int32(pp["chunk"]), cupy.int64(window),
-        cupy.float32(scale), cupy.float32(softcap),
-        parts["part_m"], parts["part_l"], parts["part_acc"], cupy.int32(n)))
-    out = _alloc(combine)["out"]
-    get_kernel("attention", combine.kernel)(combine.grid, combine.block, (
-        parts["part_m"], parts["part_l"], parts["part_acc"], cupy.int32(pp["splits"]),
-        cupy.int32(n * hq), cupy.int32(dv), out))
-    return out
+    from localllm.kernels.cpu.kv_quant import EMPTY_POS
+
+    kv_pos = cupy.asarray(kv_pos, dtype=cupy.int64)
+    q_pos = cupy.ascontiguousarray(q_pos, dtype=cupy.int64)
+    n_pos = int(q_pos.max()) + 1
+    held = cupy.flatnonzero((kv_pos != EMPTY_POS) & (kv_pos >= 0) & (kv_pos < n_pos))
+    table = cupy.full((1, n_pos), -1, dtype=cupy.int64)
+    table[0, kv_pos[held]] = held
+    return attention_paged(k_type, v_type, q, k, v, q_pos,
+                           cupy.zeros(q.shape[0], dtype=cupy.int64), table, kv_pos, 1, window,
+                           scale, softcap, q.shape[2] if dv is None else dv, n_pos)

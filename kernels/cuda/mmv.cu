@@ -6,7 +6,8 @@
 // types, Q8_K blocks of 256 for the K-quants) through dp4a, then scaled by the two block
 // scales; F16/BF16 weights see activations rounded to that float type, F32 the floats.
 //
-// Work split: one warp per output row (blockDim = (32, ROWS)), grid = (ceil(rows / ROWS), N).
+// Work split: one warp per output row and NC activation rows (blockDim = (32, ROWS)),
+// grid = (ceil(rows / ROWS), ceil(N / NC)); NC = 1 (`mmv_*`) or 8 (`mmv_*_x8`).
 // The unit of work of a lane is one 32-weight block (for the K-quants: one 32-weight
 // sub-block of a super-block), lanes striding over the row, then a warp sum. Every weight byte
 // is read once per activation row; for N > 1 the re-reads are served by L2. Untuned: a
@@ -169,26 +170,68 @@ __device__ __forceinline__ float dot_q6_k(const u8* row, int u, const i8* xq, co
 }
 
 // ---- kernels -----------------------------------------------------------------------------
+// Each warp owns one weight row r and NC activation rows (grid.y = ceil(N / NC)): lane L
+// sums blocks L, L + 32, ... of each of its rows in that order, then the warp sums lanes
+// by butterfly. That order depends on nothing but K, so out[n, r] has the same bits for
+// NC = 1 (decode) and NC = 8 (verification, batched decode, prefill): the small-N kernel
+// only reads each weight block once for 8 activation rows instead of once per row.
 
-// xd_per: activation scales per row (K/32 for Q8_0/Q8_1, K/256 for Q8_K).
+template <int NC, typename Dot>
+__device__ __forceinline__ void mmv_q(Dot dot, int xd_div, const u8* __restrict__ W,
+                                      i64 row_bytes, const i8* __restrict__ xq,
+                                      const float* __restrict__ xd,
+                                      const float* __restrict__ xs,
+                                      const i16* __restrict__ xbs, float* __restrict__ out,
+                                      int rows, int K, int N) {
+    const int r = blockIdx.x * blockDim.y + threadIdx.y;
+    if (r >= rows) return;
+    const int n0 = blockIdx.y * NC;
+    const int nc = min(NC, N - n0);
+    const u8* wr = W + (i64)r * row_bytes;
+    float acc[NC];
+#pragma unroll
+    for (int j = 0; j < NC; ++j) acc[j] = 0.0f;
+    for (int u = threadIdx.x; u < K / QK; u += WARP) {
+#pragma unroll
+        for (int j = 0; j < NC; ++j) {
+            if (j < nc) {
+                const i64 n = n0 + j;
+                // __fadd_rn: never contracted into an FMA with the dot's last product,
+                // so the bits cannot depend on how NC unrolled
+                acc[j] = __fadd_rn(acc[j], dot(wr, u, xq + n * K, xd + n * (K / xd_div),
+                                               xs + n * (K / QK), xbs + n * (K / 16)));
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+        const float a = warp_sum(acc[j]);
+        if (j < nc && threadIdx.x == 0) out[(i64)(n0 + j) * rows + r] = a;
+    }
+}
+
 #define MMV_Q(name, dotfn, XD_DIV)                                                           \
+    struct name##_dot {                                                                      \
+        __device__ __forceinline__ float operator()(const u8* w, int u, const i8* q,         \
+                                                    const float* d, const float* s,          \
+                                                    const i16* bs) const {                   \
+            return dotfn(w, u, q, d, s, bs);                                                 \
+        }                                                                                    \
+    };                                                                                       \
     extern "C" __global__ void name(const u8* __restrict__ W, i64 row_bytes,                 \
                                     const i8* __restrict__ xq, const float* __restrict__ xd, \
                                     const float* __restrict__ xs,                            \
                                     const i16* __restrict__ xbs, float* __restrict__ out,    \
-                                    int rows, int K) {                                       \
-        const int r = blockIdx.x * blockDim.y + threadIdx.y;                                 \
-        if (r >= rows) return;                                                               \
-        const i64 n = blockIdx.y;                                                            \
-        const u8* wr = W + (i64)r * row_bytes;                                               \
-        const i8* q = xq + n * K;                                                            \
-        const float* d = xd + n * (K / XD_DIV);                                              \
-        const float* s = xs + n * (K / QK);                                                  \
-        const i16* bs = xbs + n * (K / 16);                                                  \
-        float acc = 0.0f;                                                                    \
-        for (int u = threadIdx.x; u < K / QK; u += WARP) acc += dotfn(wr, u, q, d, s, bs);   \
-        acc = warp_sum(acc);                                                                 \
-        if (threadIdx.x == 0) out[n * rows + r] = acc;                                       \
+                                    int rows, int K, int N) {                                \
+        mmv_q<1>(name##_dot(), XD_DIV, W, row_bytes, xq, xd, xs, xbs, out, rows, K, N);      \
+    }                                                                                        \
+    extern "C" __global__ void name##_x8(const u8* __restrict__ W, i64 row_bytes,            \
+                                         const i8* __restrict__ xq,                          \
+                                         const float* __restrict__ xd,                       \
+                                         const float* __restrict__ xs,                       \
+                                         const i16* __restrict__ xbs,                        \
+                                         float* __restrict__ out, int rows, int K, int N) {  \
+        mmv_q<8>(name##_dot(), XD_DIV, W, row_bytes, xq, xd, xs, xbs, out, rows, K, N);      \
     }
 
 MMV_Q(mmv_q8_0, dot_q8_0, QK)
@@ -212,19 +255,49 @@ __device__ __forceinline__ float w_bf16(const u8* row, int k) {
 }
 __device__ __forceinline__ float x_same(float v) { return v; }
 
+template <int NC, typename WF, typename XF>
+__device__ __forceinline__ void mmv_f(WF wfn, XF xfn, const u8* __restrict__ W, i64 row_bytes,
+                                      const float* __restrict__ x, float* __restrict__ out,
+                                      int rows, int K, int N) {
+    const int r = blockIdx.x * blockDim.y + threadIdx.y;
+    if (r >= rows) return;
+    const int n0 = blockIdx.y * NC;
+    const int nc = min(NC, N - n0);
+    const u8* wr = W + (i64)r * row_bytes;
+    float acc[NC];
+#pragma unroll
+    for (int j = 0; j < NC; ++j) acc[j] = 0.0f;
+    for (int k = threadIdx.x; k < K; k += WARP) {
+        const float wv = wfn(wr, k);
+#pragma unroll
+        for (int j = 0; j < NC; ++j)
+            if (j < nc) acc[j] = __fmaf_rn(wv, xfn(x[(i64)(n0 + j) * K + k]), acc[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+        const float a = warp_sum(acc[j]);
+        if (j < nc && threadIdx.x == 0) out[(i64)(n0 + j) * rows + r] = a;
+    }
+}
+
 #define MMV_F(name, wfn, xfn)                                                                 \
+    struct name##_w {                                                                         \
+        __device__ __forceinline__ float operator()(const u8* w, int k) const {               \
+            return wfn(w, k);                                                                 \
+        }                                                                                     \
+    };                                                                                        \
+    struct name##_x {                                                                         \
+        __device__ __forceinline__ float operator()(float v) const { return xfn(v); }         \
+    };                                                                                        \
     extern "C" __global__ void name(const u8* __restrict__ W, i64 row_bytes,                  \
                                     const float* __restrict__ x, float* __restrict__ out,     \
-                                    int rows, int K) {                                        \
-        const int r = blockIdx.x * blockDim.y + threadIdx.y;                                  \
-        if (r >= rows) return;                                                                \
-        const i64 n = blockIdx.y;                                                             \
-        const u8* wr = W + (i64)r * row_bytes;                                                \
-        const float* xr = x + n * K;                                                          \
-        float acc = 0.0f;                                                                     \
-        for (int k = threadIdx.x; k < K; k += WARP) acc += wfn(wr, k) * xfn(xr[k]);           \
-        acc = warp_sum(acc);                                                                  \
-        if (threadIdx.x == 0) out[n * rows + r] = acc;                                        \
+                                    int rows, int K, int N) {                                 \
+        mmv_f<1>(name##_w(), name##_x(), W, row_bytes, x, out, rows, K, N);                   \
+    }                                                                                         \
+    extern "C" __global__ void name##_x8(const u8* __restrict__ W, i64 row_bytes,             \
+                                         const float* __restrict__ x,                         \
+                                         float* __restrict__ out, int rows, int K, int N) {   \
+        mmv_f<8>(name##_w(), name##_x(), W, row_bytes, x, out, rows, K, N);                   \
     }
 
 MMV_F(mmv_f32, w_f32, x_same)

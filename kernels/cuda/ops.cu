@@ -109,3 +109,17 @@ extern "C" __global__ void hadamard_rows(float* x, int D, int block, float norm)
     }
     for (int i = threadIdx.x; i < D; i += blockDim.x) xr[i] = s[i] * norm;
 }
+
+// o = gelu(g) * u as ggml's CPU backend computes it (ops.gelu_tanh_mul_ggml): the GELU of
+// x is table[f16 bits of x] (float16(gelu(float16(x))), 65536 floats), 0 for x <= -10 and x
+// itself for x >= 10. o may alias g or u.
+extern "C" __global__ void gelu_table_mul(const float* g, const float* u, float* o,
+                                          const float* __restrict__ table, i64 n) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        const float x = g[i];
+        u16 hb;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hb) : "f"(x));
+        const float gx = x <= -10.0f ? 0.0f : (x >= 10.0f ? x : table[hb]);
+        o[i] = gx * u[i];
+    }
+}
