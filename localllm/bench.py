@@ -149,7 +149,12 @@ def decode_limit(engine: Engine, results: list[BenchResult]) -> dict:
     token reads, the tok/s those allow, and each tg test as a fraction of it."""
     from localllm.bandwidth import decode_bytes_per_token, read_bandwidth
 
-    bw = read_bandwidth(engine.n_threads)
+    if engine.device == "cuda":
+        from localllm.kernels.cuda.loader import device_read_bandwidth
+
+        bw = device_read_bandwidth()
+    else:
+        bw = read_bandwidth(engine.n_threads)
     tests = []
     for r in results:
         if r.test.startswith("tg"):
@@ -158,14 +163,15 @@ def decode_limit(engine: Engine, results: list[BenchResult]) -> dict:
             per_tok = decode_bytes_per_token(engine.gf, depth, engine.kv.bytes_per_token())
             tests.append({"test": r.test, "depth": r.depth, "bytes_per_token": per_tok,
                           "limit_ts": bw / per_tok, "fraction": r.mean * per_tok / bw})
-    return {"read_bandwidth_bytes_s": bw, "threads": engine.n_threads,
+    return {"read_bandwidth_bytes_s": bw, "threads": engine.n_threads, "device": engine.device,
             "weights_bytes_per_token": decode_bytes_per_token(engine.gf), "tests": tests}
 
 
 def limit_report(limit: dict) -> str:
     bw = limit["read_bandwidth_bytes_s"]
+    who = ("the GPU" if limit.get("device") == "cuda" else f"{limit['threads']} threads")
     lines = [f"\nDecode limit: measured read bandwidth {bw / 1e9:.1f} GB/s with "
-             f"{limit['threads']} threads; one token reads "
+             f"{who}; one token reads "
              f"{limit['weights_bytes_per_token'] / 1e6:.1f} MB of weights (+ its K/V)"]
     for t in limit["tests"]:
         at = f" @ d{t['depth']}" if t["depth"] else ""
@@ -190,12 +196,22 @@ def json_report(engine: Engine, results: list[BenchResult]) -> dict:
     kv = engine.kv
     return {
         "model": name, "model_path": str(engine.path), "size_mib": size_mib,
-        "params_m": params, "threads": engine.n_threads, "n_batch": engine.n_batch,
+        "params_m": params, "backend": backend(engine), "threads": engine.n_threads,
+        "n_batch": engine.n_batch,
         "kv_bytes_per_token": kv.bytes_per_token(), "kv_bytes": kv.nbytes(),
         "kv_full_cache_bytes": kv.full_cache_nbytes(), "kv_type": [kv.k_type, kv.v_type],
         "n_ctx": kv.n_ctx, "kv_blocks": kv.block_stats(),
         "results": [asdict(r) | {"mean_ts": r.mean, "std_ts": r.std} for r in results],
     }
+
+
+def backend(engine: Engine) -> str:
+    """What computed: "CPU (numba)" or "CUDA (<GPU name>)"."""
+    if engine.device == "cuda":
+        from localllm.kernels.cuda.loader import cuda_available
+
+        return f"CUDA ({cuda_available()[1]})"
+    return "CPU (numba)"
 
 
 def table_report(engine: Engine, results: list[BenchResult]) -> str:
@@ -212,7 +228,7 @@ def table_report(engine: Engine, results: list[BenchResult]) -> str:
             unit = f"{1000 / r.mean:.2f} ms/step"
             if base_step:
                 unit += f" ({base_step / r.mean:.2f}x step1)"
-        lines.append(f"| {name} | {size_mib:.2f} MiB | {params:.2f} M | CPU (numba) | "
+        lines.append(f"| {name} | {size_mib:.2f} MiB | {params:.2f} M | {backend(engine)} | "
                      f"{r.threads} | {test} | {unit} |")
     lines.append(f"\nKV cache (K {kv.k_type}, V {kv.v_type}): {kv.nbytes() / 2**20:.1f} MiB for "
                  f"{kv.n_ctx} tokens; {kv.bytes_per_token() / 1024:.1f} KiB per token in all "

@@ -43,14 +43,23 @@ def add_model_opts(p: argparse.ArgumentParser, ctx_help: str | None = None) -> N
                    help="KV cache budget shared by all sequences: bytes with a unit (2GiB, "
                         "512M) or a fraction of RAM (0.25); default: a full context per slot")
     p.add_argument("--device", choices=DEVICES, default="auto",
-                   help="compute device (default auto: the CPU; cuda needs CuPy and an NVIDIA GPU)")
+                   help="compute device (default auto: cuda where CuPy sees an NVIDIA GPU, else the "
+                        "CPU; cuda: `pip install localllm[cuda]`)")
     p.set_defaults(runs_model=True)
 
 
 def engine_options(ns: argparse.Namespace) -> dict[str, object]:
     """The Engine keyword arguments add_model_opts declared."""
     return {"n_ctx": ns.ctx, "n_threads": ns.threads, "kv_type": ns.kv_type,
-            "v_type": ns.kv_type_v, "kv_memory": getattr(ns, "kv_memory", None)}
+            "v_type": ns.kv_type_v, "kv_memory": getattr(ns, "kv_memory", None),
+            "device": _device(ns)}
+
+
+def _device(ns: argparse.Namespace) -> str:
+    """cpu or cuda: --device as main() resolved it (auto: cuda where CuPy sees a GPU)."""
+    from localllm.kernels.cuda.loader import resolve_device
+
+    return resolve_device(getattr(ns, "device", "auto"))
 
 
 def _kv_memory(text: str) -> int:

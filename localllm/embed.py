@@ -198,7 +198,7 @@ class EmbedJob:
     def _start_wave(self, wave: list[int]) -> None:
         eng, cfg = self.engine, self.engine.cfg
         longest = max(len(self.inputs[i]) for i in wave)
-        self._kv = KVCache(
+        self._kv = type(eng.kv)(  # the engine's cache kind (host or GPU storage)
             cfg.n_layer, longest, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v,
             n_slots=len(wave), layer_window=cfg.layer_window, k_type=eng.kv.k_type,
             v_type=eng.kv.v_type, n_batch=self.n_batch,

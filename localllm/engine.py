@@ -58,12 +58,28 @@ class Engine:
         kv_type: str = "f16",
         v_type: str | None = None,
         kv_memory: int | None = None,
+        device: str = "cpu",
     ) -> None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"unknown device {device!r} (cpu or cuda; the CLI resolves auto)")
         self.path = Path(model_path)
+        self.device = device
         self.n_threads = set_threads(n_threads)
         self.gf: GGUFFile = read_gguf(self.path)
         self.metadata = self.gf.metadata
-        self.model: DecoderModel = load_model(self.gf)
+        cache_class: type[KVCache] = KVCache
+        if device == "cuda":
+            # the same model, its raw blocks uploaded once (models/cuda_model.py); the
+            # cache's books stay here and its storage goes to the GPU (localllm/cuda_kv.py)
+            from localllm.cuda_kv import CudaKVCache
+            from localllm.models.base import raw_layout
+            from localllm.models.cuda_model import CudaModel
+
+            with raw_layout():
+                self.model = CudaModel(load_model(self.gf))
+            cache_class = CudaKVCache
+        else:
+            self.model: DecoderModel = load_model(self.gf)
         self.cfg = self.model.cfg
         from localllm.tokenizer import Tokenizer
 
@@ -73,7 +89,7 @@ class Engine:
             raise ValueError(f"context size must be positive, got {n_ctx}")
         self.n_ctx = n_ctx
         self.n_batch = max(1, n_batch)
-        self.kv = KVCache(
+        self.kv = cache_class(
             self.cfg.n_layer, n_ctx, self.cfg.n_head_kv, self.cfg.head_dim, self.cfg.head_dim_v,
             n_slots=n_slots, layer_window=self.cfg.layer_window, k_type=kv_type,
             v_type=v_type, n_batch=self.n_batch, kv_memory=kv_memory,

@@ -148,9 +148,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from localllm.warmup import ensure_kernels_compiled, start_compiling
 
     t0 = time.perf_counter()
-    pending = start_compiling(path)  # a cold first run: workers compile while the model loads
+    opts = engine_options(ns)
+    # a cold first run: workers compile the CPU kernels while the model loads
+    pending = start_compiling(path) if opts["device"] == "cpu" else None
     try:
-        engine = Engine(path, **engine_options(ns))
+        engine = Engine(path, **opts)
     except BaseException:
         if pending is not None:
             pending.cancel()

@@ -372,6 +372,9 @@ def ensure_kernels_compiled(engine, progress: bool = True,
     from localllm import lean
     from localllm.compile_workers import default_workers
 
+    if getattr(engine, "device", "cpu") == "cuda":
+        engine.warmup()  # CuPy compiles the .cu modules (NVRTC, cached on disk) at first use
+        return False
     qtypes, arch = _model_kind(engine.gf)
     stamp = _stamp(qtypes, arch)
     manifest = _manifest_path(stamp)

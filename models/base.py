@@ -9,6 +9,9 @@ key-value heads, Dh = head_dim, F = n_ff, V = n_vocab.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -33,6 +36,27 @@ from localllm.kv_cache import KVCache
 from localllm.models.config import ModelConfig, ModelError
 
 _MATMUL_TYPES = {int(t) for t in supported_types()}
+
+# Set while a model is loaded for another device (the CUDA path uploads the raw blocks):
+# no CPU-only repacked copies are made then.
+_RAW_LAYOUT: contextvars.ContextVar[bool] = contextvars.ContextVar("raw_layout", default=False)
+
+
+@contextlib.contextmanager
+def raw_layout() -> Iterator[None]:
+    """Within: WeightLoader keeps every weight as the file's raw blocks (no r16 copies)."""
+    token = _RAW_LAYOUT.set(True)
+    try:
+        yield
+    finally:
+        _RAW_LAYOUT.reset(token)
+
+
+def check_tokens(tokens: np.ndarray, n_vocab: int) -> None:
+    """ValueError naming the first token id outside [0, n_vocab)."""
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= n_vocab):
+        bad = int(tokens[(tokens < 0) | (tokens >= n_vocab)][0])
+        raise ValueError(f"token id {bad} is outside the vocabulary of {n_vocab}")
 
 # Gated FFN activations by ModelConfig.activation name.
 ACTIVATIONS = {
@@ -154,7 +178,7 @@ class WeightLoader:
         weight's row-major file pages are then given back to the OS (release): only a tied
         embedding's lookups still read them, a page at a time, and they would otherwise count
         twice in resident memory. q itself is left as it was."""
-        if not (r16_wanted(q.raw, q.qtype)
+        if not (not _RAW_LAYOUT.get() and r16_wanted(q.raw, q.qtype)
                 and self.packed_bytes + q.raw.nbytes <= R16_MAX_TOTAL):
             return q
         packed = repack_r16(q.raw, q.qtype)
@@ -240,9 +264,7 @@ class DecoderModel:
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         """tokens [N] -> x [N, D] float32, scaled as the family wants."""
         cfg = self.cfg
-        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= cfg.n_vocab):
-            bad = int(tokens[(tokens < 0) | (tokens >= cfg.n_vocab)][0])
-            raise ValueError(f"token id {bad} is outside the vocabulary of {cfg.n_vocab}")
+        check_tokens(tokens, cfg.n_vocab)
         x = poison.empty((tokens.shape[0], cfg.n_embd), np.float32)
         get_rows(self.token_embd.raw, self.token_embd.qtype, tokens.astype(np.int64), x)
         if cfg.embd_scale != 1.0:

@@ -15,6 +15,11 @@ os.environ.setdefault("LOCALLLM_DEBUG_POISON", "1")
 
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
+    """The default model (Gemma 3 270M Q4_K_M); LOCALLLM_TEST_DEFAULT_MODEL names a local
+    copy (a machine without the package, such as a GPU box the file was copied to)."""
+    env = os.environ.get("LOCALLLM_TEST_DEFAULT_MODEL")
+    if env:
+        return Path(env)
     from localllm.default_model import default_model_path as resolve
 
     return resolve(progress=False)
