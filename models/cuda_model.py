@@ -46,9 +46,10 @@ class GpuWeight:
             uploaded[key] = cupy.asarray(np.ascontiguousarray(q.raw))
         self.raw = uploaded[key]
 
-    def __call__(self, x: Any, out: Any = None, act: dict | None = None) -> Any:
-        """x [N, cols] float32 (cupy) -> [N, rows] float32."""
-        return loader.mmv(self.raw, self.qtype, self.rows, x, out=out, act=act)
+    def __call__(self, x: Any, out: Any = None, act: dict | None = None,
+                 add: bool = False) -> Any:
+        """x [N, cols] float32 (cupy) -> [N, rows] float32 (add: out += it)."""
+        return loader.mmv(self.raw, self.qtype, self.rows, x, out=out, act=act, add=add)
 
 
 def _group(ws: list[GpuWeight], x: Any) -> list[Any]:
@@ -60,6 +61,21 @@ def _group(ws: list[GpuWeight], x: Any) -> list[Any]:
             acts[w.act] = loader.quantize_act(x, w.act)
         outs.append(w(x, act=acts.get(w.act)))
     return outs
+
+
+def _residual(w: GpuWeight, a: Any, bias: Any, post_norm: Any, x: Any, eps: float) -> None:
+    """x += post_norm(a @ W^T + bias), in as few launches as the layer allows: the norm adds
+    into x itself, and without norm or bias the product does."""
+    if post_norm is None and bias is None:
+        w(a, out=x, add=True)
+        return
+    o = w(a)
+    if bias is not None:
+        o += bias
+    if post_norm is None:
+        x += o
+    else:
+        loader.rms_norm(o, post_norm, eps, res=x, out=x)
 
 
 class _Layer:
@@ -248,14 +264,10 @@ class CudaModel:
                 k += L.bk
             if L.bv is not None:
                 v += L.bv
-            if L.q_norm is not None:
-                q = loader.rms_norm(q.reshape(n * H, Dh), L.q_norm, eps)
-            if L.k_norm is not None:
-                k = loader.rms_norm(k.reshape(n * Hkv, Dh), L.k_norm, eps)
             q3, k3, v3 = q.reshape(n, H, Dh), k.reshape(n, Hkv, Dh), v.reshape(n, Hkv, Dv)
-            j = self.layer_rope[il]
-            loader.rope_apply(q3, a[f"cos{j}"], a[f"sin{j}"], cfg.rope_neox)
-            loader.rope_apply(k3, a[f"cos{j}"], a[f"sin{j}"], cfg.rope_neox)
+            j = self.layer_rope[il]  # QK-norms (where the family has them) and rope: 1 launch
+            loader.qk_norm_rope(q3, k3, L.q_norm, L.k_norm, a[f"cos{j}"], a[f"sin{j}"],
+                                cfg.rope_neox, eps)
             kv.store_dev(il, a[f"ent{kv.layer_window[il]}"], k3, v3)
             if il == last and keep is not None:
                 # past the last K/V store only the rows that want logits matter
@@ -267,20 +279,11 @@ class CudaModel:
             attn = cupy.empty((m, H, Dv), dtype=cupy.float32)
             kv.attend_dev(il, q3, q_pos, row_slot, a, cfg.layer_window[il], cfg.attn_scale,
                           cfg.attn_softcap, si.n_pos, attn)
-            o = L.wo(attn.reshape(m, H * Dv))
-            if L.bo is not None:
-                o += L.bo
-            if L.post_attn_norm is not None:
-                o = loader.rms_norm(o, L.post_attn_norm, eps)
-            x += o
-
+            _residual(L.wo, attn.reshape(m, H * Dv), L.bo, L.post_attn_norm, x, eps)
             h = loader.rms_norm(x, L.ffn_norm, eps)
             gate, up = _group(L.gate_up, h)
             loader.gated(cfg.activation, gate, up, out=gate)
-            o = L.down(gate)
-            if L.post_ffn_norm is not None:
-                o = loader.rms_norm(o, L.post_ffn_norm, eps)
-            x += o
+            _residual(L.down, gate, None, L.post_ffn_norm, x, eps)
 
         h = loader.rms_norm(x, self.output_norm, eps)
         if hidden:

@@ -56,8 +56,8 @@ def test_every_kernel_is_exported(tmp_path: Path) -> None:
         "quant_act": ["quantize_q8_1", "quantize_q8_k"],
         "mmv": [k + x8 for k, _ in loader.MMV_KERNELS.values() for x8 in ("", "_x8")],
         "get_rows": [loader.plan_get_rows(t, 1, 256).kernel for t in loader.MMV_KERNELS],
-        "ops": ["rms_norm", "rope_apply", "silu_mul", "gelu_tanh_mul", "gelu_table_mul",
-                "softmax_rows", "hadamard_rows"],
+        "ops": ["rms_norm", "qk_norm_rope", "rope_apply", "silu_mul", "gelu_tanh_mul",
+                "gelu_table_mul", "softmax_rows", "hadamard_rows"],
         "attention": ["attn_combine"] + [f"attn_paged_{a}_{b}" for a in loader.KV_TYPES
                                          for b in loader.KV_TYPES],
         "kv_store": [f"kv_store_{t}" for t in loader.KV_TYPES],
@@ -493,3 +493,47 @@ def test_paged_attention_matches_cpu_and_is_batch_invariant(k_type: str, v_type:
     for pos in (np.arange(0, 96), np.arange(100, 150)):
         for a, b in zip(host.load(0, 0, pos), dev.load(0, 0, pos), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+@needs_gpu
+def test_fused_ops_match_their_parts() -> None:
+    """The forward's fused launches give what their unfused parts give: a post-norm with its
+    residual add, QK-norm + rope of q and k in one launch, a product added into its output."""
+    import cupy
+
+    rng = np.random.default_rng(9)
+    x = cupy.asarray(rng.standard_normal((3, 640)).astype(np.float32))
+    o = cupy.asarray(rng.standard_normal((3, 640)).astype(np.float32))
+    w = cupy.asarray(rng.standard_normal(640).astype(np.float32))
+    want = x + loader.rms_norm(o, w, 1e-6)
+    got = x.copy()
+    loader.rms_norm(o, w, 1e-6, res=got, out=got)
+    np.testing.assert_array_equal(cupy.asnumpy(got), cupy.asnumpy(want))
+
+    from localllm.kernels.cpu import ops
+
+    for neox, norms, n_rot in ((True, True, 256), (False, False, 64), (True, False, 32)):
+        q = cupy.asarray(rng.standard_normal((2, 4, 256 if norms else 64)).astype(np.float32))
+        k = cupy.asarray(rng.standard_normal((2, 1 if norms else 2, q.shape[2]))
+                         .astype(np.float32))
+        qn = cupy.asarray(rng.standard_normal(q.shape[2]).astype(np.float32)) if norms else None
+        kn = cupy.asarray(rng.standard_normal(q.shape[2]).astype(np.float32)) if norms else None
+        cos, sin = (cupy.asarray(t) for t in ops.rope_tables(np.array([5, 900]), 1e4, 1.0,
+                                                              n_rot))
+        wq, wk = q.copy(), k.copy()
+        if norms:
+            wq = loader.rms_norm(wq.reshape(-1, q.shape[2]), qn, 1e-6).reshape(q.shape)
+            wk = loader.rms_norm(wk.reshape(-1, k.shape[2]), kn, 1e-6).reshape(k.shape)
+        loader.rope_apply(wq, cos, sin, neox)
+        loader.rope_apply(wk, cos, sin, neox)
+        loader.qk_norm_rope(q, k, qn, kn, cos, sin, neox, 1e-6)
+        np.testing.assert_allclose(cupy.asnumpy(q), cupy.asnumpy(wq), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(cupy.asnumpy(k), cupy.asnumpy(wk), rtol=1e-6, atol=1e-6)
+
+    for qtype in (2, 12, 1):  # a 32-block type, a K-quant, a float type
+        wt = cupy.asarray(_random_weights(qtype, 20, 512, rng))
+        a = cupy.asarray(rng.standard_normal((3, 512)).astype(np.float32))
+        y = cupy.asarray(rng.standard_normal((3, 20)).astype(np.float32))
+        want = y + loader.mmv(wt, qtype, 20, a)
+        loader.mmv(wt, qtype, 20, a, out=y, add=True)
+        np.testing.assert_array_equal(cupy.asnumpy(y), cupy.asnumpy(want))

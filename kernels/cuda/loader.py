@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from localllm.formats.qtypes import QK, QK_K
 
 SOURCES: tuple[str, ...] = ("quant_act", "mmv", "get_rows", "ops", "attention", "kv_store")
@@ -326,8 +328,9 @@ def quantize_act(x: Any, act: str) -> dict[str, Any]:
 
 
 def mmv(w: Any, qtype: int, rows: int, x: Any, out: Any = None,
-        act: dict[str, Any] | None = None) -> Any:
-    """out [N, rows] f32 = x [N, K] @ W^T for raw GGUF weight bytes w [rows, row_bytes] uint8.
+        act: dict[str, Any] | None = None, add: bool = False) -> Any:
+    """out [N, rows] f32 = x [N, K] @ W^T for raw GGUF weight bytes w [rows, row_bytes] uint8
+    (add: out += the product, a residual add in the same pass; out must be given).
 
     act: x already quantized by quantize_act into this type's activation format (weights
     that multiply the same input share one quantization)."""
@@ -341,18 +344,19 @@ def mmv(w: Any, qtype: int, rows: int, x: Any, out: Any = None,
         raise ValueError(f"weights must be {rows} x {rb} bytes of uint8")
     w = cupy.ascontiguousarray(w)
     if out is None:
+        if add:
+            raise ValueError("add=True needs the out array to add to")
         out = _alloc(plan)["out"]
     elif out.shape != (n, rows) or out.dtype != cupy.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be a C-contiguous float32 [{n}, {rows}] array")
     fn = get_kernel("mmv", plan.kernel)
+    tail = (cupy.int32(rows), cupy.int32(k), cupy.int32(n), cupy.int32(int(add)))
     if quant is None:
-        fn(plan.grid, plan.block, (w, cupy.int64(rb), x, out, cupy.int32(rows), cupy.int32(k),
-                                   cupy.int32(n)))
+        fn(plan.grid, plan.block, (w, cupy.int64(rb), x, out, *tail))
         return out
     a = act if act is not None else quantize_act(x, MMV_KERNELS[qtype][1])
     fn(plan.grid, plan.block, (w, cupy.int64(rb), a["xq"], a["xd"], a.get("xs", _dummy(4)),
-                               a.get("xbs", _dummy(2)), out, cupy.int32(rows), cupy.int32(k),
-                               cupy.int32(n)))
+                               a.get("xbs", _dummy(2)), out, *tail))
     return out
 
 
@@ -383,17 +387,49 @@ def get_rows(w: Any, qtype: int, ids: Any, k: int, checked: bool = True) -> Any:
     return out
 
 
-def rms_norm(x: Any, w: Any, eps: float, add_one: bool = False) -> Any:
-    """x [rows, D] f32 -> normalised copy (per-head norms: pass x reshaped to [N * H, Dh])."""
+def rms_norm(x: Any, w: Any, eps: float, add_one: bool = False, res: Any = None,
+             out: Any = None) -> Any:
+    """x [rows, D] f32 -> normalised copy (per-head norms: pass x reshaped to [N * H, Dh]);
+    res [rows, D]: returned plus the norm (a post-norm and its residual add in one pass:
+    `rms_norm(o, w, eps, res=x, out=x)` is x += norm(o))."""
     import cupy
 
     x = cupy.ascontiguousarray(x, dtype=cupy.float32)
-    out = cupy.empty_like(x)
+    if out is None:
+        out = cupy.empty_like(x)
+    if out.shape != x.shape or not out.flags.c_contiguous or (
+            res is not None and (res.shape != x.shape or not res.flags.c_contiguous)):
+        raise ValueError(f"out / res must be C-contiguous {x.shape} arrays")
     plan = plan_rows("rms_norm", *x.shape)
     get_kernel("ops", "rms_norm")(plan.grid, plan.block, (
         x, cupy.ascontiguousarray(w, dtype=cupy.float32), out, cupy.int32(x.shape[1]),
-        cupy.float32(eps), cupy.int32(int(add_one))))
+        cupy.float32(eps), cupy.int32(int(add_one)), _NULL if res is None else res))
     return out
+
+
+# A null pointer argument of a launch: an 8-byte zero (a NumPy scalar has an exact C type;
+# a Python int would not be pointer-sized for sure).
+_NULL = np.uint64(0)
+
+
+def qk_norm_rope(q: Any, k: Any, q_norm: Any, k_norm: Any, cos: Any, sin: Any, neox: bool,
+                 eps: float) -> None:
+    """In place: per-head RMS norm (q_norm / k_norm [Dh] f32, or None for none) then RoPE of
+    q [N, H, Dh] and k [N, Hkv, Dh] (tables cos/sin [N, half]), one launch for both: what
+    rms_norm on each head and rope_apply on q and k would do."""
+    import cupy
+
+    n, h, dh = q.shape
+    hkv = k.shape[1]
+    half = cos.shape[1]
+    if (not q.flags.c_contiguous or not k.flags.c_contiguous or k.shape != (n, hkv, dh)
+            or 2 * half > dh or cos.shape != (n, half) or dh > 1024):
+        raise ValueError(f"q {q.shape} / k {k.shape} / tables {cos.shape} do not fit")
+    plan = plan_rows("qk_norm_rope", n * (h + hkv), dh)
+    get_kernel("ops", "qk_norm_rope")(plan.grid, plan.block, (
+        q, k, _NULL if q_norm is None else q_norm, _NULL if k_norm is None else k_norm,
+        cos, sin, cupy.int32(h), cupy.int32(hkv), cupy.int32(dh), cupy.int32(half),
+        cupy.int32(int(neox)), cupy.float32(eps)))
 
 
 def softmax_rows(x: Any) -> Any:

@@ -6,6 +6,8 @@
 // types, Q8_K blocks of 256 for the K-quants) through dp4a, then scaled by the two block
 // scales; F16/BF16 weights see activations rounded to that float type, F32 the floats.
 //
+// add = 1: out += the product (a residual add in the same pass, for layers without a norm
+// after the projection), else out = the product.
 // Work split: one warp per output row and NC activation rows (blockDim = (32, ROWS)),
 // grid = (ceil(rows / ROWS), ceil(N / NC)); NC = 1 (`mmv_*`) or 8 (`mmv_*_x8`).
 // The unit of work of a lane is one 32-weight block (for the K-quants: one 32-weight
@@ -182,7 +184,7 @@ __device__ __forceinline__ void mmv_q(Dot dot, int xd_div, const u8* __restrict_
                                       const float* __restrict__ xd,
                                       const float* __restrict__ xs,
                                       const i16* __restrict__ xbs, float* __restrict__ out,
-                                      int rows, int K, int N) {
+                                      int rows, int K, int N, int add) {
     const int r = blockIdx.x * blockDim.y + threadIdx.y;
     if (r >= rows) return;
     const int n0 = blockIdx.y * NC;
@@ -206,7 +208,8 @@ __device__ __forceinline__ void mmv_q(Dot dot, int xd_div, const u8* __restrict_
 #pragma unroll
     for (int j = 0; j < NC; ++j) {
         const float a = warp_sum(acc[j]);
-        if (j < nc && threadIdx.x == 0) out[(i64)(n0 + j) * rows + r] = a;
+        float* o = out + (i64)(n0 + j) * rows + r;
+        if (j < nc && threadIdx.x == 0) *o = add ? __fadd_rn(*o, a) : a;
     }
 }
 
@@ -222,16 +225,17 @@ __device__ __forceinline__ void mmv_q(Dot dot, int xd_div, const u8* __restrict_
                                     const i8* __restrict__ xq, const float* __restrict__ xd, \
                                     const float* __restrict__ xs,                            \
                                     const i16* __restrict__ xbs, float* __restrict__ out,    \
-                                    int rows, int K, int N) {                                \
-        mmv_q<1>(name##_dot(), XD_DIV, W, row_bytes, xq, xd, xs, xbs, out, rows, K, N);      \
+                                    int rows, int K, int N, int add) {                       \
+        mmv_q<1>(name##_dot(), XD_DIV, W, row_bytes, xq, xd, xs, xbs, out, rows, K, N, add); \
     }                                                                                        \
     extern "C" __global__ void name##_x8(const u8* __restrict__ W, i64 row_bytes,            \
                                          const i8* __restrict__ xq,                          \
                                          const float* __restrict__ xd,                       \
                                          const float* __restrict__ xs,                       \
                                          const i16* __restrict__ xbs,                        \
-                                         float* __restrict__ out, int rows, int K, int N) {  \
-        mmv_q<8>(name##_dot(), XD_DIV, W, row_bytes, xq, xd, xs, xbs, out, rows, K, N);      \
+                                         float* __restrict__ out, int rows, int K, int N,    \
+                                         int add) {                                          \
+        mmv_q<8>(name##_dot(), XD_DIV, W, row_bytes, xq, xd, xs, xbs, out, rows, K, N, add); \
     }
 
 MMV_Q(mmv_q8_0, dot_q8_0, QK)
@@ -258,7 +262,7 @@ __device__ __forceinline__ float x_same(float v) { return v; }
 template <int NC, typename WF, typename XF>
 __device__ __forceinline__ void mmv_f(WF wfn, XF xfn, const u8* __restrict__ W, i64 row_bytes,
                                       const float* __restrict__ x, float* __restrict__ out,
-                                      int rows, int K, int N) {
+                                      int rows, int K, int N, int add) {
     const int r = blockIdx.x * blockDim.y + threadIdx.y;
     if (r >= rows) return;
     const int n0 = blockIdx.y * NC;
@@ -276,7 +280,8 @@ __device__ __forceinline__ void mmv_f(WF wfn, XF xfn, const u8* __restrict__ W, 
 #pragma unroll
     for (int j = 0; j < NC; ++j) {
         const float a = warp_sum(acc[j]);
-        if (j < nc && threadIdx.x == 0) out[(i64)(n0 + j) * rows + r] = a;
+        float* o = out + (i64)(n0 + j) * rows + r;
+        if (j < nc && threadIdx.x == 0) *o = add ? __fadd_rn(*o, a) : a;
     }
 }
 
@@ -291,13 +296,14 @@ __device__ __forceinline__ void mmv_f(WF wfn, XF xfn, const u8* __restrict__ W, 
     };                                                                                        \
     extern "C" __global__ void name(const u8* __restrict__ W, i64 row_bytes,                  \
                                     const float* __restrict__ x, float* __restrict__ out,     \
-                                    int rows, int K, int N) {                                 \
-        mmv_f<1>(name##_w(), name##_x(), W, row_bytes, x, out, rows, K, N);                   \
+                                    int rows, int K, int N, int add) {                        \
+        mmv_f<1>(name##_w(), name##_x(), W, row_bytes, x, out, rows, K, N, add);              \
     }                                                                                         \
     extern "C" __global__ void name##_x8(const u8* __restrict__ W, i64 row_bytes,             \
                                          const float* __restrict__ x,                         \
-                                         float* __restrict__ out, int rows, int K, int N) {   \
-        mmv_f<8>(name##_w(), name##_x(), W, row_bytes, x, out, rows, K, N);                   \
+                                         float* __restrict__ out, int rows, int K, int N,     \
+                                         int add) {                                           \
+        mmv_f<8>(name##_w(), name##_x(), W, row_bytes, x, out, rows, K, N, add);              \
     }
 
 MMV_F(mmv_f32, w_f32, x_same)

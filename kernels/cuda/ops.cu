@@ -1,14 +1,11 @@
 // Elementwise and row kernels of the forward pass, the GPU twins of kernels/cpu/ops.py.
 #include "common.cuh"
 
-// out[row] = x[row] / sqrt(mean(x[row]^2) + eps) * w; one block per row (any multiple of 32
-// threads up to 1024), the sum of squares in double as on the CPU (and in ggml).
-// x, out: [rows, D] f32 (may alias); w: [D] f32. Per-head norms pass rows = N * H, D = Dh.
-extern "C" __global__ void rms_norm(const float* x, const float* __restrict__ w, float* out,
-                                    int D, float eps, int add_one) {
+// Sum of squares of one row in double, in an order fixed by D and blockDim alone (each
+// thread's strided share, a warp butterfly, then the warps in order); any multiple of 32
+// threads up to 1024. All threads return the total.
+__device__ __forceinline__ double row_sumsq(const float* xr, int D) {
     __shared__ double s_part[32];
-    const i64 row = blockIdx.x;
-    const float* xr = x + row * D;
     double ss = 0.0;
     for (int i = threadIdx.x; i < D; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
 #pragma unroll
@@ -17,11 +14,57 @@ extern "C" __global__ void rms_norm(const float* x, const float* __restrict__ w,
     __syncthreads();
     double total = 0.0;
     for (int j = 0; j < (int)(blockDim.x / WARP); ++j) total += s_part[j];
+    return total;
+}
+
+// out[row] = res[row] + x[row] / sqrt(mean(x[row]^2) + eps) * w (res: nullptr for none; a
+// post-norm's residual add in the same pass); one block per row (plan_rows), the sum of
+// squares in double as on the CPU (and in ggml). x, res, out: [rows, D] f32 (out may alias
+// x or res); w: [D] f32. Per-head norms pass rows = N * H, D = Dh.
+extern "C" __global__ void rms_norm(const float* x, const float* __restrict__ w, float* out,
+                                    int D, float eps, int add_one, const float* res) {
+    const i64 row = blockIdx.x;
+    const float* xr = x + row * D;
+    const double total = row_sumsq(xr, D);
     const float scale = (float)(1.0 / sqrt(total / D + (double)eps));
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
         const float wi = add_one ? 1.0f + w[i] : w[i];
-        out[row * D + i] = xr[i] * scale * wi;
+        const float v = xr[i] * scale * wi;
+        out[row * D + i] = res ? __fadd_rn(res[row * D + i], v) : v;
     }
+}
+
+// Per-head RMS norm (optional: qw / kw nullptr for none) and RoPE of q [N, H, Dh] and k
+// [N, Hkv, Dh] in place, one launch for both: block b is head b % (H + Hkv) of row
+// b / (H + Hkv) (k's heads after q's). The norm is rms_norm's arithmetic with the same
+// block size (plan_rows of Dh), the rotation rope_apply's (tables [N, half]).
+extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* qw, const float* kw,
+                                        const float* __restrict__ cos_t,
+                                        const float* __restrict__ sin_t, int H, int Hkv,
+                                        int Dh, int half, int neox, float eps) {
+    __shared__ float s[1024];
+    const i64 n = blockIdx.x / (H + Hkv);
+    const int hh = blockIdx.x % (H + Hkv);
+    float* xr = hh < H ? q + (n * H + hh) * Dh : k + (n * Hkv + (hh - H)) * Dh;
+    const float* w = hh < H ? qw : kw;
+    if (w) {
+        const double total = row_sumsq(xr, Dh);
+        const float scale = (float)(1.0 / sqrt(total / Dh + (double)eps));
+        for (int i = threadIdx.x; i < Dh; i += blockDim.x) s[i] = xr[i] * scale * w[i];
+    } else {
+        for (int i = threadIdx.x; i < Dh; i += blockDim.x) s[i] = xr[i];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const int i0 = neox ? i : 2 * i;
+        const int i1 = neox ? i + half : 2 * i + 1;
+        const float c = cos_t[n * half + i], sn = sin_t[n * half + i];
+        const float x0 = s[i0], x1 = s[i1];
+        s[i0] = x0 * c - x1 * sn;
+        s[i1] = x0 * sn + x1 * c;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < Dh; i += blockDim.x) xr[i] = s[i];
 }
 
 // RoPE with precomputed tables (ops.rope_tables), in place. x: [N, H, Dh] f32;
