@@ -52,9 +52,10 @@ class GpuWeight:
         return loader.mmv(self.raw, self.qtype, self.rows, x, out=out, act=act, add=add)
 
 
-def _group(ws: list[GpuWeight], x: Any) -> list[Any]:
-    """Products of weights that multiply the same x: its quantization made once per format."""
-    acts: dict[str, dict] = {}
+def _group(ws: list[GpuWeight], x: Any, acts: dict[str, dict] | None = None) -> list[Any]:
+    """Products of weights that multiply the same x: its quantization made once per format
+    (acts: formats already made)."""
+    acts = dict(acts or {})
     outs = []
     for w in ws:
         if w.act != "f32" and w.act not in acts:
@@ -63,13 +64,23 @@ def _group(ws: list[GpuWeight], x: Any) -> list[Any]:
     return outs
 
 
-def _residual(w: GpuWeight, a: Any, bias: Any, post_norm: Any, x: Any, eps: float) -> None:
+def _normed_group(ws: list[GpuWeight], x: Any, norm_w: Any, eps: float) -> list[Any]:
+    """_group of rms_norm(x): where every product reads Q8_1 activations, the norm writes
+    them directly (one launch instead of two, the same bits)."""
+    if all(w.act == "q8_1" for w in ws) and x.shape[1] % 32 == 0:
+        act = loader.rms_norm_q8_1(x, norm_w, eps)
+        return [w(None, act=act) for w in ws]
+    return _group(ws, loader.rms_norm(x, norm_w, eps))
+
+
+def _residual(w: GpuWeight, a: Any, bias: Any, post_norm: Any, x: Any, eps: float,
+              act: dict | None = None) -> None:
     """x += post_norm(a @ W^T + bias), in as few launches as the layer allows: the norm adds
-    into x itself, and without norm or bias the product does."""
+    into x itself, and without norm or bias the product does (act: a already quantized)."""
     if post_norm is None and bias is None:
-        w(a, out=x, add=True)
+        w(a, out=x, add=True, act=act)
         return
-    o = w(a)
+    o = w(a, act=act)
     if bias is not None:
         o += bias
     if post_norm is None:
@@ -256,8 +267,7 @@ class CudaModel:
         last = cfg.n_layer - 1
         q_pos, row_slot, m = a["q_pos"], a["row_slot"], n
         for il, L in enumerate(self.layers):
-            h = loader.rms_norm(x, L.attn_norm, eps)
-            q, k, v = _group(L.qkv, h)
+            q, k, v = _normed_group(L.qkv, x, L.attn_norm, eps)
             if L.bq is not None:
                 q += L.bq
             if L.bk is not None:
@@ -280,10 +290,14 @@ class CudaModel:
             kv.attend_dev(il, q3, q_pos, row_slot, a, cfg.layer_window[il], cfg.attn_scale,
                           cfg.attn_softcap, si.n_pos, attn)
             _residual(L.wo, attn.reshape(m, H * Dv), L.bo, L.post_attn_norm, x, eps)
-            h = loader.rms_norm(x, L.ffn_norm, eps)
-            gate, up = _group(L.gate_up, h)
-            loader.gated(cfg.activation, gate, up, out=gate)
-            _residual(L.down, gate, None, L.post_ffn_norm, x, eps)
+            gate, up = _normed_group(L.gate_up, x, L.ffn_norm, eps)
+            if L.down.act == "q8_1" and cfg.activation != "gelu_tanh" and gate.shape[1] % 32 == 0:
+                # the gate writes the down product's Q8_1 activations directly
+                _residual(L.down, None, None, L.post_ffn_norm, x, eps,
+                          act=loader.gated_q8_1(cfg.activation, gate, up))
+            else:
+                loader.gated(cfg.activation, gate, up, out=gate)
+                _residual(L.down, gate, None, L.post_ffn_norm, x, eps)
 
         h = loader.rms_norm(x, self.output_norm, eps)
         if hidden:

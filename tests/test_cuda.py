@@ -53,7 +53,7 @@ def test_source_compiles(name: str, arch: str, tmp_path: Path) -> None:
 def test_every_kernel_is_exported(tmp_path: Path) -> None:
     """Each kernel the loader launches exists under its extern "C" name in the PTX."""
     wanted = {
-        "quant_act": ["quantize_q8_1", "quantize_q8_k"],
+        "quant_act": ["quantize_q8_1", "quantize_q8_k", "rms_norm_q8_1", "gated_q8_1"],
         "mmv": [k + x8 for k, _ in loader.MMV_KERNELS.values() for x8 in ("", "_x8")],
         "get_rows": [loader.plan_get_rows(t, 1, 256).kernel for t in loader.MMV_KERNELS],
         "ops": ["rms_norm", "qk_norm_rope", "rope_apply", "silu_mul", "gelu_tanh_mul",
@@ -537,3 +537,28 @@ def test_fused_ops_match_their_parts() -> None:
         want = y + loader.mmv(wt, qtype, 20, a)
         loader.mmv(wt, qtype, 20, a, out=y, add=True)
         np.testing.assert_array_equal(cupy.asnumpy(y), cupy.asnumpy(want))
+
+
+@needs_gpu
+def test_fused_quantizers_match_their_parts() -> None:
+    """rms_norm -> Q8_1 and gate -> Q8_1 in one launch: the same codes and scales as the
+    separate launches (the forward uses either, depending on the weights' types)."""
+    import cupy
+
+    rng = np.random.default_rng(4)
+    for d in (576, 640, 2048):
+        x = cupy.asarray((rng.standard_normal((5, d)) * 3).astype(np.float32))
+        w = cupy.asarray(rng.standard_normal(d).astype(np.float32))
+        want = loader.quantize_act(loader.rms_norm(x, w, 1e-6), "q8_1")
+        got = loader.rms_norm_q8_1(x, w, 1e-6, keep_floats=True)
+        for key in ("xq", "xd", "xs"):
+            np.testing.assert_array_equal(cupy.asnumpy(got[key]), cupy.asnumpy(want[key]))
+        np.testing.assert_array_equal(cupy.asnumpy(got["h"]),
+                                      cupy.asnumpy(loader.rms_norm(x, w, 1e-6)))
+    g = cupy.asarray((rng.standard_normal((3, 1536)) * 4).astype(np.float32))
+    u = cupy.asarray(rng.standard_normal((3, 1536)).astype(np.float32))
+    for kind in ("silu", "gelu_tanh_ggml"):
+        want = loader.quantize_act(loader.gated(kind, g, u), "q8_1")
+        got = loader.gated_q8_1(kind, g, u)
+        for key in ("xq", "xd", "xs"):
+            np.testing.assert_array_equal(cupy.asnumpy(got[key]), cupy.asnumpy(want[key]))

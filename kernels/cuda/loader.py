@@ -327,6 +327,44 @@ def quantize_act(x: Any, act: str) -> dict[str, Any]:
     return bufs
 
 
+def rms_norm_q8_1(x: Any, w: Any, eps: float, keep_floats: bool = False) -> dict[str, Any]:
+    """RMS norm of x [N, D] quantized straight to Q8_1 ({xq, xd, xs} as quantize_act gives,
+    the same bits as rms_norm then quantize_act; "h": the normed floats if keep_floats).
+    D a multiple of 32."""
+    import cupy
+
+    x = cupy.ascontiguousarray(x, dtype=cupy.float32)
+    n, d = x.shape
+    bufs = _alloc(plan_quantize("q8_1", n, d))
+    h = cupy.empty_like(x) if keep_floats else None
+    plan = plan_rows("rms_norm_q8_1", n, d)
+    get_kernel("quant_act", "rms_norm_q8_1")(plan.grid, plan.block, (
+        x, cupy.ascontiguousarray(w, dtype=cupy.float32), _NULL if h is None else h,
+        bufs["xq"], bufs["xd"], bufs["xs"], cupy.int32(d), cupy.float32(eps)))
+    if h is not None:
+        bufs["h"] = h
+    return bufs
+
+
+def gated_q8_1(kind: str, gate: Any, up: Any) -> dict[str, Any]:
+    """silu(gate) * up or ggml's table-GELU(gate) * up ("silu" / "gelu_tanh_ggml") quantized
+    straight to Q8_1: the same bits as gated() then quantize_act. [N, F], F % 32 == 0."""
+    import cupy
+
+    if kind not in ("silu", "gelu_tanh_ggml"):
+        raise ValueError(f"no fused Q8_1 kernel for the gate {kind!r}")
+    n, f = gate.shape
+    plan = plan_quantize("q8_1", n, f)
+    bufs = _alloc(plan)
+    get_kernel("quant_act", "gated_q8_1")(plan.grid, plan.block, (
+        cupy.ascontiguousarray(gate, dtype=cupy.float32),
+        cupy.ascontiguousarray(up, dtype=cupy.float32), _NULL,
+        _gelu_table() if kind == "gelu_tanh_ggml" else _dummy(4),
+        cupy.int32(0 if kind == "silu" else 1), bufs["xq"], bufs["xd"], bufs["xs"],
+        cupy.int32(n * f // QK)))
+    return bufs
+
+
 def mmv(w: Any, qtype: int, rows: int, x: Any, out: Any = None,
         act: dict[str, Any] | None = None, add: bool = False) -> Any:
     """out [N, rows] f32 = x [N, K] @ W^T for raw GGUF weight bytes w [rows, row_bytes] uint8
@@ -336,8 +374,13 @@ def mmv(w: Any, qtype: int, rows: int, x: Any, out: Any = None,
     that multiply the same input share one quantization)."""
     import cupy
 
-    x = cupy.ascontiguousarray(x, dtype=cupy.float32)
-    n, k = x.shape
+    if x is None:  # the product reads only the quantized activations
+        if act is None:
+            raise ValueError("mmv needs x or its quantized activations")
+        n, k = act["xq"].shape
+    else:
+        x = cupy.ascontiguousarray(x, dtype=cupy.float32)
+        n, k = x.shape
     quant, plan = plan_mmv(qtype, rows, k, n)
     rb = row_bytes(qtype, k)
     if w.dtype != cupy.uint8 or w.size != rows * rb:
@@ -352,6 +395,8 @@ def mmv(w: Any, qtype: int, rows: int, x: Any, out: Any = None,
     fn = get_kernel("mmv", plan.kernel)
     tail = (cupy.int32(rows), cupy.int32(k), cupy.int32(n), cupy.int32(int(add)))
     if quant is None:
+        if x is None:
+            raise ValueError(f"{MMV_KERNELS[qtype][0]} multiplies float activations: pass x")
         fn(plan.grid, plan.block, (w, cupy.int64(rb), x, out, *tail))
         return out
     a = act if act is not None else quantize_act(x, MMV_KERNELS[qtype][1])

@@ -71,3 +71,73 @@ extern "C" __global__ void quantize_q8_k(const float* __restrict__ x, i8* __rest
     }
     if (t == 0) xd[b] = 1.0f / iscale;
 }
+
+// Q8_1 quantization of one 32-block held by a warp, one value per lane: quantize_q8_1's
+// arithmetic, shared by the fused producers below (so their codes are the same bits).
+__device__ __forceinline__ void q8_1_block(float v, i8* xq, float* xd, float* xs, i64 b) {
+    const int lane = threadIdx.x % WARP;
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float iscale = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const int q = __float2int_rn(v * iscale);
+    xq[b * QK + lane] = (i8)q;
+    const int s = warp_sum_i(q);
+    if (lane == 0) {
+        xd[b] = f16_round(d);
+        xs[b] = f16_round(d * (float)s);
+    }
+}
+
+// RMS norm of each row of x [N, D] (ops.cu rms_norm's arithmetic and block size: plan_rows
+// of D, a multiple of 32) quantized straight to Q8_1 blocks for the products that read it;
+// h [N, D]: the normed floats too, or nullptr. D a multiple of 32. grid (N).
+__device__ __forceinline__ double row_sumsq_q(const float* xr, int D) {
+    __shared__ double s_part[32];
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+    if (threadIdx.x % WARP == 0) s_part[threadIdx.x / WARP] = ss;
+    __syncthreads();
+    double total = 0.0;
+    for (int j = 0; j < (int)(blockDim.x / WARP); ++j) total += s_part[j];
+    return total;
+}
+
+extern "C" __global__ void rms_norm_q8_1(const float* __restrict__ x,
+                                         const float* __restrict__ w, float* h, i8* xq,
+                                         float* xd, float* xs, int D, float eps) {
+    const i64 row = blockIdx.x;
+    const float* xr = x + row * D;
+    const double total = row_sumsq_q(xr, D);
+    const float scale = (float)(1.0 / sqrt(total / D + (double)eps));
+    // thread i's elements i, i + blockDim, ...: at each step a warp holds one whole 32-block
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        const float v = xr[i] * scale * w[i];
+        if (h) h[row * D + i] = v;
+        q8_1_block(v, xq, xd, xs, (row * D + i) / QK);
+    }
+}
+
+// o = act(g) * u (ops.cu silu_mul / gelu_table_mul arithmetic; kind 0 silu, 1 ggml's
+// f16-table GELU) quantized straight to Q8_1 blocks; o: the floats too, or nullptr.
+// One warp per 32-block: block (32, 8), grid (ceil(n / 32 / 8)); n a multiple of 32.
+extern "C" __global__ void gated_q8_1(const float* __restrict__ g, const float* __restrict__ u,
+                                      float* o, const float* __restrict__ table, int kind,
+                                      i8* xq, float* xd, float* xs, int n_blocks) {
+    const i64 b = blockIdx.x * (i64)blockDim.y + threadIdx.y;
+    if (b >= n_blocks) return;  // whole warps leave together
+    const i64 i = b * QK + threadIdx.x;
+    const float x = g[i];
+    float v;
+    if (kind == 0) {
+        v = x / (1.0f + expf(-x)) * u[i];
+    } else {
+        u16 hb;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(hb) : "f"(x));
+        const float gx = x <= -10.0f ? 0.0f : (x >= 10.0f ? x : table[hb]);
+        v = gx * u[i];
+    }
+    if (o) o[i] = v;
+    q8_1_block(v, xq, xd, xs, b);
+}
