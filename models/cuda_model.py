@@ -64,13 +64,24 @@ def _group(ws: list[GpuWeight], x: Any, acts: dict[str, dict] | None = None) -> 
     return outs
 
 
+def _products(ws: list[GpuWeight], act: dict) -> list[Any]:
+    """The products of weights reading the same quantized activations: one launch where they
+    share a type, else one each (the same bits either way)."""
+    if len(ws) > 1 and len({w.qtype for w in ws}) == 1:
+        return loader.mmv_multi([w.raw for w in ws], ws[0].qtype, [w.rows for w in ws], act)
+    return [w(None, act=act) for w in ws]
+
+
 def _normed_group(ws: list[GpuWeight], x: Any, norm_w: Any, eps: float) -> list[Any]:
     """_group of rms_norm(x): where every product reads Q8_1 activations, the norm writes
-    them directly (one launch instead of two, the same bits)."""
+    them directly (one launch instead of two, the same bits), and weights of one type share
+    a launch."""
     if all(w.act == "q8_1" for w in ws) and x.shape[1] % 32 == 0:
-        act = loader.rms_norm_q8_1(x, norm_w, eps)
-        return [w(None, act=act) for w in ws]
-    return _group(ws, loader.rms_norm(x, norm_w, eps))
+        return _products(ws, loader.rms_norm_q8_1(x, norm_w, eps))
+    h = loader.rms_norm(x, norm_w, eps)
+    if len({w.act for w in ws}) == 1 and ws[0].act != "f32":
+        return _products(ws, loader.quantize_act(h, ws[0].act))
+    return _group(ws, h)
 
 
 def _residual(w: GpuWeight, a: Any, bias: Any, post_norm: Any, x: Any, eps: float,

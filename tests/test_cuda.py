@@ -54,7 +54,8 @@ def test_every_kernel_is_exported(tmp_path: Path) -> None:
     """Each kernel the loader launches exists under its extern "C" name in the PTX."""
     wanted = {
         "quant_act": ["quantize_q8_1", "quantize_q8_k", "rms_norm_q8_1", "gated_q8_1"],
-        "mmv": [k + x8 for k, _ in loader.MMV_KERNELS.values() for x8 in ("", "_x8")],
+        "mmv": [k + x8 for k, act in loader.MMV_KERNELS.values()
+                for x8 in ("", "_x8") + (("_m3", "_m3x8") if act != "f32" else ())],
         "get_rows": [loader.plan_get_rows(t, 1, 256).kernel for t in loader.MMV_KERNELS],
         "ops": ["rms_norm", "qk_norm_rope", "rope_apply", "silu_mul", "gelu_tanh_mul",
                 "gelu_table_mul", "softmax_rows", "hadamard_rows"],
@@ -111,6 +112,16 @@ def test_mmv_plan_k_quant_and_float() -> None:
 def test_mmv_plan_rejects(qtype: int, k: int) -> None:
     with pytest.raises(ValueError):
         loader.plan_mmv(qtype, rows=4, k=k, n=1)
+
+
+def test_mmv_multi_plan() -> None:
+    plan = loader.plan_mmv_multi(2, [1024, 256, 256], 640, 1)
+    assert plan.kernel == "mmv_q4_0_m3" and plan.grid == (384, 1)
+    plan = loader.plan_mmv_multi(12, [2048, 2048], 1024, 9)
+    assert plan.kernel == "mmv_q4_k_m3x8" and plan.grid == (1024, 2)
+    for bad in ((1, [4], 64, 1), (2, [4, 4, 4, 4], 64, 1), (2, [4, 0], 64, 1)):
+        with pytest.raises(ValueError):
+            loader.plan_mmv_multi(*bad)
 
 
 def test_mmv_table_matches_formats() -> None:
@@ -562,3 +573,19 @@ def test_fused_quantizers_match_their_parts() -> None:
         got = loader.gated_q8_1(kind, g, u)
         for key in ("xq", "xd", "xs"):
             np.testing.assert_array_equal(cupy.asnumpy(got[key]), cupy.asnumpy(want[key]))
+
+
+@needs_gpu
+@pytest.mark.parametrize("qtype", [2, 3, 8, 12, 14])
+@pytest.mark.parametrize("n", [1, 5])
+def test_mmv_multi_matches_one_launch_each(qtype: int, n: int) -> None:
+    import cupy
+
+    rng = np.random.default_rng(qtype + n)
+    k, rows = 512, [37, 8, 8] if n == 1 else [64, 21]
+    ws = [cupy.asarray(_random_weights(qtype, r, k, rng)) for r in rows]
+    x = cupy.asarray(rng.standard_normal((n, k)).astype(np.float32))
+    act = loader.quantize_act(x, loader.MMV_KERNELS[qtype][1])
+    got = loader.mmv_multi(ws, qtype, rows, act)
+    for w, r, g in zip(ws, rows, got, strict=True):
+        np.testing.assert_array_equal(cupy.asnumpy(g), cupy.asnumpy(loader.mmv(w, qtype, r, x)))

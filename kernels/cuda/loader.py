@@ -327,6 +327,41 @@ def quantize_act(x: Any, act: str) -> dict[str, Any]:
     return bufs
 
 
+def plan_mmv_multi(qtype: int, rows: list[int], k: int, n: int) -> Launch:
+    """One launch for up to three weights of one integer type that multiply the same
+    activations [n, k]: the grid covers all their rows (mmv.cu MMV_Q3)."""
+    per, _ = _check_type(qtype)
+    name, act = MMV_KERNELS[qtype]
+    if act == "f32" or not 1 <= len(rows) <= 3 or min(rows) <= 0 or n <= 0 or k % per:
+        raise ValueError(f"no multi-weight product for type {qtype}, rows {rows}, K={k}")
+    nc = 1 if n == 1 else MMV_NC
+    return Launch(f"{name}_m3" if nc == 1 else f"{name}_m3x8",
+                  (math.ceil(sum(rows) / ROWS_PER_BLOCK), math.ceil(n / nc)),
+                  (32, ROWS_PER_BLOCK))
+
+
+def mmv_multi(ws: list[Any], qtype: int, rows: list[int], act: dict[str, Any]) -> list[Any]:
+    """[x @ W_i^T for each raw weight ws[i] [rows[i], row_bytes] uint8] in one launch, from
+    activations already quantized (quantize_act / rms_norm_q8_1): the same bits as one mmv
+    each."""
+    import cupy
+
+    n, k = act["xq"].shape
+    plan = plan_mmv_multi(qtype, rows, k, n)
+    rb = row_bytes(qtype, k)
+    for w, r in zip(ws, rows, strict=True):
+        if w.dtype != cupy.uint8 or w.size != r * rb or not w.flags.c_contiguous:
+            raise ValueError(f"weights must be {r} x {rb} contiguous bytes of uint8")
+    outs = [cupy.empty((n, r), dtype=cupy.float32) for r in rows]
+    pad = 3 - len(ws)
+    get_kernel("mmv", plan.kernel)(plan.grid, plan.block, (
+        *ws, *([ws[0]] * pad), cupy.int64(rb), act["xq"], act["xd"], act.get("xs", _dummy(4)),
+        act.get("xbs", _dummy(2)), *outs, *([outs[0]] * pad),
+        *(cupy.int32(r) for r in rows), *([cupy.int32(0)] * pad), cupy.int32(k),
+        cupy.int32(n)))
+    return outs
+
+
 def rms_norm_q8_1(x: Any, w: Any, eps: float, keep_floats: bool = False) -> dict[str, Any]:
     """RMS norm of x [N, D] quantized straight to Q8_1 ({xq, xd, xs} as quantize_act gives,
     the same bits as rms_norm then quantize_act; "h": the normed floats if keep_floats).

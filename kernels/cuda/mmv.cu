@@ -184,8 +184,7 @@ __device__ __forceinline__ void mmv_q(Dot dot, int xd_div, const u8* __restrict_
                                       const float* __restrict__ xd,
                                       const float* __restrict__ xs,
                                       const i16* __restrict__ xbs, float* __restrict__ out,
-                                      int rows, int K, int N, int add) {
-    const int r = blockIdx.x * blockDim.y + threadIdx.y;
+                                      int rows, int r, int K, int N, int add) {
     if (r >= rows) return;
     const int n0 = blockIdx.y * NC;
     const int nc = min(NC, N - n0);
@@ -213,7 +212,30 @@ __device__ __forceinline__ void mmv_q(Dot dot, int xd_div, const u8* __restrict_
     }
 }
 
+// Up to three weights of one type that multiply the same activations (a layer's q/k/v, its
+// gate/up) in one launch: the grid covers r0 + r1 + r2 rows, and each warp takes the weight
+// its row falls in, with mmv_q's arithmetic for that row (the same bits as three launches).
+#define MMV_Q3(name, NC, sfx)                                                                \
+    extern "C" __global__ void name##_m3##sfx(                                               \
+        const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2,     \
+        i64 row_bytes, const i8* __restrict__ xq, const float* __restrict__ xd,              \
+        const float* __restrict__ xs, const i16* __restrict__ xbs, float* o0, float* o1,     \
+        float* o2, int r0, int r1, int r2, int K, int N) {                                   \
+        int r = blockIdx.x * blockDim.y + threadIdx.y;                                       \
+        const u8* W = W0;                                                                    \
+        float* o = o0;                                                                       \
+        int rows = r0;                                                                       \
+        if (r >= r0 + r1) {                                                                  \
+            W = W2; o = o2; rows = r2; r -= r0 + r1;                                         \
+        } else if (r >= r0) {                                                                \
+            W = W1; o = o1; rows = r1; r -= r0;                                              \
+        }                                                                                    \
+        mmv_q<NC>(name##_dot(), name##_XD, W, row_bytes, xq, xd, xs, xbs, o, rows, r, K, N,  \
+                  0);                                                                        \
+    }
+
 #define MMV_Q(name, dotfn, XD_DIV)                                                           \
+    enum { name##_XD = XD_DIV };                                                             \
     struct name##_dot {                                                                      \
         __device__ __forceinline__ float operator()(const u8* w, int u, const i8* q,         \
                                                     const float* d, const float* s,          \
@@ -226,7 +248,8 @@ __device__ __forceinline__ void mmv_q(Dot dot, int xd_div, const u8* __restrict_
                                     const float* __restrict__ xs,                            \
                                     const i16* __restrict__ xbs, float* __restrict__ out,    \
                                     int rows, int K, int N, int add) {                       \
-        mmv_q<1>(name##_dot(), XD_DIV, W, row_bytes, xq, xd, xs, xbs, out, rows, K, N, add); \
+        mmv_q<1>(name##_dot(), XD_DIV, W, row_bytes, xq, xd, xs, xbs, out, rows,             \
+                 blockIdx.x * blockDim.y + threadIdx.y, K, N, add);                          \
     }                                                                                        \
     extern "C" __global__ void name##_x8(const u8* __restrict__ W, i64 row_bytes,            \
                                          const i8* __restrict__ xq,                          \
@@ -235,8 +258,11 @@ __device__ __forceinline__ void mmv_q(Dot dot, int xd_div, const u8* __restrict_
                                          const i16* __restrict__ xbs,                        \
                                          float* __restrict__ out, int rows, int K, int N,    \
                                          int add) {                                          \
-        mmv_q<8>(name##_dot(), XD_DIV, W, row_bytes, xq, xd, xs, xbs, out, rows, K, N, add); \
-    }
+        mmv_q<8>(name##_dot(), XD_DIV, W, row_bytes, xq, xd, xs, xbs, out, rows,             \
+                 blockIdx.x * blockDim.y + threadIdx.y, K, N, add);                          \
+    }                                                                                        \
+    MMV_Q3(name, 1, )                                                                        \
+    MMV_Q3(name, 8, x8)
 
 MMV_Q(mmv_q8_0, dot_q8_0, QK)
 MMV_Q(mmv_q4_0, dot_q4_0, QK)
