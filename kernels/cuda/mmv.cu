@@ -9,12 +9,14 @@
 // add = 1: out += the product (a residual add in the same pass, for layers without a norm
 // after the projection), else out = the product.
 // Work split: one warp per output row and NC activation rows (blockDim = (32, ROWS)),
-// grid = (ceil(rows / ROWS), ceil(N / NC)); NC = 1 (`mmv_*`) or 8 (`mmv_*_x8`).
-// The unit of work of a lane is one 32-weight block (for the K-quants: one 32-weight
-// sub-block of a super-block), lanes striding over the row, then a warp sum. Every weight byte
-// is read once per activation row; for N > 1 the re-reads are served by L2. Untuned: a
-// coalescing-friendly layout (ggml's mmvq gives each lane a few ints of several blocks) is the
-// next step once this can be measured on hardware.
+// grid = (ceil(rows / ROWS), ceil(N / NC)); NC = 1 (`mmv_*`) or 8 (`mmv_*_x8`); `mmv_*_m3*`
+// run up to three weights of one type in one grid. The unit of work of a lane is one
+// 32-weight block (for the K-quants: one 32-weight sub-block of a super-block), lanes striding
+// over the row, then a warp sum. Every weight byte is read once per NC activation rows; for
+// N > NC the re-reads are served by L2. Measured on an H100 (BENCHMARKS.md) the small models'
+// decode is bound by the number of launches, not by these kernels' bandwidth; untuned still:
+// a coalescing-friendly layout (ggml's mmvq gives each lane a few ints of several blocks) is
+// the next step once a profile says these kernels matter.
 #include "common.cuh"
 
 // 4 bytes of 4-bit codes -> the 4 low / the 4 high nibbles as 4 bytes
