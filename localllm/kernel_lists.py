@@ -14,9 +14,9 @@ KERNEL_LISTS: dict[str, dict] = {
     'gemma3 [0, 6, 8, 12, 14]': {
         "entries": [
         ('localllm.kernels.cpu.kv_quant', '_store_rows',
-         "(int64, Array(float32, 3, 'C', False, aligned=True), Array(uint8, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True))"),
+         "(Array(float32, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True))"),
         ('localllm.kernels.cpu.kv_quant', '_attention_kernel',
-         "(int64, int64, Array(float32, 3, 'C', False, aligned=True), Array(uint8, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), Array(uint8, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), int64, Array(int64, 1, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), Array(int64, 2, 'C', False, aligned=True), int64, int64, float32, float32, Array(float32, 3, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), int64, int64, int64, Array(float32, 3, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), Array(float32, 4, 'C', False, aligned=True))"),
+         "(Array(float32, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), int64, Array(int64, 1, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), Array(int64, 2, 'C', False, aligned=True), int64, int64, float32, float32, Array(float32, 3, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), int64, int64, int64, Array(float32, 3, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), Array(float32, 4, 'C', False, aligned=True))"),
         ('localllm.kernels.cpu.ops', '_rms_norm3',
          "(Array(float32, 3, 'C', False, aligned=True), Array(float32, 1, 'C', True, aligned=True), float64, Array(float32, 3, 'C', False, aligned=True), bool)"),
         ('localllm.kernels.cpu.ops', '_rope_apply',
@@ -38,11 +38,11 @@ KERNEL_LISTS: dict[str, dict] = {
         ('localllm.kernels.cpu.mm_driver', '_mm_multi',
          "(Array(int64, 2, 'C', False, aligned=True), int64, Array(float32, 2, 'C', False, aligned=True), int64, int64, int64, int64, int64, int64, bool, bool)"),
         ('@kernel', 6, 'r16'),
-        ('@kernel', 8, 'r16'),
         ('@kernel', 12, True),
-        ('@kernel', 14, True),
         ('@kernel', 8, True),
+        ('@kernel', 8, 'r16'),
+        ('@kernel', 14, True),
         ],
-        "seconds": {'localllm.kernels.cpu.dequant:_rows_q8_0': 0.37, 'localllm.kernels.cpu.kv_quant:_attention_kernel': 9.29, 'localllm.kernels.cpu.kv_quant:_store_rows': 1.39, 'localllm.kernels.cpu.mm_driver:_mm_multi': 3.55, 'localllm.kernels.cpu.mm_driver:_mm_simd': 0.87, 'localllm.kernels.cpu.mm_driver:_rows': 3.96, 'localllm.kernels.cpu.mm_r16:_rows_r16': 2.31, 'localllm.kernels.cpu.ops:_gelu_ggml_mul': 0.08, 'localllm.kernels.cpu.ops:_gelu_ggml_mul_par': 0.50, 'localllm.kernels.cpu.ops:_rms_norm3': 0.18, 'localllm.kernels.cpu.ops:_rope_apply': 0.15, 'localllm.kernels.cpu.quant_act:quantize_q8_0': 0.70, 'localllm.kernels.cpu.quant_act:quantize_q8_k': 0.36},
+        "seconds": {'localllm.kernels.cpu.dequant:_rows_q8_0': 1.17, 'localllm.kernels.cpu.kv_quant:_attention_kernel': 5.51, 'localllm.kernels.cpu.kv_quant:_store_rows': 1.10, 'localllm.kernels.cpu.mm_driver:_mm_multi': 3.55, 'localllm.kernels.cpu.mm_driver:_mm_simd': 8.31, 'localllm.kernels.cpu.mm_driver:_rows': 5.83, 'localllm.kernels.cpu.mm_r16:_rows_r16': 2.93, 'localllm.kernels.cpu.ops:_gelu_ggml_mul': 0.16, 'localllm.kernels.cpu.ops:_gelu_ggml_mul_par': 0.50, 'localllm.kernels.cpu.ops:_rms_norm3': 0.41, 'localllm.kernels.cpu.ops:_rope_apply': 0.22, 'localllm.kernels.cpu.quant_act:quantize_q8_0': 0.78, 'localllm.kernels.cpu.quant_act:quantize_q8_k': 1.08},
     },
 }

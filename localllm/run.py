@@ -148,7 +148,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
     from localllm.warmup import ensure_kernels_compiled, start_compiling
 
     t0 = time.perf_counter()
-    pending = start_compiling(path)  # a cold first run: workers compile while the model loads
+    # a cold first run: workers compile while the model loads
+    pending = start_compiling(path, (ns.kv_type, ns.kv_type_v or ns.kv_type))
     try:
         engine = Engine(path, **engine_options(ns))
     except BaseException:

@@ -88,3 +88,26 @@ def test_shipped_kernel_lists_name_existing_kernels() -> None:
             else:
                 fn = getattr(importlib.import_module(mod), attr)
                 assert isinstance(fn, Dispatcher) and isinstance(sig, tuple), (mod, attr)
+
+
+def test_kernel_lists_follow_the_kv_cache_types() -> None:
+    """The attention kernel and the stores are compiled per K / V cache type: a list recorded
+    with one pair names the pair in use instead (and only it), everything else unchanged."""
+    from numba.core import types
+
+    from localllm.kernel_lists import KERNEL_LISTS
+    from localllm.warmup import DEFAULT_KV, for_kv_types, shipped_manifest
+
+    key = next(iter(KERNEL_LISTS))
+    arch, qtypes = key.split(" ", 1)
+    m = shipped_manifest(arch, [int(q) for q in qtypes.strip("[]").split(",")])
+    assert m is not None
+    assert for_kv_types(m.entries, DEFAULT_KV) == m.entries  # recorded with the default pair
+    got = for_kv_types(m.entries, ("q8_0", "q4_0"))
+    kv = [(attr, sig) for mod, attr, sig in got if mod.endswith("kv_quant")]
+    attn = [sig for attr, sig in kv if attr == "_attention_kernel"]
+    stores = sorted(str(sig[1].dtype) for attr, sig in kv if attr == "_store_rows")
+    assert len(attn) == 1 and (attn[0][1].dtype, attn[0][2].dtype) == (types.uint8, types.int8)
+    assert stores == ["int8", "uint8"]  # q4_0's bytes reach the kernels as int8
+    rest = [e for e in got if not e[0].endswith("kv_quant")]
+    assert rest == [e for e in m.entries if not e[0].endswith("kv_quant")]
