@@ -37,11 +37,14 @@ def default_workers() -> int:
     return max(0, min(3, (n or 1) - 1))
 
 
-def split(entries: Sequence[Any], n: int, cost: Callable[[Any], float] | None = None
-          ) -> list[list[Any]]:
-    """`entries` in n shares of about equal cost (longest first onto the lightest share)."""
+def split(entries: Sequence[Any], n: int, cost: Callable[[Any], float] | None = None,
+          first: Sequence[Any] = ()) -> list[list[Any]]:
+    """`entries` in n shares of about equal cost (longest first onto the lightest share);
+    `first`: entries that must go to share 0 (counted in its cost)."""
     shares: list[list[Any]] = [[] for _ in range(max(1, n))]
+    shares[0].extend(first)
     load = [0.0] * len(shares)
+    load[0] = sum(cost(e) if cost else 1.0 for e in first)
     order = sorted(entries, key=cost, reverse=True) if cost else list(entries)
     for e in order:
         i = load.index(min(load))

@@ -5,9 +5,12 @@ warmup.py records this list on every machine after the first run (next to the ke
 the copy here lets the very first run compile the default model's kernels in parallel
 worker processes (compile_workers.py) instead of discovering them one by one in a forward
 pass. Keyed by "architecture [weight types]"; signatures are Numba type reprs; "seconds"
-are compile times measured on a first run (only used to balance the workers' shares).
+are compile times (CPU seconds) measured on a first run (only used to balance the workers'
+shares). The KV cache kernels are listed for f16 K and V; warmup.for_kv_types names the
+pair a run uses instead.
 A stale entry costs nothing but time: whatever the list misses, the warm-up pass compiles.
-Regenerate with `python -m localllm.warmup [MODEL]` after changing kernels.
+Regenerate with `python -m localllm.warmup [MODEL]` after changing kernels (with a fresh
+NUMBA_CACHE_DIR, and LOCALLLM_COMPILE_WORKERS=0 so that one process measures every compile).
 """
 
 KERNEL_LISTS: dict[str, dict] = {
@@ -38,11 +41,11 @@ KERNEL_LISTS: dict[str, dict] = {
         ('localllm.kernels.cpu.mm_driver', '_mm_multi',
          "(Array(int64, 2, 'C', False, aligned=True), int64, Array(float32, 2, 'C', False, aligned=True), int64, int64, int64, int64, int64, int64, bool, bool)"),
         ('@kernel', 6, 'r16'),
-        ('@kernel', 12, True),
-        ('@kernel', 8, True),
         ('@kernel', 8, 'r16'),
+        ('@kernel', 12, True),
         ('@kernel', 14, True),
+        ('@kernel', 8, True),
         ],
-        "seconds": {'localllm.kernels.cpu.dequant:_rows_q8_0': 1.17, 'localllm.kernels.cpu.kv_quant:_attention_kernel': 5.51, 'localllm.kernels.cpu.kv_quant:_store_rows': 1.10, 'localllm.kernels.cpu.mm_driver:_mm_multi': 3.55, 'localllm.kernels.cpu.mm_driver:_mm_simd': 8.31, 'localllm.kernels.cpu.mm_driver:_rows': 5.83, 'localllm.kernels.cpu.mm_r16:_rows_r16': 2.93, 'localllm.kernels.cpu.ops:_gelu_ggml_mul': 0.16, 'localllm.kernels.cpu.ops:_gelu_ggml_mul_par': 0.50, 'localllm.kernels.cpu.ops:_rms_norm3': 0.41, 'localllm.kernels.cpu.ops:_rope_apply': 0.22, 'localllm.kernels.cpu.quant_act:quantize_q8_0': 0.78, 'localllm.kernels.cpu.quant_act:quantize_q8_k': 1.08},
+        "seconds": {'localllm.kernels.cpu.dequant:_rows_q8_0': 0.37, 'localllm.kernels.cpu.kv_quant:_attention_kernel': 6.34, 'localllm.kernels.cpu.kv_quant:_store_rows': 0.69, 'localllm.kernels.cpu.mm_driver:_mm_multi': 3.83, 'localllm.kernels.cpu.mm_driver:_mm_simd': 0.57, 'localllm.kernels.cpu.mm_driver:_rows': 4.27, 'localllm.kernels.cpu.mm_r16:_rows_r16': 2.34, 'localllm.kernels.cpu.ops:_gelu_ggml_mul': 0.08, 'localllm.kernels.cpu.ops:_gelu_ggml_mul_par': 0.37, 'localllm.kernels.cpu.ops:_rms_norm3': 0.17, 'localllm.kernels.cpu.ops:_rope_apply': 0.15, 'localllm.kernels.cpu.quant_act:quantize_q8_0': 0.71, 'localllm.kernels.cpu.quant_act:quantize_q8_k': 0.36},
     },
 }

@@ -52,6 +52,10 @@ def for_kv_types(entries: list[ManifestEntry], kv: KVTypes) -> list[ManifestEntr
     return list(out)
 
 
+# Compiled by the model load itself (the r16 repacking), before this process's share
+_AT_LOAD = {("localllm.kernels.cpu.mm_r16", "_repack_r16")}
+
+
 def _kv_stamp(kv: KVTypes) -> Path:
     """A marker: the kernels of this K / V type pair were compiled in this keyed folder."""
     from localllm.kernels import KERNEL_CACHE_DIR
@@ -317,14 +321,16 @@ class _CompileProgress:
             self.nested -= self._top
             self._depth += 1
             if self._depth == 1:
-                self._t0 = time.perf_counter()
+                self._t0 = time.process_time()
                 label = getattr(sys.modules.get(key[0]), "compile_label", None)
                 name = label(key[1], entry[2]) if label is not None else None
                 self._update(name or f"{key[0].rsplit('.', 1)[-1]}.{key[1]}")
         else:
             self._depth -= 1
             if self._depth == 0:
-                self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - self._t0
+                # CPU seconds of this process: the same on a busy machine, where the
+                # workers' compiles run beside it
+                self.seconds[key] = self.seconds.get(key, 0.0) + time.process_time() - self._t0
 
 
 def _model_kind(gf: Any) -> tuple[list[int], str]:
@@ -343,7 +349,10 @@ class PendingCompile:
 
         self.stamp, self.guess, self.kv = stamp, guess, kv
         self.todo = for_kv_types([e for e in guess.entries if callable_from_python(e)], kv)
-        shares = split(self.todo, n_workers + 1, guess.cost)
+        # what the model load compiles in this process anyway stays in this process's share
+        here = [e for e in self.todo if e[:2] in _AT_LOAD]
+        shares = split([e for e in self.todo if e[:2] not in _AT_LOAD], n_workers + 1,
+                       guess.cost, first=here)
         self.mine = shares.pop(0)
         self.workers = Workers(shares)
 

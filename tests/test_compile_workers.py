@@ -64,6 +64,8 @@ def test_split_balances_cost() -> None:
     assert sorted(sum(s) for s in shares) == [7, 7]
     assert sorted(x for s in shares for x in s) == [1, 1, 1, 1, 1, 4, 5]
     assert split([1, 2, 3], 1) == [[1, 2, 3]]
+    pinned = split([3, 1, 1], 2, cost=float, first=[2])  # 2 stays in share 0, counted there
+    assert pinned[0][0] == 2 and sorted(sum(s) for s in pinned) == [3, 4]
 
 
 def test_shipped_kernel_lists_name_existing_kernels() -> None:
