@@ -341,30 +341,33 @@ def _model_kind(gf: Any) -> tuple[list[int], str]:
 
 class PendingCompile:
     """Worker processes compiling a cold first run's kernels, started before the model loads
-    (start_compiling), and this process's own share, done in ensure_kernels_compiled."""
+    (start_compiling); this process joins them in ensure_kernels_compiled, each claiming the
+    next entry no one has taken (compile_workers.py)."""
 
     def __init__(self, stamp: Path, guess: Manifest, n_workers: int,
                  kv: KVTypes = DEFAULT_KV) -> None:
-        from localllm.compile_workers import Workers, split
+        from localllm.compile_workers import Workers, by_cost
 
         self.stamp, self.guess, self.kv = stamp, guess, kv
-        self.todo = for_kv_types([e for e in guess.entries if callable_from_python(e)], kv)
-        # what the model load compiles in this process anyway stays in this process's share
-        here = [e for e in self.todo if e[:2] in _AT_LOAD]
-        shares = split([e for e in self.todo if e[:2] not in _AT_LOAD], n_workers + 1,
-                       guess.cost, first=here)
-        self.mine = shares.pop(0)
-        self.workers = Workers(shares)
+        todo = for_kv_types([e for e in guess.entries if callable_from_python(e)], kv)
+        self.todo = by_cost(todo, guess.cost)
+        # what the model load compiles in this process anyway is this process's from the start
+        self.workers = Workers(self.todo, n_workers,
+                               [i for i, e in enumerate(self.todo) if e[:2] in _AT_LOAD])
 
     def finish(self, prog: _CompileProgress) -> None:
+        from localllm.compile_workers import compile_claimed
+
         prog.expect(len(self.todo), "kernels")
         try:
-            load_kernels(self.mine)
-            prog.advance(len(self.mine))
+            load_kernels([e for e in self.todo if e[:2] in _AT_LOAD])  # loaded already
+            prog.advance(sum(1 for e in self.todo if e[:2] in _AT_LOAD))
+            n = compile_claimed(self.todo, self.workers.claims, prog.advance)
         except BaseException:
             self.workers.cancel()
             raise
-        self.workers.finish(prog.advance)
+        self.workers.finish()
+        prog.advance(len(self.todo) - n - sum(1 for e in self.todo if e[:2] in _AT_LOAD))
 
     def cancel(self) -> None:
         self.workers.cancel()

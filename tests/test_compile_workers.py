@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from localllm.compile_workers import split
+from localllm.compile_workers import Claims, by_cost
 
 # A small real kernel (~1 s to compile): row decoding of F32 weights.
 SCRIPT = r'''
@@ -59,13 +59,12 @@ def test_worker_compiled_cache_is_loaded_by_a_fresh_process(tmp_path: Path) -> N
     assert _run(tmp_path, "load", "ro") == "hits 1 misses 0"
 
 
-def test_split_balances_cost() -> None:
-    shares = split([5, 1, 1, 1, 1, 1, 4], 2, cost=float)
-    assert sorted(sum(s) for s in shares) == [7, 7]
-    assert sorted(x for s in shares for x in s) == [1, 1, 1, 1, 1, 4, 5]
-    assert split([1, 2, 3], 1) == [[1, 2, 3]]
-    pinned = split([3, 1, 1], 2, cost=float, first=[2])  # 2 stays in share 0, counted there
-    assert pinned[0][0] == 2 and sorted(sum(s) for s in pinned) == [3, 4]
+def test_claims_give_each_entry_to_one_process(tmp_path: Path) -> None:
+    """Entries are taken most expensive first, each by the first process that claims it."""
+    a, b = Claims(tmp_path / "c"), Claims(tmp_path / "c")  # two processes' views
+    assert [a.claim(0), b.claim(0), b.claim(1), a.claim(1), a.claim(2)] == [
+        True, False, True, False, True]
+    assert by_cost([1, 5, 3], cost=float) == [5, 3, 1]
 
 
 def test_shipped_kernel_lists_name_existing_kernels() -> None:
