@@ -13,6 +13,11 @@ of one by one inside it. That order is what keeps the process lean: loading cach
 the only thing that needs LLVM (~70 MB of libllvmlite's code pages), and once every kernel
 is in, those pages leave the resident set (localllm/lean.py) before the forward passes
 bring in the model's pages — the peak is the larger of the two, not their sum.
+
+The KV cache kernels are compiled per K / V storage type (kernels/cpu/kv_quant.py): a list
+recorded with one pair is retargeted to the pair a run uses (for_kv_types), and a second
+marker per pair (warm-kv-K-V.json) tells a warm cache that meets a new pair to compile
+just that pair's kernels, under the progress line.
 """
 
 from __future__ import annotations

@@ -30,8 +30,15 @@ if sys.argv[1] == "workers":
     from localllm.compile_workers import compile_in_workers
     sig = tuple(typeof(a) for a in (raw, ids, out, 0, 8, kv))
     entries = [("localllm.kernels.cpu.dequant", "_rows_f32", sig)]
-    n = compile_in_workers(entries, 1, here=False)  # all of it in the worker
-    print("merged", n, "compiled here", len(dequant._rows_f32.signatures))
+    if sys.argv[2] == "both":  # two signatures, claimed by this process and a worker
+        rw = raw.copy()
+        entries.append(("localllm.kernels.cpu.dequant", "_rows_f32",
+                        tuple(typeof(a) for a in (rw, ids, out, 0, 8, kv))))
+        compile_in_workers(entries, 1)
+        print("compiled", len(dequant._rows_f32.signatures))
+    else:
+        n = compile_in_workers(entries, 1, here=False)  # all of it in the worker
+        print("merged", n, "compiled here", len(dequant._rows_f32.signatures))
 else:
     dequant._rows_f32(raw, ids, out, 0, 8, kv)
     print("hits", sum(dequant._rows_f32.stats.cache_hits.values()),
@@ -55,6 +62,14 @@ def test_worker_compiled_cache_is_loaded_by_a_fresh_process(tmp_path: Path) -> N
     # a second signature of the same function merges into the existing index, renumbered
     _, merged, *_ = _run(tmp_path, "workers", "rw").split()
     assert int(merged) >= 1
+    assert _run(tmp_path, "load", "rw") == "hits 1 misses 0"
+    assert _run(tmp_path, "load", "ro") == "hits 1 misses 0"
+
+
+def test_this_process_and_a_worker_share_a_list(tmp_path: Path) -> None:
+    """Both claim from one list; whatever each compiled, a fresh process loads both."""
+    _, here = _run(tmp_path, "workers", "both").split()
+    assert int(here) <= 2
     assert _run(tmp_path, "load", "rw") == "hits 1 misses 0"
     assert _run(tmp_path, "load", "ro") == "hits 1 misses 0"
 
