@@ -2,9 +2,12 @@
 
 Numba compiles under one global lock per process, so the only parallelism it allows is
 processes. Given the list of compiled functions a model needs (the manifest of warmup.py:
-module, function, argument types), `compile_in_workers` splits it into shares: this process
-compiles one, each worker process another, and the workers' results are merged into the
-shared on-disk cache afterwards.
+module, function, argument types), this process and the worker processes go down the list,
+most expensive first, each compiling the next entry no one has claimed yet (a claim is a
+file created with O_EXCL in a folder they share), and the workers' results are merged into
+the shared on-disk cache afterwards. Claiming balances the processes whatever the entries
+really cost: fixed shares made from estimated costs left one process idle for seconds
+while the other still compiled (helpers compiled once per process, a busy machine).
 
 Why each worker writes to a private cache folder first: Numba's cache is not safe for
 concurrent writers. A function's index file maps signatures to numbered data files, and a
@@ -37,17 +40,39 @@ def default_workers() -> int:
     return max(0, min(3, (n or 1) - 1))
 
 
-def split(entries: Sequence[Any], n: int, cost: Callable[[Any], float] | None = None
-          ) -> list[list[Any]]:
-    """`entries` in n shares of about equal cost (longest first onto the lightest share)."""
-    shares: list[list[Any]] = [[] for _ in range(max(1, n))]
-    load = [0.0] * len(shares)
-    order = sorted(entries, key=cost, reverse=True) if cost else list(entries)
-    for e in order:
-        i = load.index(min(load))
-        shares[i].append(e)
-        load[i] += cost(e) if cost else 1.0
-    return shares
+class Claims:
+    """Entries of one list, each compiled by whichever process claims it first."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def claim(self, i: int) -> bool:
+        try:
+            os.close(os.open(self.folder / str(i), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+
+def compile_claimed(entries: Sequence[Any], claims: Claims,
+                    on_done: Callable[[int], None] | None = None) -> int:
+    """Compile (load_kernels) every entry of `entries` this process claims; returns how many."""
+    from localllm.warmup import load_kernels
+
+    n = 0
+    for i, e in enumerate(entries):
+        if claims.claim(i):
+            load_kernels([e])
+            n += 1
+            if on_done:
+                on_done(1)
+    return n
+
+
+def by_cost(entries: Sequence[Any], cost: Callable[[Any], float] | None) -> list[Any]:
+    """The entries in the order to claim them: the most expensive first."""
+    return sorted(entries, key=cost, reverse=True) if cost else list(entries)
 
 
 def _index_entries(path: Path) -> tuple[Any, Any, dict] | None:
@@ -103,48 +128,53 @@ def merge_cache(src: Path, dst: Path) -> int:
 
 
 class Workers:
-    """Worker processes compiling their shares into private caches (see the module notes)."""
+    """Worker processes compiling the entries they claim into private caches (see the
+    module notes); this process claims from the same list (compile_claimed)."""
 
-    def __init__(self, shares: list[list[Any]]) -> None:
+    def __init__(self, entries: list[Any], n_workers: int, mine: Sequence[int] = ()) -> None:
+        """entries: in the order to claim them; mine: indices this process takes (claimed
+        before any worker starts)."""
         from localllm.kernels import KERNEL_CACHE_DIR
 
+        self.entries = entries
         self.root = Path(tempfile.mkdtemp(prefix="localllm-compile-"))
-        self.procs: list[tuple[subprocess.Popen, Path, int]] = []
+        self.claims = Claims(self.root / "claims")
+        for i in mine:
+            self.claims.claim(i)
+        self.procs: list[tuple[subprocess.Popen, Path]] = []
         try:
-            for i, share in enumerate(s for s in shares if s):
-                job = self.root / f"share{i}.pkl"
-                job.write_bytes(pickle.dumps(share))
+            job = self.root / "job.pkl"
+            job.write_bytes(pickle.dumps((entries, str(self.claims.folder))))
+            for i in range(n_workers if entries else 0):
                 env = dict(os.environ, NUMBA_CACHE_DIR=str(self.root / f"cache{i}"))
                 p = subprocess.Popen(
                     [sys.executable, "-m", "localllm.compile_workers", str(job)], env=env,
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL)
-                self.procs.append((p, self.root / f"cache{i}" / Path(KERNEL_CACHE_DIR).name,
-                                   len(share)))
+                self.procs.append((p, self.root / f"cache{i}" / Path(KERNEL_CACHE_DIR).name))
         except BaseException:
             self.cancel()
             raise
 
-    def finish(self, on_share_done: Callable[[int], None] | None = None) -> int:
+    def finish(self) -> int:
         """Wait for the workers and merge their caches into this process's; returns the
-        number of overloads merged. A worker that failed only leaves its share undone."""
+        number of overloads merged. A worker that failed only leaves its entries undone
+        (the warm-up pass compiles what is missing)."""
         from localllm.kernels import KERNEL_CACHE_DIR
 
         merged = 0
         try:
-            for p, folder, n in self.procs:
+            for p, folder in self.procs:
                 p.wait()
                 if p.returncode == 0 and folder.is_dir():
                     merged += merge_cache(folder, Path(KERNEL_CACHE_DIR))
-                if on_share_done:
-                    on_share_done(n)
         finally:
             self.cancel()
         return merged
 
     def cancel(self) -> None:
         """Stop what still runs and remove the private caches."""
-        for p, _, _ in self.procs:
+        for p, _ in self.procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
@@ -154,33 +184,29 @@ class Workers:
 
 def compile_in_workers(entries: Sequence[Any], n_workers: int,
                        cost: Callable[[Any], float] | None = None,
-                       on_share_done: Callable[[int], None] | None = None,
+                       on_done: Callable[[int], None] | None = None,
                        here: bool = True) -> int:
     """Compile `entries` (warmup.py manifest entries) with this process (unless `here` is
     false) and n_workers worker processes into this process's kernel cache. Returns the
     number of overloads merged in from the workers."""
-    from localllm.warmup import load_kernels
-
-    shares = split(entries, n_workers + int(here), cost)
-    mine = shares.pop(0) if here else []
-    workers = Workers(shares)
+    workers = Workers(by_cost(entries, cost), n_workers)
     try:
-        load_kernels(mine)
-        if on_share_done:
-            on_share_done(len(mine))
+        if here:
+            compile_claimed(workers.entries, workers.claims, on_done)
     except BaseException:
         workers.cancel()
         raise
-    return workers.finish(on_share_done)
+    return workers.finish()
 
 
 def _worker(job: str) -> int:
-    """Entry of a worker process: compile one share into $NUMBA_CACHE_DIR's keyed folder."""
-    from localllm.warmup import load_kernels, skip_numba_blas_probe
+    """Entry of a worker process: compile what it claims into $NUMBA_CACHE_DIR's keyed
+    folder."""
+    from localllm.warmup import skip_numba_blas_probe
 
     skip_numba_blas_probe()
-    entries = pickle.loads(Path(job).read_bytes())  # written by our parent a moment ago
-    load_kernels(entries)
+    entries, folder = pickle.loads(Path(job).read_bytes())  # written by our parent just now
+    compile_claimed(entries, Claims(Path(folder)))
     return 0
 
 

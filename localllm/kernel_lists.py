@@ -5,18 +5,21 @@ warmup.py records this list on every machine after the first run (next to the ke
 the copy here lets the very first run compile the default model's kernels in parallel
 worker processes (compile_workers.py) instead of discovering them one by one in a forward
 pass. Keyed by "architecture [weight types]"; signatures are Numba type reprs; "seconds"
-are compile times measured on a first run (only used to balance the workers' shares).
+are compile times (CPU seconds) measured on a first run (only used to balance the workers'
+shares). The KV cache kernels are listed for f16 K and V; warmup.for_kv_types names the
+pair a run uses instead.
 A stale entry costs nothing but time: whatever the list misses, the warm-up pass compiles.
-Regenerate with `python -m localllm.warmup [MODEL]` after changing kernels.
+Regenerate with `python -m localllm.warmup [MODEL]` after changing kernels (with a fresh
+NUMBA_CACHE_DIR, and LOCALLLM_COMPILE_WORKERS=0 so that one process measures every compile).
 """
 
 KERNEL_LISTS: dict[str, dict] = {
     'gemma3 [0, 6, 8, 12, 14]': {
         "entries": [
         ('localllm.kernels.cpu.kv_quant', '_store_rows',
-         "(int64, Array(float32, 3, 'C', False, aligned=True), Array(uint8, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True))"),
+         "(Array(float32, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True))"),
         ('localllm.kernels.cpu.kv_quant', '_attention_kernel',
-         "(int64, int64, Array(float32, 3, 'C', False, aligned=True), Array(uint8, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), Array(uint8, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), int64, Array(int64, 1, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), Array(int64, 2, 'C', False, aligned=True), int64, int64, float32, float32, Array(float32, 3, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), int64, int64, int64, Array(float32, 3, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), Array(float32, 4, 'C', False, aligned=True))"),
+         "(Array(float32, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), int64, Array(int64, 1, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), Array(int64, 2, 'C', False, aligned=True), int64, int64, float32, float32, Array(float32, 3, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), int64, int64, int64, Array(float32, 3, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), Array(float32, 4, 'C', False, aligned=True))"),
         ('localllm.kernels.cpu.ops', '_rms_norm3',
          "(Array(float32, 3, 'C', False, aligned=True), Array(float32, 1, 'C', True, aligned=True), float64, Array(float32, 3, 'C', False, aligned=True), bool)"),
         ('localllm.kernels.cpu.ops', '_rope_apply',
@@ -43,6 +46,6 @@ KERNEL_LISTS: dict[str, dict] = {
         ('@kernel', 14, True),
         ('@kernel', 8, True),
         ],
-        "seconds": {'localllm.kernels.cpu.dequant:_rows_q8_0': 0.37, 'localllm.kernels.cpu.kv_quant:_attention_kernel': 9.29, 'localllm.kernels.cpu.kv_quant:_store_rows': 1.39, 'localllm.kernels.cpu.mm_driver:_mm_multi': 3.55, 'localllm.kernels.cpu.mm_driver:_mm_simd': 0.87, 'localllm.kernels.cpu.mm_driver:_rows': 3.96, 'localllm.kernels.cpu.mm_r16:_rows_r16': 2.31, 'localllm.kernels.cpu.ops:_gelu_ggml_mul': 0.08, 'localllm.kernels.cpu.ops:_gelu_ggml_mul_par': 0.50, 'localllm.kernels.cpu.ops:_rms_norm3': 0.18, 'localllm.kernels.cpu.ops:_rope_apply': 0.15, 'localllm.kernels.cpu.quant_act:quantize_q8_0': 0.70, 'localllm.kernels.cpu.quant_act:quantize_q8_k': 0.36},
+        "seconds": {'localllm.kernels.cpu.dequant:_rows_q8_0': 0.37, 'localllm.kernels.cpu.kv_quant:_attention_kernel': 6.34, 'localllm.kernels.cpu.kv_quant:_store_rows': 0.69, 'localllm.kernels.cpu.mm_driver:_mm_multi': 3.83, 'localllm.kernels.cpu.mm_driver:_mm_simd': 0.57, 'localllm.kernels.cpu.mm_driver:_rows': 4.27, 'localllm.kernels.cpu.mm_r16:_rows_r16': 2.34, 'localllm.kernels.cpu.ops:_gelu_ggml_mul': 0.08, 'localllm.kernels.cpu.ops:_gelu_ggml_mul_par': 0.37, 'localllm.kernels.cpu.ops:_rms_norm3': 0.17, 'localllm.kernels.cpu.ops:_rope_apply': 0.15, 'localllm.kernels.cpu.quant_act:quantize_q8_0': 0.71, 'localllm.kernels.cpu.quant_act:quantize_q8_k': 0.36},
     },
 }

@@ -149,8 +149,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     opts = engine_options(ns)
-    # a cold first run: workers compile the CPU kernels while the model loads
-    pending = start_compiling(path) if opts["device"] == "cpu" else None
+    # a cold first run: workers compile the CPU kernels (attention for this run's K/V
+    # types) while the model loads
+    pending = (start_compiling(path, (ns.kv_type, ns.kv_type_v or ns.kv_type))
+               if opts["device"] == "cpu" else None)
     try:
         engine = Engine(path, **opts)
     except BaseException:

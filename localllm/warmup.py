@@ -13,6 +13,11 @@ of one by one inside it. That order is what keeps the process lean: loading cach
 the only thing that needs LLVM (~70 MB of libllvmlite's code pages), and once every kernel
 is in, those pages leave the resident set (localllm/lean.py) before the forward passes
 bring in the model's pages — the peak is the larger of the two, not their sum.
+
+The KV cache kernels are compiled per K / V storage type (kernels/cpu/kv_quant.py): a list
+recorded with one pair is retargeted to the pair a run uses (for_kv_types), and a second
+marker per pair (warm-kv-K-V.json) tells a warm cache that meets a new pair to compile
+just that pair's kernels, under the progress line.
 """
 
 from __future__ import annotations
@@ -29,6 +34,38 @@ from typing import Any
 # (module, attribute, argument types) of a Numba dispatcher, or ("@kernel", qtype, variant)
 # for a row kernel built by mm_driver.kernel()
 ManifestEntry = tuple[str, Any, Any]
+
+# K / V cache types (-ctk / -ctv): the attention kernel and the stores are compiled per type
+# (kernels/cpu/kv_quant.py), so a list recorded with one pair is retargeted to the pair in use
+KVTypes = tuple[str, str]
+_KV_MODULE = "localllm.kernels.cpu.kv_quant"
+DEFAULT_KV: KVTypes = ("f16", "f16")
+
+
+def for_kv_types(entries: list[ManifestEntry], kv: KVTypes) -> list[ManifestEntry]:
+    """`entries` with the KV-type-specific kernels named for the cache types `kv` (and
+    duplicates dropped): only the pair in use is compiled."""
+    from localllm.kernels.cpu import kv_quant
+
+    out: dict[tuple, None] = {}
+    for mod, attr, sig in entries:
+        if mod == _KV_MODULE and isinstance(sig, tuple):
+            for s in kv_quant.for_kv_types(attr, sig, *kv):
+                out[(mod, attr, s)] = None
+        else:
+            out[(mod, attr, sig)] = None
+    return list(out)
+
+
+# Compiled by the model load itself (the r16 repacking), before this process's share
+_AT_LOAD = {("localllm.kernels.cpu.mm_r16", "_repack_r16")}
+
+
+def _kv_stamp(kv: KVTypes) -> Path:
+    """A marker: the kernels of this K / V type pair were compiled in this keyed folder."""
+    from localllm.kernels import KERNEL_CACHE_DIR
+
+    return Path(KERNEL_CACHE_DIR) / f"warm-kv-{kv[0]}-{kv[1]}.json"
 
 
 def _stamp(qtypes: list[int], arch: str = "") -> Path:
@@ -289,12 +326,16 @@ class _CompileProgress:
             self.nested -= self._top
             self._depth += 1
             if self._depth == 1:
-                self._t0 = time.perf_counter()
-                self._update(f"{key[0].rsplit('.', 1)[-1]}.{key[1]}")
+                self._t0 = time.process_time()
+                label = getattr(sys.modules.get(key[0]), "compile_label", None)
+                name = label(key[1], entry[2]) if label is not None else None
+                self._update(name or f"{key[0].rsplit('.', 1)[-1]}.{key[1]}")
         else:
             self._depth -= 1
             if self._depth == 0:
-                self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - self._t0
+                # CPU seconds of this process: the same on a busy machine, where the
+                # workers' compiles run beside it
+                self.seconds[key] = self.seconds.get(key, 0.0) + time.process_time() - self._t0
 
 
 def _model_kind(gf: Any) -> tuple[list[int], str]:
@@ -305,26 +346,33 @@ def _model_kind(gf: Any) -> tuple[list[int], str]:
 
 class PendingCompile:
     """Worker processes compiling a cold first run's kernels, started before the model loads
-    (start_compiling), and this process's own share, done in ensure_kernels_compiled."""
+    (start_compiling); this process joins them in ensure_kernels_compiled, each claiming the
+    next entry no one has taken (compile_workers.py)."""
 
-    def __init__(self, stamp: Path, guess: Manifest, n_workers: int) -> None:
-        from localllm.compile_workers import Workers, split
+    def __init__(self, stamp: Path, guess: Manifest, n_workers: int,
+                 kv: KVTypes = DEFAULT_KV) -> None:
+        from localllm.compile_workers import Workers, by_cost
 
-        self.stamp, self.guess = stamp, guess
-        self.todo = [e for e in guess.entries if callable_from_python(e)]
-        shares = split(self.todo, n_workers + 1, guess.cost)
-        self.mine = shares.pop(0)
-        self.workers = Workers(shares)
+        self.stamp, self.guess, self.kv = stamp, guess, kv
+        todo = for_kv_types([e for e in guess.entries if callable_from_python(e)], kv)
+        self.todo = by_cost(todo, guess.cost)
+        # what the model load compiles in this process anyway is this process's from the start
+        self.workers = Workers(self.todo, n_workers,
+                               [i for i, e in enumerate(self.todo) if e[:2] in _AT_LOAD])
 
     def finish(self, prog: _CompileProgress) -> None:
+        from localllm.compile_workers import compile_claimed
+
         prog.expect(len(self.todo), "kernels")
         try:
-            load_kernels(self.mine)
-            prog.advance(len(self.mine))
+            load_kernels([e for e in self.todo if e[:2] in _AT_LOAD])  # loaded already
+            prog.advance(sum(1 for e in self.todo if e[:2] in _AT_LOAD))
+            n = compile_claimed(self.todo, self.workers.claims, prog.advance)
         except BaseException:
             self.workers.cancel()
             raise
-        self.workers.finish(prog.advance)
+        self.workers.finish()
+        prog.advance(len(self.todo) - n - sum(1 for e in self.todo if e[:2] in _AT_LOAD))
 
     def cancel(self) -> None:
         self.workers.cancel()
@@ -337,11 +385,12 @@ def _guess(manifest: Path, arch: str, qtypes: list[int]) -> Manifest | None:
             or shipped_manifest(arch, qtypes))
 
 
-def start_compiling(model_path: str | os.PathLike) -> PendingCompile | None:
+def start_compiling(model_path: str | os.PathLike,
+                    kv: KVTypes = DEFAULT_KV) -> PendingCompile | None:
     """On a cold first run, start the compile workers now, while this process loads the
-    model (~1-2 s earlier than ensure_kernels_compiled could). None when there is nothing to
-    start: kernels cached, no list of them, no spare core, or a file that does not read (the
-    model load then says why)."""
+    model (~1-2 s earlier than ensure_kernels_compiled could). kv: the K / V cache types the
+    engine will use. None when there is nothing to start: kernels cached, no list of them, no
+    spare core, or a file that does not read (the model load then says why)."""
     from localllm.compile_workers import default_workers
     from localllm.formats import read_gguf
     from localllm.kernels import KERNEL_CACHE_DIR
@@ -361,7 +410,7 @@ def start_compiling(model_path: str | os.PathLike) -> PendingCompile | None:
     if stamp.exists():
         return None
     guess = _guess(_manifest_path(stamp), arch, qtypes)
-    return None if guess is None else PendingCompile(stamp, guess, n_workers)
+    return None if guess is None else PendingCompile(stamp, guess, n_workers, kv)
 
 
 def ensure_kernels_compiled(engine, progress: bool = True,
@@ -376,15 +425,22 @@ def ensure_kernels_compiled(engine, progress: bool = True,
         engine.warmup()  # CuPy compiles the .cu modules (NVRTC, cached on disk) at first use
         return False
     qtypes, arch = _model_kind(engine.gf)
+    kv = (engine.kv.k_type, engine.kv.v_type)
     stamp = _stamp(qtypes, arch)
     manifest = _manifest_path(stamp)
     cold = not stamp.exists()
-    if pending is not None and (not cold or pending.stamp != stamp):
+    if pending is not None and (not cold or pending.stamp != stamp or pending.kv != kv):
         pending.cancel()  # started for another model, or another process finished first
         pending = None
     known = _read_manifest(manifest)
     if not cold and known is not None:
-        load_kernels([e for e in known.entries if callable_from_python(e)])
+        todo = for_kv_types([e for e in known.entries if callable_from_python(e)], kv)
+        if _kv_stamp(kv).exists():
+            load_kernels(todo)
+        else:  # compiled for another cache type: this pair's kernels compile now, shown
+            with _CompileProgress(progress):
+                load_kernels(todo)
+            _kv_stamp(kv).write_text("{}")
     elif not cold:  # a stamp from before manifests: one warm-up pass records it
         engine.warmup()
         _write_manifest(manifest, Manifest(used_kernels()))
@@ -393,7 +449,8 @@ def ensure_kernels_compiled(engine, progress: bool = True,
         # one, the warm-up pass finds it out
         if pending is None and default_workers() > 0:
             guess = _guess(manifest, arch, qtypes)
-            pending = None if guess is None else PendingCompile(stamp, guess, default_workers())
+            pending = (None if guess is None
+                       else PendingCompile(stamp, guess, default_workers(), kv))
         with _CompileProgress(progress) as prog:
             if pending is not None:
                 pending.finish(prog)
@@ -402,6 +459,7 @@ def ensure_kernels_compiled(engine, progress: bool = True,
         seconds.update(prog.seconds)
         _write_manifest(manifest, Manifest(used_kernels(prog.nested), seconds))
         stamp.write_text(json.dumps({"qtypes": sorted(set(qtypes)), "arch": arch}))
+        _kv_stamp(kv).write_text("{}")
     lean.release_free_heap()
     lean.page_out_jit_code()
     return cold

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from localllm.compile_workers import split
+from localllm.compile_workers import Claims, by_cost
 
 # A small real kernel (~1 s to compile): row decoding of F32 weights.
 SCRIPT = r'''
@@ -30,8 +30,15 @@ if sys.argv[1] == "workers":
     from localllm.compile_workers import compile_in_workers
     sig = tuple(typeof(a) for a in (raw, ids, out, 0, 8, kv))
     entries = [("localllm.kernels.cpu.dequant", "_rows_f32", sig)]
-    n = compile_in_workers(entries, 1, here=False)  # all of it in the worker
-    print("merged", n, "compiled here", len(dequant._rows_f32.signatures))
+    if sys.argv[2] == "both":  # two signatures, claimed by this process and a worker
+        rw = raw.copy()
+        entries.append(("localllm.kernels.cpu.dequant", "_rows_f32",
+                        tuple(typeof(a) for a in (rw, ids, out, 0, 8, kv))))
+        compile_in_workers(entries, 1)
+        print("compiled", len(dequant._rows_f32.signatures))
+    else:
+        n = compile_in_workers(entries, 1, here=False)  # all of it in the worker
+        print("merged", n, "compiled here", len(dequant._rows_f32.signatures))
 else:
     dequant._rows_f32(raw, ids, out, 0, 8, kv)
     print("hits", sum(dequant._rows_f32.stats.cache_hits.values()),
@@ -59,11 +66,20 @@ def test_worker_compiled_cache_is_loaded_by_a_fresh_process(tmp_path: Path) -> N
     assert _run(tmp_path, "load", "ro") == "hits 1 misses 0"
 
 
-def test_split_balances_cost() -> None:
-    shares = split([5, 1, 1, 1, 1, 1, 4], 2, cost=float)
-    assert sorted(sum(s) for s in shares) == [7, 7]
-    assert sorted(x for s in shares for x in s) == [1, 1, 1, 1, 1, 4, 5]
-    assert split([1, 2, 3], 1) == [[1, 2, 3]]
+def test_this_process_and_a_worker_share_a_list(tmp_path: Path) -> None:
+    """Both claim from one list; whatever each compiled, a fresh process loads both."""
+    _, here = _run(tmp_path, "workers", "both").split()
+    assert int(here) <= 2
+    assert _run(tmp_path, "load", "rw") == "hits 1 misses 0"
+    assert _run(tmp_path, "load", "ro") == "hits 1 misses 0"
+
+
+def test_claims_give_each_entry_to_one_process(tmp_path: Path) -> None:
+    """Entries are taken most expensive first, each by the first process that claims it."""
+    a, b = Claims(tmp_path / "c"), Claims(tmp_path / "c")  # two processes' views
+    assert [a.claim(0), b.claim(0), b.claim(1), a.claim(1), a.claim(2)] == [
+        True, False, True, False, True]
+    assert by_cost([1, 5, 3], cost=float) == [5, 3, 1]
 
 
 def test_shipped_kernel_lists_name_existing_kernels() -> None:
@@ -88,3 +104,26 @@ def test_shipped_kernel_lists_name_existing_kernels() -> None:
             else:
                 fn = getattr(importlib.import_module(mod), attr)
                 assert isinstance(fn, Dispatcher) and isinstance(sig, tuple), (mod, attr)
+
+
+def test_kernel_lists_follow_the_kv_cache_types() -> None:
+    """The attention kernel and the stores are compiled per K / V cache type: a list recorded
+    with one pair names the pair in use instead (and only it), everything else unchanged."""
+    from numba.core import types
+
+    from localllm.kernel_lists import KERNEL_LISTS
+    from localllm.warmup import DEFAULT_KV, for_kv_types, shipped_manifest
+
+    key = next(iter(KERNEL_LISTS))
+    arch, qtypes = key.split(" ", 1)
+    m = shipped_manifest(arch, [int(q) for q in qtypes.strip("[]").split(",")])
+    assert m is not None
+    assert for_kv_types(m.entries, DEFAULT_KV) == m.entries  # recorded with the default pair
+    got = for_kv_types(m.entries, ("q8_0", "q4_0"))
+    kv = [(attr, sig) for mod, attr, sig in got if mod.endswith("kv_quant")]
+    attn = [sig for attr, sig in kv if attr == "_attention_kernel"]
+    stores = sorted(str(sig[1].dtype) for attr, sig in kv if attr == "_store_rows")
+    assert len(attn) == 1 and (attn[0][1].dtype, attn[0][2].dtype) == (types.uint8, types.int8)
+    assert stores == ["int8", "uint8"]  # q4_0's bytes reach the kernels as int8
+    rest = [e for e in got if not e[0].endswith("kv_quant")]
+    assert rest == [e for e in m.entries if not e[0].endswith("kv_quant")]

@@ -44,7 +44,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange
 from numba.core import cgutils, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from localllm.kernels.cpu import poison
 from localllm.kernels.cpu.halfbits import f32_to_f16_bits as _f2h
@@ -75,13 +75,16 @@ KV_TYPES: tuple[str, ...] = ("f32", "f16", "q8_0", "q4_0")
 #: accept it, which is why the kernel also skips it explicitly.
 EMPTY_POS: int = -(1 << 40)
 
-# Kind codes passed to the kernels. One compiled kernel serves every K/V type pair (the row
-# decoder branches on the code, a perfectly predicted branch per row) instead of 16 compiled
-# kernels: a fresh machine compiles it once (~10 s), then it loads from Numba's cache.
+# Kinds. The kernels tell them apart by the dtype of the storage array they are given (the
+# kernel dtype: q4_0's bytes viewed as int8, so that it differs from q8_0's uint8): Numba then
+# compiles one specialisation per K/V pair, with the row codecs of that pair only, and a model
+# compiles just the pair it uses. (One kernel that branched on a kind code at run time held
+# all 16 pairs' decoders.)
 _F32, _F16, _Q8_0, _Q4_0 = 0, 1, 2, 3
 _KIND = {"f32": _F32, "f16": _F16, "q8_0": _Q8_0, "q4_0": _Q4_0}
 _DTYPE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.uint16),
           "q8_0": np.dtype(np.uint8), "q4_0": np.dtype(np.uint8)}
+_KERNEL_DTYPE = {**_DTYPE, "q4_0": np.dtype(np.int8)}
 _QK = 32  # elements per q8_0 / q4_0 block
 _BLOCK_BYTES = {"q8_0": 2 + 32, "q4_0": 2 + 16}
 
@@ -213,8 +216,9 @@ def _dq8_0_block(typingctx, src, off, d, dst, doff):
 @intrinsic
 def _dq4_0_block(typingctx, src, off, d, dst, doff):
     """dst[doff:doff+32] = (nibble - 8) * d for the 16 bytes of a q4_0 block at src[off:]
-    (low nibbles are elements 0..15, high nibbles 16..31)."""
-    if not (_is_array(src, types.uint8) and _is_array(dst, types.float32)):
+    (low nibbles are elements 0..15, high nibbles 16..31; src: the bytes as uint8 or int8)."""
+    if not ((_is_array(src, types.uint8) or _is_array(src, types.int8))
+            and _is_array(dst, types.float32)):
         return None
 
     def codegen(context, builder, sig, args):
@@ -283,10 +287,10 @@ def _h2f(h) -> np.float32:
 
 
 # --------------------------------------------------------------------------------------------
-# Row codecs: head h of entry t of a storage array.  The storage is passed as three typed
-# arrays, s8 [.., .., bytes] uint8, s16 [.., .., Dh] uint16 and s32 [.., .., Dh] float32, of
-# which only the one of `kind` is real (the others are 1x1x1 dummies): one compiled kernel then
-# serves every type, without a per-row array view (a function call in Numba).
+# Row codecs: head h of entry t of a storage array s [.., Hkv, W]. The kernels take the storage
+# as the array of its kind's kernel dtype (_KERNEL_DTYPE: q4_0 bytes viewed as int8), and
+# _encode_row / _decode_row pick the codec of that dtype while Numba types the caller: each
+# compiled kernel (one per dtype, or pair of dtypes) holds its own kinds' codecs only.
 # --------------------------------------------------------------------------------------------
 
 
@@ -306,98 +310,166 @@ def _roundf(v: float) -> float:
     return -r if v < 0 else r
 
 
-@njit(cache=True)
-def _encode(kind: int, x, s8, s16, s32, t: int, h: int) -> None:
-    """Store x [D] float32 as row (t, h), with ggml's reference quantization.
+# The encoders store x [D] float32 as row (t, h), with ggml's reference quantization. Not
+# fastmath: `x * inv + 8.5` must stay two float32 roundings (no FMA) to match ggml.
 
-    Not fastmath: `x * inv + 8.5` must stay two float32 roundings (no FMA) to match ggml.
-    """
-    n = x.shape[0]
-    if kind == _F32:
-        for j in range(n):
-            s32[t, h, j] = x[j]
-    elif kind == _F16:
-        for j in range(n):
-            s16[t, h, j] = _f2h(x[j])
-    elif kind == _Q8_0:
-        for b in range(n // _QK):
-            xo = b * _QK
-            o = b * 34
-            amax = np.float32(0.0)
-            for j in range(_QK):
-                amax = max(amax, abs(x[xo + j]))
-            d = amax / np.float32(127.0)
-            inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
-            _put_scale(s8, t, h, o, d)  # stored rounded to fp16; the quants use the exact 1/d
-            for j in range(_QK):
-                qv = np.int64(_roundf(x[xo + j] * inv))  # float32 product, as ggml
-                s8[t, h, o + 2 + j] = np.uint8(qv & 0xFF)  # two's complement int8
-    else:  # _Q4_0
-        for b in range(n // _QK):
-            xo = b * _QK
-            o = b * 18
-            amax = np.float32(0.0)
-            vmax = np.float32(0.0)  # the signed value of largest magnitude (first one wins)
-            for j in range(_QK):
-                v = x[xo + j]
-                if amax < abs(v):
-                    amax = abs(v)
-                    vmax = v
-            d = vmax / np.float32(-8.0)
-            inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
-            _put_scale(s8, t, h, o, d)
-            for j in range(16):
-                # ggml: MIN(15, (int8_t)(x * id + 8.5f)), the float32 sum truncated
-                v0 = min(15, int(x[xo + j] * inv + np.float32(8.5)))
-                v1 = min(15, int(x[xo + 16 + j] * inv + np.float32(8.5)))
-                s8[t, h, o + 2 + j] = np.uint8(v0 | (v1 << 4))
+
+@njit(cache=True)
+def _encode_f32(x, s32, t: int, h: int) -> None:
+    for j in range(x.shape[0]):
+        s32[t, h, j] = x[j]
+
+
+@njit(cache=True)
+def _encode_f16(x, s16, t: int, h: int) -> None:
+    for j in range(x.shape[0]):
+        s16[t, h, j] = _f2h(x[j])
+
+
+@njit(cache=True)
+def _encode_q8_0(x, s8, t: int, h: int) -> None:
+    for b in range(x.shape[0] // _QK):
+        xo = b * _QK
+        o = b * 34
+        amax = np.float32(0.0)
+        for j in range(_QK):
+            amax = max(amax, abs(x[xo + j]))
+        d = amax / np.float32(127.0)
+        inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
+        _put_scale(s8, t, h, o, d)  # stored rounded to fp16; the quants use the exact 1/d
+        for j in range(_QK):
+            qv = np.int64(_roundf(x[xo + j] * inv))  # float32 product, as ggml
+            s8[t, h, o + 2 + j] = np.uint8(qv & 0xFF)  # two's complement int8
+
+
+@njit(cache=True)
+def _encode_q4_0(x, s8, t: int, h: int) -> None:
+    for b in range(x.shape[0] // _QK):
+        xo = b * _QK
+        o = b * 18
+        amax = np.float32(0.0)
+        vmax = np.float32(0.0)  # the signed value of largest magnitude (first one wins)
+        for j in range(_QK):
+            v = x[xo + j]
+            if amax < abs(v):
+                amax = abs(v)
+                vmax = v
+        d = vmax / np.float32(-8.0)
+        inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
+        _put_scale(s8, t, h, o, d)
+        for j in range(16):
+            # ggml: MIN(15, (int8_t)(x * id + 8.5f)), the float32 sum truncated
+            v0 = min(15, int(x[xo + j] * inv + np.float32(8.5)))
+            v1 = min(15, int(x[xo + 16 + j] * inv + np.float32(8.5)))
+            s8[t, h, o + 2 + j] = np.uint8(v0 | (v1 << 4))
+
+
+# The decoders write row (t, h) to dst[drow, :] (dst: [.., D] float32), the products
+# gguf.quants takes. Inlined into the kernels and written without array slices: a slice is a
+# new array object whose reference count costs two atomic operations, more than decoding a
+# block.
 
 
 @njit(cache=True, inline="always")
-def _decode(kind: int, s8, s16, s32, t: int, h: int, dst, drow: int) -> None:
-    """Row (t, h) -> dst[drow, :] (dst: [.., D] float32), the products gguf.quants takes.
+def _decode_f32(s32, t: int, h: int, dst, drow: int) -> None:
+    for j in range(dst.shape[1]):
+        dst[drow, j] = s32[t, h, j]
 
-    Inlined into the kernel and written without array slices: a slice is a new array object
-    whose reference count costs two atomic operations, more than decoding a block.
-    """
+
+@njit(cache=True, inline="always")
+def _decode_f16(s16, t: int, h: int, dst, drow: int) -> None:
     n = dst.shape[1]
     d0 = drow * n  # element offset of dst[drow, 0]
+    n16 = n // 16 * 16
+    base = (t * s16.shape[1] + h) * s16.shape[2] * 2  # byte offset of s16[t, h, 0]
+    for j in range(0, n16, 16):
+        _dhalf16(s16, base + 2 * j, dst, d0 + j)
+    for j in range(n16, n):
+        dst[drow, j] = _h2f(s16[t, h, j])
+
+
+@njit(cache=True, inline="always")
+def _decode_q8_0(s8, t: int, h: int, dst, drow: int) -> None:
+    d0 = drow * dst.shape[1]
+    base = (t * s8.shape[1] + h) * s8.shape[2]
+    for b in range(dst.shape[1] // _QK):
+        o = b * 34
+        d = _h2f(np.uint32(s8[t, h, o]) | (np.uint32(s8[t, h, o + 1]) << np.uint32(8)))
+        _dq8_0_block(s8, base + o + 2, d, dst, d0 + b * _QK)
+
+
+@njit(cache=True, inline="always")
+def _decode_q4_0(s8, t: int, h: int, dst, drow: int) -> None:
+    """s8: the q4_0 bytes as int8 (the kind's dtype); uint8 casts keep the scale's bits."""
+    d0 = drow * dst.shape[1]
+    base = (t * s8.shape[1] + h) * s8.shape[2]
+    for b in range(dst.shape[1] // _QK):
+        o = b * 18
+        d = _h2f(np.uint32(np.uint8(s8[t, h, o]))
+                 | (np.uint32(np.uint8(s8[t, h, o + 1])) << np.uint32(8)))
+        _dq4_0_block(s8, base + o + 2, d, dst, d0 + b * _QK)
+
+
+def _encode_row(x, s, t, h) -> None:
+    """x [D] float32 -> row (t, h) of storage s, by s's kernel dtype (compiled code only)."""
+    raise NotImplementedError
+
+
+def _decode_row(s, t, h, dst, drow) -> None:
+    """Row (t, h) of storage s -> dst[drow, :], by s's kernel dtype (compiled code only)."""
+    raise NotImplementedError
+
+
+def _kind_of(s) -> int:
+    """The storage kind of a kernel storage array type (_KERNEL_DTYPE's inverse)."""
+    if not isinstance(s, types.Array):
+        return -1
+    return {types.float32: _F32, types.uint16: _F16, types.uint8: _Q8_0,
+            types.int8: _Q4_0}.get(s.dtype, -1)
+
+
+@overload(_encode_row)
+def _ov_encode_row(x, s, t, h):
+    kind = _kind_of(s)
     if kind == _F32:
-        for j in range(n):
-            dst[drow, j] = s32[t, h, j]
-    elif kind == _F16:
-        n16 = n // 16 * 16
-        base = (t * s16.shape[1] + h) * s16.shape[2] * 2  # byte offset of s16[t, h, 0]
-        for j in range(0, n16, 16):
-            _dhalf16(s16, base + 2 * j, dst, d0 + j)
-        for j in range(n16, n):
-            dst[drow, j] = _h2f(s16[t, h, j])
-    else:
-        bb = 34 if kind == _Q8_0 else 18
-        base = (t * s8.shape[1] + h) * s8.shape[2]
-        for b in range(n // _QK):
-            o = b * bb
-            d = _h2f(np.uint32(s8[t, h, o]) | (np.uint32(s8[t, h, o + 1]) << np.uint32(8)))
-            if kind == _Q8_0:
-                _dq8_0_block(s8, base + o + 2, d, dst, d0 + b * _QK)
-            else:
-                _dq4_0_block(s8, base + o + 2, d, dst, d0 + b * _QK)
+        return lambda x, s, t, h: _encode_f32(x, s, t, h)
+    if kind == _F16:
+        return lambda x, s, t, h: _encode_f16(x, s, t, h)
+    if kind == _Q8_0:
+        return lambda x, s, t, h: _encode_q8_0(x, s, t, h)
+    if kind == _Q4_0:
+        return lambda x, s, t, h: _encode_q4_0(x, s, t, h)
+    return None
+
+
+@overload(_decode_row, inline="always")
+def _ov_decode_row(s, t, h, dst, drow):
+    kind = _kind_of(s)
+    if kind == _F32:
+        return lambda s, t, h, dst, drow: _decode_f32(s, t, h, dst, drow)
+    if kind == _F16:
+        return lambda s, t, h, dst, drow: _decode_f16(s, t, h, dst, drow)
+    if kind == _Q8_0:
+        return lambda s, t, h, dst, drow: _decode_q8_0(s, t, h, dst, drow)
+    if kind == _Q4_0:
+        return lambda s, t, h, dst, drow: _decode_q4_0(s, t, h, dst, drow)
+    return None
 
 
 @njit(cache=True)
-def _store_rows(kind: int, src, s8, s16, s32, idx) -> None:
-    """src [n, Hkv, D] float32 -> entries idx [n] of the storage."""
+def _store_rows(src, s, idx) -> None:
+    """src [n, Hkv, D] float32 -> entries idx [n] of the storage s (kernel dtype)."""
     for i in range(src.shape[0]):
         for h in range(src.shape[1]):
-            _encode(kind, src[i, h], s8, s16, s32, idx[i], h)
+            _encode_row(src[i, h], s, idx[i], h)
 
 
 @njit(cache=True)
-def _load_rows(kind: int, s8, s16, s32, rows, out) -> None:
-    """Entries rows [n] of the storage -> out [n, Hkv, D] float32."""
+def _load_rows(s, rows, out) -> None:
+    """Entries rows [n] of the storage s (kernel dtype) -> out [n, Hkv, D] float32."""
     for i in range(rows.shape[0]):
         for h in range(out.shape[1]):
-            _decode(kind, s8, s16, s32, rows[i], h, out[i], h)
+            _decode_row(s, rows[i], h, out[i], h)
 
 
 # --------------------------------------------------------------------------------------------
@@ -430,12 +502,239 @@ def _expf(x: np.float32) -> np.float32:
     return y * two_n if x > np.float32(-87.0) else np.float32(0.0)
 
 
+# strict IEEE (see the note above the constants); numpy's error model, as a parallel loop's body
+# has: an empty cache's zero block size must not raise inside a worker thread
+@njit(cache=True, error_model="numpy")
+def _attention_item(
+    it: int,  # the work item: (tile, kv head, chunk)
+    q,         # [N, Hq, Dh] float32
+    ks,        # K storage [E, Hkv, Wk] in its kind's kernel dtype (_KERNEL_DTYPE)
+    vs,        # V storage [E, Hkv, Wv], likewise
+    n_hkv: int,
+    q_pos,     # [N] int64
+    row_slot,  # [N] int64: the sequence whose keys row i reads
+    kv_pos,    # [E] int64: the position each storage entry holds (EMPTY_POS: none)
+    table,     # [S, NB] int64: sequence s's logical block i is storage block table[s, i] (<0: none)
+    blk: int,  # entries per block: position p of s at entry table[s, p // blk] * blk + p % blk
+    window: int, scale: np.float32, softcap: np.float32,
+    out,       # [N, Hq, Dv] float32
+    tiles,     # [n_tiles + 1] int64: row bounds of the tiles (one slot per tile)
+    rows_per_tile: int, c_lo: int, n_chunks: int,
+    part_m,    # [n_chunks, N, Hq] float32
+    part_l,    # [n_chunks, N, Hq] float32
+    part_acc,  # [n_chunks, N, Hq, Dv] float32
+) -> None:
+    """Work item `it` of _attention_kernel: one tile of rows, one kv head, one chunk of keys."""
+    n_rows, n_hq, dh = q.shape
+    dv = out.shape[2]
+    g = n_hq // n_hkv
+    rt = rows_per_tile
+    n_tiles = tiles.shape[0] - 1
+    rg = rt * g
+    bk = _KEY_BLOCK
+    dh8 = dh - dh % 8  # the part of a head done in 8-lane vectors
+    dv8 = dv - dv % 8
+    neg_inf = np.float32(-np.inf)
+    c = it % n_chunks
+    rest = it // n_chunks
+    hk = rest % n_hkv
+    z = rest // n_hkv
+    # Zig-zag tile order: with a causal mask late rows see more keys; pairing first and
+    # last tiles evens out the contiguous blocks of items prange gives each thread.
+    tile = z // 2 if z % 2 == 0 else n_tiles - 1 - z // 2
+    r0 = tiles[tile]
+    nr = tiles[tile + 1] - r0
+    srow = row_slot[r0]  # the tile's sequence: its block table row
+    n_tb = table.shape[1]
+    whole = blk % bk == 0  # a key block never straddles two storage blocks
+    ni = nr * g  # (row, head) pairs of this item: i = r * g + head-in-group
+    m = np.full(rg, neg_inf, dtype=np.float32)  # running max logit
+    den = np.zeros(rg, dtype=np.float32)  # running sum of exp(logit - m)
+    acc = np.zeros((rg, dv), dtype=np.float32)  # running sum of exp(logit - m) * v
+    # the positions this tile can see inside the chunk
+    p_lo = (c_lo + c) * _CHUNK
+    p_hi = p_lo + _CHUNK
+    q_min = q_pos[r0]
+    q_max = q_pos[r0]
+    for r in range(1, nr):
+        q_min = min(q_min, q_pos[r0 + r])
+        q_max = max(q_max, q_pos[r0 + r])
+    v_lo = max(p_lo, q_min - window + 1) if window > 0 else p_lo
+    v_hi = min(p_hi, q_max + 1)
+    if v_lo < v_hi:
+        sc = np.empty((rg, bk), dtype=np.float32)  # logits of a key block (-inf: masked)
+        pr = np.empty((rg, bk), dtype=np.float32)  # their exp(logit - m)
+        vis = np.empty((rt, bk), dtype=np.bool_)
+        kvis = np.empty(bk, dtype=np.bool_)  # visible to some row of the tile
+        ent = np.empty(bk, dtype=np.int64)  # storage entry of each lane
+        kb = np.empty((bk, dh), dtype=np.float32)  # decoded key rows of the block
+        vb = np.empty((bk, dv), dtype=np.float32)  # decoded value rows of the block
+        for b0 in range(v_lo // bk * bk, v_hi, bk):
+            any_key = False
+            # the storage block of the whole key block, when blocks are whole key
+            # blocks (one table lookup per 32 keys); -2: look up lane by lane
+            t0 = -2
+            if whole:
+                t0 = -1
+                lb = b0 // blk
+                if lb < n_tb:
+                    pb = table[srow, lb]
+                    if pb >= 0:
+                        t0 = pb * blk + (b0 - lb * blk)
+            for j in range(bk):
+                p = b0 + j
+                # where position p lives: a lookup in the block table; the lane (and
+                # so the arithmetic) stays p % _KEY_BLOCK wherever that is
+                t = 0
+                present = False
+                if t0 >= 0:
+                    t = t0 + j
+                    present = kv_pos[t] == p
+                elif t0 == -2:
+                    lb = p // blk
+                    if lb < n_tb:
+                        pb = table[srow, lb]
+                        if pb >= 0:
+                            t = pb * blk + (p - lb * blk)
+                            present = kv_pos[t] == p
+                ent[j] = t
+                seen = False
+                for r in range(nr):
+                    qp = q_pos[r0 + r]
+                    ok = present and p <= qp and (window <= 0 or qp - p < window)
+                    vis[r, j] = ok
+                    seen = seen or ok
+                kvis[j] = seen
+                any_key = any_key or seen
+            if not any_key:
+                continue
+            # logits: the block's key rows decoded once (zeros for masked rows), then four
+            # keys per pass over a query row (q loaded once for four dot products)
+            for j in range(bk):
+                if kvis[j]:
+                    _decode_row(ks, ent[j], hk, kb, j)
+                else:
+                    for e in range(dh):
+                        kb[j, e] = np.float32(0.0)
+            for i in range(ni):
+                r = i // g
+                rq = r0 + r
+                hq = hk * g + (i - r * g)
+                qo = (rq * n_hq + hq) * dh * 4  # byte offset of the query row
+                for j in range(0, bk, 4):
+                    a0 = zerof()
+                    a1 = zerof()
+                    a2 = zerof()
+                    a3 = zerof()
+                    ko = j * dh * 4
+                    for e in range(0, dh8, 8):
+                        qv = ld_f32x8(q, qo + e * 4)
+                        a0 = fma_f(a0, qv, ld_f32x8(kb, ko + e * 4))
+                        a1 = fma_f(a1, qv, ld_f32x8(kb, ko + (dh + e) * 4))
+                        a2 = fma_f(a2, qv, ld_f32x8(kb, ko + (2 * dh + e) * 4))
+                        a3 = fma_f(a3, qv, ld_f32x8(kb, ko + (3 * dh + e) * 4))
+                    s0 = hsumf(a0)
+                    s1 = hsumf(a1)
+                    s2 = hsumf(a2)
+                    s3 = hsumf(a3)
+                    for e in range(dh8, dh):  # head sizes that are not a multiple of 8
+                        qe = q[rq, hq, e]
+                        s0 = _fmaf(qe, kb[j, e], s0)
+                        s1 = _fmaf(qe, kb[j + 1, e], s1)
+                        s2 = _fmaf(qe, kb[j + 2, e], s2)
+                        s3 = _fmaf(qe, kb[j + 3, e], s3)
+                    sc[i, j] = s0
+                    sc[i, j + 1] = s1
+                    sc[i, j + 2] = s2
+                    sc[i, j + 3] = s3
+                for j in range(bk):
+                    if vis[r, j]:
+                        s = sc[i, j] * scale
+                        if softcap > np.float32(0.0):
+                            s = softcap * np.float32(math.tanh(s / softcap))
+                        sc[i, j] = s
+                    else:
+                        sc[i, j] = neg_inf
+            # streaming softmax: one rescale per block when the max grows
+            for i in range(ni):
+                bmax = neg_inf
+                for j in range(bk):
+                    bmax = max(bmax, sc[i, j])
+                if bmax == neg_inf:  # nothing visible to this row in the block
+                    for j in range(bk):
+                        pr[i, j] = np.float32(0.0)
+                    continue
+                if bmax > m[i]:
+                    alpha = _expf(m[i] - bmax)  # 0 while m is -inf
+                    den[i] *= alpha
+                    for e in range(dv):
+                        acc[i, e] *= alpha
+                    m[i] = bmax
+                mi = m[i]
+                for j in range(bk):
+                    pr[i, j] = _expf(sc[i, j] - mi)  # exactly 0 where masked (-inf)
+                po = i * bk * 4  # the block's 32 weights summed in one fixed tree
+                t01 = _addf(ld_f32x8(pr, po), ld_f32x8(pr, po + 32))
+                t23 = _addf(ld_f32x8(pr, po + 64), ld_f32x8(pr, po + 96))
+                den[i] += hsumf(_addf(t01, t23))
+            # values: the block's visible rows decoded into vb (zeros elsewhere: an empty
+            # or masked entry may hold anything, and 0 * nan is nan)
+            for j in range(bk):
+                if kvis[j]:
+                    _decode_row(vs, ent[j], hk, vb, j)
+                else:
+                    for e in range(dv):
+                        vb[j, e] = np.float32(0.0)
+            # acc += p @ vb, four keys per pass over an accumulator row (a quarter of the
+            # load/store traffic of one axpy per key)
+            for i in range(ni):
+                for j in range(0, bk, 4):
+                    w0 = pr[i, j]
+                    w1 = pr[i, j + 1]
+                    w2 = pr[i, j + 2]
+                    w3 = pr[i, j + 3]
+                    if (w0 == np.float32(0.0) and w1 == np.float32(0.0)
+                            and w2 == np.float32(0.0) and w3 == np.float32(0.0)):
+                        continue
+                    v0 = splatf(w0)
+                    v1 = splatf(w1)
+                    v2 = splatf(w2)
+                    v3 = splatf(w3)
+                    ao = i * dv * 4
+                    vo = j * dv * 4
+                    for e in range(0, dv8, 8):
+                        t = fma_f(mulf(v0, ld_f32x8(vb, vo + e * 4)), v1,
+                                  ld_f32x8(vb, vo + (dv + e) * 4))
+                        u = fma_f(mulf(v2, ld_f32x8(vb, vo + (2 * dv + e) * 4)), v3,
+                                  ld_f32x8(vb, vo + (3 * dv + e) * 4))
+                        _st_f32x8(acc, ao + e * 4,
+                                  _addf(ld_f32x8(acc, ao + e * 4), _addf(t, u)))
+                    for e in range(dv8, dv):  # the same arithmetic, one lane at a time
+                        t1 = _fmaf(w1, vb[j + 1, e], w0 * vb[j, e])
+                        u1 = _fmaf(w3, vb[j + 3, e], w2 * vb[j + 2, e])
+                        acc[i, e] = acc[i, e] + (t1 + u1)
+    for i in range(ni):
+        r = r0 + i // g
+        h = hk * g + i % g
+        if n_chunks == 1:
+            # the merge below with one chunk: exp(0) = 1 and 0 + acc * 1 = acc exactly,
+            # so writing acc / den here gives its bits without a second parallel region
+            inv = np.float32(1.0) / den[i] if den[i] > np.float32(0.0) else np.float32(0.0)
+            for e in range(dv):
+                out[r, h, e] = acc[i, e] * inv
+            continue
+        part_m[c, r, h] = m[i]
+        part_l[c, r, h] = den[i]
+        if den[i] > np.float32(0.0):  # the merge reads acc only where den > 0
+            for e in range(dv):
+                part_acc[c, r, h, e] = acc[i, e]
+
+
 @njit(cache=True, parallel=True)  # strict IEEE (see the note above the constants)
 def _attention_kernel(
-    kk: int, vk: int,
     q,         # [N, Hq, Dh] float32
-    k8, k16, k32,  # K storage [T, Hkv, *] as uint8 / uint16 / float32 (the one of kind kk)
-    v8, v16, v32,  # V storage, likewise for vk
+    ks,        # K storage [E, Hkv, Wk] in its kind's kernel dtype (_KERNEL_DTYPE)
+    vs,        # V storage [E, Hkv, Wv], likewise
     n_hkv: int,
     q_pos,     # [N] int64
     row_slot,  # [N] int64: the sequence whose keys row i reads
@@ -459,211 +758,18 @@ def _attention_kernel(
     on where the keys live in storage (ring or flat, its capacity), not on the thread count.
     Work items are (row tile, kv head, chunk); every row's chunks are merged in chunk order.
     """
-    n_rows, n_hq, dh = q.shape
+    n_rows, n_hq = q.shape[0], q.shape[1]
     dv = out.shape[2]
-    g = n_hq // n_hkv
-    rt = rows_per_tile
-    n_tiles = tiles.shape[0] - 1
-    n_items = n_tiles * n_hkv * n_chunks
-    rg = rt * g
-    bk = _KEY_BLOCK
-    dh8 = dh - dh % 8  # the part of a head done in 8-lane vectors
-    dv8 = dv - dv % 8
+    n_items = (tiles.shape[0] - 1) * n_hkv * n_chunks
     neg_inf = np.float32(-np.inf)
+    # one work item per iteration, compiled as its own function: Numba's parallel passes then
+    # see a loop of one call instead of the whole body (most of the compile time before)
     for it in prange(n_items):
-        c = it % n_chunks
-        rest = it // n_chunks
-        hk = rest % n_hkv
-        z = rest // n_hkv
-        # Zig-zag tile order: with a causal mask late rows see more keys; pairing first and
-        # last tiles evens out the contiguous blocks of items prange gives each thread.
-        tile = z // 2 if z % 2 == 0 else n_tiles - 1 - z // 2
-        r0 = tiles[tile]
-        nr = tiles[tile + 1] - r0
-        srow = row_slot[r0]  # the tile's sequence: its block table row
-        n_tb = table.shape[1]
-        whole = blk % bk == 0  # a key block never straddles two storage blocks
-        ni = nr * g  # (row, head) pairs of this item: i = r * g + head-in-group
-        m = np.full(rg, neg_inf, dtype=np.float32)  # running max logit
-        den = np.zeros(rg, dtype=np.float32)  # running sum of exp(logit - m)
-        acc = np.zeros((rg, dv), dtype=np.float32)  # running sum of exp(logit - m) * v
-        # the positions this tile can see inside the chunk
-        p_lo = (c_lo + c) * _CHUNK
-        p_hi = p_lo + _CHUNK
-        q_min = q_pos[r0]
-        q_max = q_pos[r0]
-        for r in range(1, nr):
-            q_min = min(q_min, q_pos[r0 + r])
-            q_max = max(q_max, q_pos[r0 + r])
-        v_lo = max(p_lo, q_min - window + 1) if window > 0 else p_lo
-        v_hi = min(p_hi, q_max + 1)
-        if v_lo < v_hi:
-            sc = np.empty((rg, bk), dtype=np.float32)  # logits of a key block (-inf: masked)
-            pr = np.empty((rg, bk), dtype=np.float32)  # their exp(logit - m)
-            vis = np.empty((rt, bk), dtype=np.bool_)
-            kvis = np.empty(bk, dtype=np.bool_)  # visible to some row of the tile
-            ent = np.empty(bk, dtype=np.int64)  # storage entry of each lane
-            kb = np.empty((bk, dh), dtype=np.float32)  # decoded key rows of the block
-            vb = np.empty((bk, dv), dtype=np.float32)  # decoded value rows of the block
-            for b0 in range(v_lo // bk * bk, v_hi, bk):
-                any_key = False
-                # the storage block of the whole key block, when blocks are whole key
-                # blocks (one table lookup per 32 keys); -2: look up lane by lane
-                t0 = -2
-                if whole:
-                    t0 = -1
-                    lb = b0 // blk
-                    if lb < n_tb:
-                        pb = table[srow, lb]
-                        if pb >= 0:
-                            t0 = pb * blk + (b0 - lb * blk)
-                for j in range(bk):
-                    p = b0 + j
-                    # where position p lives: a lookup in the block table; the lane (and
-                    # so the arithmetic) stays p % _KEY_BLOCK wherever that is
-                    t = 0
-                    present = False
-                    if t0 >= 0:
-                        t = t0 + j
-                        present = kv_pos[t] == p
-                    elif t0 == -2:
-                        lb = p // blk
-                        if lb < n_tb:
-                            pb = table[srow, lb]
-                            if pb >= 0:
-                                t = pb * blk + (p - lb * blk)
-                                present = kv_pos[t] == p
-                    ent[j] = t
-                    seen = False
-                    for r in range(nr):
-                        qp = q_pos[r0 + r]
-                        ok = present and p <= qp and (window <= 0 or qp - p < window)
-                        vis[r, j] = ok
-                        seen = seen or ok
-                    kvis[j] = seen
-                    any_key = any_key or seen
-                if not any_key:
-                    continue
-                # logits: the block's key rows decoded once (zeros for masked rows), then four
-                # keys per pass over a query row (q loaded once for four dot products)
-                for j in range(bk):
-                    if kvis[j]:
-                        _decode(kk, k8, k16, k32, ent[j], hk, kb, j)
-                    else:
-                        for e in range(dh):
-                            kb[j, e] = np.float32(0.0)
-                for i in range(ni):
-                    r = i // g
-                    rq = r0 + r
-                    hq = hk * g + (i - r * g)
-                    qo = (rq * n_hq + hq) * dh * 4  # byte offset of the query row
-                    for j in range(0, bk, 4):
-                        a0 = zerof()
-                        a1 = zerof()
-                        a2 = zerof()
-                        a3 = zerof()
-                        ko = j * dh * 4
-                        for e in range(0, dh8, 8):
-                            qv = ld_f32x8(q, qo + e * 4)
-                            a0 = fma_f(a0, qv, ld_f32x8(kb, ko + e * 4))
-                            a1 = fma_f(a1, qv, ld_f32x8(kb, ko + (dh + e) * 4))
-                            a2 = fma_f(a2, qv, ld_f32x8(kb, ko + (2 * dh + e) * 4))
-                            a3 = fma_f(a3, qv, ld_f32x8(kb, ko + (3 * dh + e) * 4))
-                        s0 = hsumf(a0)
-                        s1 = hsumf(a1)
-                        s2 = hsumf(a2)
-                        s3 = hsumf(a3)
-                        for e in range(dh8, dh):  # head sizes that are not a multiple of 8
-                            qe = q[rq, hq, e]
-                            s0 = _fmaf(qe, kb[j, e], s0)
-                            s1 = _fmaf(qe, kb[j + 1, e], s1)
-                            s2 = _fmaf(qe, kb[j + 2, e], s2)
-                            s3 = _fmaf(qe, kb[j + 3, e], s3)
-                        sc[i, j] = s0
-                        sc[i, j + 1] = s1
-                        sc[i, j + 2] = s2
-                        sc[i, j + 3] = s3
-                    for j in range(bk):
-                        if vis[r, j]:
-                            s = sc[i, j] * scale
-                            if softcap > np.float32(0.0):
-                                s = softcap * np.float32(math.tanh(s / softcap))
-                            sc[i, j] = s
-                        else:
-                            sc[i, j] = neg_inf
-                # streaming softmax: one rescale per block when the max grows
-                for i in range(ni):
-                    bmax = neg_inf
-                    for j in range(bk):
-                        bmax = max(bmax, sc[i, j])
-                    if bmax == neg_inf:  # nothing visible to this row in the block
-                        for j in range(bk):
-                            pr[i, j] = np.float32(0.0)
-                        continue
-                    if bmax > m[i]:
-                        alpha = _expf(m[i] - bmax)  # 0 while m is -inf
-                        den[i] *= alpha
-                        for e in range(dv):
-                            acc[i, e] *= alpha
-                        m[i] = bmax
-                    mi = m[i]
-                    for j in range(bk):
-                        pr[i, j] = _expf(sc[i, j] - mi)  # exactly 0 where masked (-inf)
-                    po = i * bk * 4  # the block's 32 weights summed in one fixed tree
-                    t01 = _addf(ld_f32x8(pr, po), ld_f32x8(pr, po + 32))
-                    t23 = _addf(ld_f32x8(pr, po + 64), ld_f32x8(pr, po + 96))
-                    den[i] += hsumf(_addf(t01, t23))
-                # values: the block's visible rows decoded into vb (zeros elsewhere: an empty
-                # or masked entry may hold anything, and 0 * nan is nan)
-                for j in range(bk):
-                    if kvis[j]:
-                        _decode(vk, v8, v16, v32, ent[j], hk, vb, j)
-                    else:
-                        for e in range(dv):
-                            vb[j, e] = np.float32(0.0)
-                # acc += p @ vb, four keys per pass over an accumulator row (a quarter of the
-                # load/store traffic of one axpy per key)
-                for i in range(ni):
-                    for j in range(0, bk, 4):
-                        w0 = pr[i, j]
-                        w1 = pr[i, j + 1]
-                        w2 = pr[i, j + 2]
-                        w3 = pr[i, j + 3]
-                        if (w0 == np.float32(0.0) and w1 == np.float32(0.0)
-                                and w2 == np.float32(0.0) and w3 == np.float32(0.0)):
-                            continue
-                        v0 = splatf(w0)
-                        v1 = splatf(w1)
-                        v2 = splatf(w2)
-                        v3 = splatf(w3)
-                        ao = i * dv * 4
-                        vo = j * dv * 4
-                        for e in range(0, dv8, 8):
-                            t = fma_f(mulf(v0, ld_f32x8(vb, vo + e * 4)), v1,
-                                      ld_f32x8(vb, vo + (dv + e) * 4))
-                            u = fma_f(mulf(v2, ld_f32x8(vb, vo + (2 * dv + e) * 4)), v3,
-                                      ld_f32x8(vb, vo + (3 * dv + e) * 4))
-                            _st_f32x8(acc, ao + e * 4,
-                                      _addf(ld_f32x8(acc, ao + e * 4), _addf(t, u)))
-                        for e in range(dv8, dv):  # the same arithmetic, one lane at a time
-                            t1 = _fmaf(w1, vb[j + 1, e], w0 * vb[j, e])
-                            u1 = _fmaf(w3, vb[j + 3, e], w2 * vb[j + 2, e])
-                            acc[i, e] = acc[i, e] + (t1 + u1)
-        for i in range(ni):
-            r = r0 + i // g
-            h = hk * g + i % g
-            if n_chunks == 1:
-                # the merge below with one chunk: exp(0) = 1 and 0 + acc * 1 = acc exactly,
-                # so writing acc / den here gives its bits without a second parallel region
-                inv = np.float32(1.0) / den[i] if den[i] > np.float32(0.0) else np.float32(0.0)
-                for e in range(dv):
-                    out[r, h, e] = acc[i, e] * inv
-                continue
-            part_m[c, r, h] = m[i]
-            part_l[c, r, h] = den[i]
-            if den[i] > np.float32(0.0):  # the merge reads acc only where den > 0
-                for e in range(dv):
-                    part_acc[c, r, h, e] = acc[i, e]
+        # (prange's index is unsigned inside the parallel region: int64 keeps it to one
+        # compiled signature of the item)
+        _attention_item(np.int64(it), q, ks, vs, n_hkv, q_pos, row_slot, kv_pos, table, blk,
+                        window, scale, softcap, out, tiles, rows_per_tile, c_lo, n_chunks,
+                        part_m, part_l, part_acc)
     if n_chunks == 1:
         return
     # flash-decoding merge of the per-chunk partial softmaxes, always in chunk order
@@ -745,17 +851,13 @@ def allocate(kv_type: str, n: int, n_head_kv: int, head_dim: int) -> np.ndarray:
     return np.zeros(shape, dtype=dtype)
 
 
-# Stand-ins for the storage views a kind does not use (never read or written).
-_DUMMY8 = np.zeros((1, 1, 1), dtype=np.uint8)
-_DUMMY16 = np.zeros((1, 1, 1), dtype=np.uint16)
-_DUMMY32 = np.zeros((1, 1, 1), dtype=np.float32)
 _NO_PART = np.zeros((1, 1, 1), dtype=np.float32)  # partial results of a one-chunk call
 _NO_PART4 = np.zeros((1, 1, 1, 1), dtype=np.float32)
 _ONE_TILE = np.array([0, 1], dtype=np.int64)
 
 
-def _views(kv_type: str, arr: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(s8, s16, s32) for the kernels: the storage array in its slot, dummies elsewhere."""
+def _kernel_view(kv_type: str, arr: np.ndarray, name: str) -> np.ndarray:
+    """A storage array of kv_type checked and viewed as its kernel dtype (no copy)."""
     _check_type(kv_type)
     if not isinstance(arr, np.ndarray) or arr.ndim != 3:
         raise ValueError(f"{name} must be a 3-D {kv_type} storage array")
@@ -766,12 +868,7 @@ def _views(kv_type: str, arr: np.ndarray, name: str) -> tuple[np.ndarray, np.nda
     if not arr.flags.c_contiguous:
         # Copying would defeat the point (a full-size cache copy per call), so refuse.
         raise ValueError(f"{name} must be C-contiguous storage (a slot slice of the cache)")
-    kind = _KIND[kv_type]
-    if kind == _F32:
-        return _DUMMY8, _DUMMY16, arr
-    if kind == _F16:
-        return _DUMMY8, arr, _DUMMY32
-    return arr, _DUMMY16, _DUMMY32
+    return arr.view(_KERNEL_DTYPE[kv_type])
 
 
 def _check_rows(idx: np.ndarray, cap: int, name: str) -> np.ndarray:
@@ -783,7 +880,7 @@ def _check_rows(idx: np.ndarray, cap: int, name: str) -> np.ndarray:
 
 def store(kv_type: str, src: np.ndarray, dst: np.ndarray, idx: np.ndarray) -> None:
     """Write src [n, Hkv, Dh] (float32) into rows idx [n] of the storage dst [cap, Hkv, W]."""
-    s8, s16, s32 = _views(kv_type, dst, "dst")
+    ks = _kernel_view(kv_type, dst, "dst")
     if not dst.flags.writeable:
         raise ValueError("dst storage is read-only")
     head_dim = _head_dim_of(kv_type, dst.shape[2])
@@ -795,16 +892,16 @@ def store(kv_type: str, src: np.ndarray, dst: np.ndarray, idx: np.ndarray) -> No
     idx = _check_rows(idx, dst.shape[0], "idx")
     if idx.shape[0] != src.shape[0]:
         raise ValueError(f"{idx.shape[0]} row indices for {src.shape[0]} rows of src")
-    _store_rows(_KIND[kv_type], src, s8, s16, s32, idx)
+    _store_rows(src, ks, idx)
 
 
 def load(kv_type: str, src_storage: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Dequantize rows [n] of a storage array to float32 [n, Hkv, Dh] (tests, debugging)."""
-    s8, s16, s32 = _views(kv_type, src_storage, "src_storage")
+    ks = _kernel_view(kv_type, src_storage, "src_storage")
     head_dim = _head_dim_of(kv_type, src_storage.shape[2])
     rows = _check_rows(rows, src_storage.shape[0], "rows")
     out = np.empty((rows.shape[0], src_storage.shape[1], head_dim), dtype=np.float32)
-    _load_rows(_KIND[kv_type], s8, s16, s32, rows, out)
+    _load_rows(ks, rows, out)
     return out
 
 
@@ -857,8 +954,8 @@ def attention(
     (window <= 0 or q_pos[i] - kv_pos[t] < window). Query head h reads kv head h // (Hq / Hkv).
     A row that sees no key gets zeros.
     """
-    k8, k16, k32 = _views(k_type, k_store, "k_store")
-    v8, v16, v32 = _views(v_type, v_store, "v_store")
+    _kernel_view(k_type, k_store, "k_store")
+    _kernel_view(v_type, v_store, "v_store")
     q = np.ascontiguousarray(q, dtype=np.float32)
     if q.ndim != 3 or out.ndim != 3:
         raise ValueError("q and out must be [N, heads, head_dim]")
@@ -883,10 +980,9 @@ def attention(
         return
     if not ring:
         kv_pos, k_store, v_store = _canonical(kv_pos, k_store, v_store)
-        k8, k16, k32 = _views(k_type, k_store, "k_store")
-        v8, v16, v32 = _views(v_type, v_store, "v_store")
     n_ent = kv_pos.shape[0]
-    _run(_KIND[k_type], _KIND[v_type], q, (k8, k16, k32), (v8, v16, v32), n_hkv, q_pos,
+    _run(q, _kernel_view(k_type, k_store, "k_store"), _kernel_view(v_type, v_store, "v_store"),
+         n_hkv, q_pos,
          np.zeros(n_rows, np.int64), kv_pos, _slot_table(1, n_ent, q_pos), n_ent, window,
          scale, softcap, res)
     if not direct:
@@ -960,8 +1056,8 @@ def attention_paged(
                          f"{kv_pos.shape}")
     if block <= 0 or (n_ent and n_ent % block):
         raise ValueError(f"{n_ent} entries are not whole blocks of {block}")
-    kv = _views(k_type, k_store, "k_store")
-    vv = _views(v_type, v_store, "v_store")
+    ks = _kernel_view(k_type, k_store, "k_store")
+    vs = _kernel_view(v_type, v_store, "v_store")
     n_rows, n_hq, dh = q.shape
     n_hkv = k_store.shape[1]
     if (_head_dim_of(k_type, k_store.shape[2]) != dh
@@ -982,8 +1078,7 @@ def attention_paged(
     table = np.ascontiguousarray(table, dtype=np.int64)
     if not checked and table.size and int(table.max()) * block >= max(n_ent, 1):
         raise IndexError(f"block table points past the {n_ent // block} blocks of storage")
-    _run(_KIND[k_type], _KIND[v_type], np.ascontiguousarray(q, dtype=np.float32), kv, vv,
-         n_hkv, q_pos, row_seq, np.ascontiguousarray(kv_pos, dtype=np.int64), table, block,
+    _run(np.ascontiguousarray(q, dtype=np.float32), ks, vs, n_hkv, q_pos, row_seq, np.ascontiguousarray(kv_pos, dtype=np.int64), table, block,
          window, scale, softcap, out)
 
 
@@ -1010,6 +1105,8 @@ def attention_plan(n_hq: int, n_hkv: int, dv: int, q_pos: np.ndarray, row_seq: n
     """Tile the rows (never across a sequence boundary) and bound the partial results.
     Nothing here changes a row's arithmetic: chunks are fixed by absolute position.
     q_pos / row_seq: [N] int64 (a sequence's rows contiguous)."""
+    if n_hkv <= 0 or n_hq <= 0 or n_hq % n_hkv:
+        raise ValueError(f"{n_hq} query heads are not a multiple of {n_hkv} kv heads")
     q_pos = np.ascontiguousarray(q_pos, dtype=np.int64)
     row_slot = np.ascontiguousarray(row_seq, dtype=np.int64)
     n_rows = q_pos.shape[0]
@@ -1055,7 +1152,7 @@ def attention_plan(n_hq: int, n_hkv: int, dv: int, q_pos: np.ndarray, row_seq: n
                          rows_per_tile, c_lo, n_chunks)
 
 
-def _execute(plan: AttentionPlan, kk: int, vk: int, q: np.ndarray, kv: tuple, vv: tuple,
+def _execute(plan: AttentionPlan, q: np.ndarray, ks: np.ndarray, vs: np.ndarray,
              kv_pos: np.ndarray, table: np.ndarray, blk: int, scale: float, softcap: float,
              res: np.ndarray) -> None:
     """The kernel calls of a plan for one layer's q [N, Hq, Dh] into res [N, Hq, Dv]."""
@@ -1063,7 +1160,7 @@ def _execute(plan: AttentionPlan, kk: int, vk: int, q: np.ndarray, kv: tuple, vv
     for a, b, tiles, part_m, part_l, part_acc in plan.calls:
         whole = a == 0 and b == plan.n_rows
         _attention_kernel(
-            kk, vk, q if whole else q[a:b], *kv, *vv, plan.n_hkv,
+            q if whole else q[a:b], ks, vs, plan.n_hkv,
             plan.q_pos if whole else plan.q_pos[a:b],
             plan.row_seq if whole else plan.row_seq[a:b], kv_pos, table, blk, plan.window,
             sc, cap, res if whole else res[a:b], tiles, plan.rows_per_tile, plan.c_lo,
@@ -1071,41 +1168,79 @@ def _execute(plan: AttentionPlan, kk: int, vk: int, q: np.ndarray, kv: tuple, vv
         )
 
 
-def _run(kk: int, vk: int, q: np.ndarray, kv: tuple, vv: tuple, n_hkv: int,
+def _run(q: np.ndarray, ks: np.ndarray, vs: np.ndarray, n_hkv: int,
          q_pos: np.ndarray, row_slot: np.ndarray, kv_pos: np.ndarray, table: np.ndarray,
          blk: int, window: int, scale: float, softcap: float, res: np.ndarray) -> None:
     """Plan and run one call (attention_plan, then the kernel calls)."""
     plan = attention_plan(q.shape[1], n_hkv, res.shape[2], q_pos, row_slot, window)
-    _execute(plan, kk, vk, q, kv, vv, kv_pos, table, blk, scale, softcap, res)
+    _execute(plan, q, ks, vs, kv_pos, table, blk, scale, softcap, res)
 
 
 class StorageViews(NamedTuple):
     """A K or V storage array as the kernels take it (storage_views)."""
 
-    kind: int
-    s8: np.ndarray
-    s16: np.ndarray
-    s32: np.ndarray
+    arr: np.ndarray  # [E, Hkv, W] the storage in its kind's kernel dtype, C-contiguous
+    head_dim: int
 
 
 def storage_views(kv_type: str, arr: np.ndarray) -> StorageViews:
-    """The checked kernel views of a [E, Hkv, W] storage array of kv_type, to keep for
+    """The checked kernel view of a [E, Hkv, W] storage array of kv_type, to keep for
     attention_planned / store_planned (KVCache keeps one per layer)."""
-    return StorageViews(_KIND[kv_type], *_views(kv_type, arr, "storage"))
+    view = _kernel_view(kv_type, arr, "storage")
+    return StorageViews(view, _head_dim_of(kv_type, arr.shape[2]))
 
 
 def attention_planned(plan: AttentionPlan, q: np.ndarray, k: StorageViews, v: StorageViews,
                       kv_pos: np.ndarray, table: np.ndarray, block: int, scale: float,
                       softcap: float, out: np.ndarray) -> None:
-    """attention_paged for a plan's rows, with no argument checks: the caller (KVCache, once
-    per layer of a forward step) built the plan, the views and the table itself. q [N, Hq,
-    Dh] and out [N, Hq, Dv] float32 C-contiguous; kv_pos [E] int64; table [S, NB] int64."""
-    _execute(plan, k.kind, v.kind, q, (k.s8, k.s16, k.s32), (v.s8, v.s16, v.s32), kv_pos,
-             table, block, scale, softcap, out)
+    """attention_paged for a plan's rows, checking only what changes per call: q [N, Hq, Dh]
+    and out [N, Hq, Dv], float32 C-contiguous, against the plan and the views. The caller
+    (KVCache, once per layer of a forward step) built the plan, the views and the table
+    itself: kv_pos [E] int64; table [S, NB] int64 pointing inside the storage."""
+    rows = (plan.n_rows, plan.n_hq)
+    if (q.shape != (*rows, k.head_dim) or out.shape != (*rows, plan.dv)
+            or v.head_dim != plan.dv or q.dtype != np.float32 or out.dtype != np.float32
+            or not (q.flags.c_contiguous and out.flags.c_contiguous)):
+        raise ValueError(f"q {q.shape} / out {out.shape} do not fit this cache: C-contiguous "
+                         f"float32 [{plan.n_rows}, {plan.n_hq}, {k.head_dim} / {v.head_dim}]")
+    _execute(plan, q, k.arr, v.arr, kv_pos, table, block, scale, softcap, out)
 
 
 def store_planned(views: StorageViews, src: np.ndarray, idx: np.ndarray) -> None:
     """store() with no argument checks: src [n, Hkv, Dh] float32 C-contiguous into entries
     idx [n] int64 (in range) of the storage behind views (KVCache, which placed idx)."""
-    _store_rows(views.kind, src, views.s8, views.s16, views.s32, idx)
+    _store_rows(src, views.arr, idx)
 
+
+# --------------------------------------------------------------------------------------------
+# For the kernel lists of localllm/warmup.py
+# --------------------------------------------------------------------------------------------
+
+
+def for_kv_types(attr: str, sig: tuple, k_type: str, v_type: str) -> list[tuple]:
+    """The signatures function `attr` of this module needs for a model whose K / V cache
+    types are k_type / v_type, given one it was recorded with (`sig`, Numba types) for any
+    types: a kernel list made with another cache type names this pair's kernels instead."""
+    from numba import from_dtype
+
+    kd, vd = from_dtype(_KERNEL_DTYPE[k_type]), from_dtype(_KERNEL_DTYPE[v_type])
+
+    def arrays(*at: int) -> bool:  # a stale list's signature may not fit: left as it is
+        return len(sig) > max(at) and all(isinstance(sig[i], types.Array) for i in at)
+
+    if attr == "_attention_kernel" and arrays(1, 2):
+        return [(sig[0], sig[1].copy(dtype=kd), sig[2].copy(dtype=vd), *sig[3:])]
+    at = 1 if attr == "_store_rows" else 0  # the storage argument
+    if attr in ("_store_rows", "_load_rows") and arrays(at):
+        return [(*sig[:at], sig[at].copy(dtype=d), *sig[at + 1:]) for d in dict.fromkeys((kd, vd))]
+    return [sig]
+
+
+def compile_label(attr: str, args: tuple) -> str | None:
+    """A name for the compile progress line: the attention kernel with its K/V pair."""
+    names = {types.float32: "f32", types.uint16: "f16", types.uint8: "q8_0", types.int8: "q4_0"}
+    if attr in ("_attention_kernel", "_attention_item") and len(args) > 3:
+        kv = args[1:3] if attr == "_attention_kernel" else args[2:4]
+        if all(isinstance(a, types.Array) for a in kv):
+            return f"attention {names.get(kv[0].dtype, '?')}/{names.get(kv[1].dtype, '?')}"
+    return None

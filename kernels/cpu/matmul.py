@@ -181,25 +181,8 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
     product reads it instead of w_raw, which then only gives the shapes.
     Raises TypeError / ValueError for arguments that do not fit together.
     """
-    # Hot path: a handful of cheap checks; the slow, descriptive ones only on failure.
-    try:
-        spec = _SPECS.get(qtype)
-        n, k = x.shape
-        rows, rb = w_raw.shape
-        ok = (spec is not None and x.dtype == _F32 and w_raw.dtype == _U8 and out.dtype == _F32
-              and k % spec[0] == 0 and rb == k // spec[0] * spec[1]
-              and out.shape == (n, rows) and out.flags.writeable
-              and (out.size == 0 or (out.strides[1] == 4 or rows == 1)
-                   and out.strides[0] % 4 == 0))
-    except (AttributeError, TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise _bad_call(w_raw, qtype, x, out)
-    if packed is not None and not (
-            isinstance(packed, np.ndarray) and packed.dtype == _U8
-            and packed.shape == r16_shape(rows, rb) and packed.flags.c_contiguous
-            and _R16 and qtype in _R16_BYTES and _wide is None):
-        raise _bad_packed(packed, qtype, rows, rb)
+    spec, rows, rb = _check_weight(w_raw, qtype, x, out, packed, _wide is None)
+    n, k = x.shape
     if n == 0 or rows == 0:
         return
     be, _, kind = spec
@@ -253,6 +236,32 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
     _mm_simd(fn, kind, w_raw, x, out, *s.addrs, nb, group, par, quantized, rows)
 
 
+def _check_weight(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
+                  packed: np.ndarray | None, r16_ok: bool = True) -> tuple[tuple, int, int]:
+    """matmul's argument checks for one weight: (its spec, rows, row bytes). The hot path is
+    a handful of cheap tests; the slow, descriptive ones run only on failure (TypeError /
+    ValueError). r16_ok: whether this call may take an r16 copy at all."""
+    try:
+        spec = _SPECS.get(qtype)
+        n, k = x.shape
+        rows, rb = w_raw.shape
+        ok = (spec is not None and x.dtype == _F32 and w_raw.dtype == _U8 and out.dtype == _F32
+              and k % spec[0] == 0 and rb == k // spec[0] * spec[1]
+              and out.shape == (n, rows) and out.flags.writeable
+              and (out.size == 0 or (out.strides[1] == 4 or rows == 1)
+                   and out.strides[0] % 4 == 0))
+    except (AttributeError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise _bad_call(w_raw, qtype, x, out)
+    if packed is not None and not (
+            isinstance(packed, np.ndarray) and packed.dtype == _U8
+            and packed.shape == r16_shape(rows, rb) and packed.flags.c_contiguous
+            and _R16 and qtype in _R16_BYTES and r16_ok):
+        raise _bad_packed(packed, qtype, rows, rb)
+    return spec, rows, rb
+
+
 def _group(n: int, rows: int, rb: int, r16: bool) -> int:
     """Output rows per parallel task."""
     if n == 1:
@@ -298,23 +307,11 @@ def plan_multi(parts: list[tuple[np.ndarray, int, np.ndarray | None]], n: int, k
     keep: list[np.ndarray] = []
     task0 = total = 0
     for m, ((w_raw, qtype, packed), out) in enumerate(zip(parts, outs, strict=False)):
-        try:  # the same checks as matmul (its error messages on failure)
-            spec = _SPECS.get(int(qtype))
-            rows, rb = w_raw.shape
-            ok = (spec is not None and w_raw.dtype == _U8 and out.dtype == _F32
-                  and rb == k // spec[0] * spec[1] and out.shape == (n, rows)
-                  and out.flags.writeable and rows > 0
-                  and (out.strides[1] == 4 or rows == 1) and out.strides[0] % 4 == 0)
-        except (AttributeError, TypeError, ValueError):
-            ok = False
-        if not ok:
+        spec, rows, rb = _check_weight(w_raw, int(qtype), x_like, out, packed)
+        if rows == 0:
             raise _bad_call(w_raw, qtype, x_like, out)
         qt = int(qtype)
         if packed is not None:
-            if not (isinstance(packed, np.ndarray) and packed.dtype == _U8
-                    and packed.shape == r16_shape(rows, rb) and packed.flags.c_contiguous
-                    and _R16 and qt in _R16_BYTES):
-                raise _bad_packed(packed, qt, rows, rb)
             fn, w = kernel(qt, r16=True).address, packed
         else:
             fn = kernel(qt).address
