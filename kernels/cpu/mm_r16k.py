@@ -1,0 +1,373 @@
+"""The row-interleaved (r16) layout of the K-quants Q4_K and Q6_K: its kernels and repacking.
+
+Why: the row-major K-quant kernels (mm_kquants) reduce each row to one float with a horizontal
+sum and spend ~40 instructions of 256 bits per 144-byte super-block, and measured hot they
+stream 21-28 GB/s where the r16 kernels of the 32-weight types (mm_r16) reach ~55. Here, as
+there, 16 rows share a record and each dword lane of a 512-bit vector belongs to one row, so
+one vpdpbusd with 4 activation bytes broadcast ({1to16}) makes 16 rows' 4-element dots.
+
+Bit-exactness with the row-major kernels is the contract (any N, any layout, any threads): a
+row-major kernel keeps 8 float lanes per row, lane l summing, block after block, the integer
+dot of positions 4l..4l+3 of every 32-weight chunk (times the chunk's scale) as
+acc_l = fma(acc_l, float(isum_l), d * dx) (+ the Q4_K mins term of sub-block l), and ends
+with a fixed tree over the 8 lanes. The kernels below keep those 8 lane accumulators as 8
+F32x16 (16 rows each): the integers are the same integers (exact, whatever order they are
+summed in), the float operations are the same operations in the same order per row, and the
+final tree is the same tree. So each output carries exactly the row-major bits.
+
+Records: groups of 16 rows (the last zero-padded), block column by block column; record
+(g, b) holds super-block b of rows 16g..16g+15, each field "dword-interleaved": vector i
+(64 bytes) has in dword lane r row r's bytes 4i..4i+3 of the field; f16 fields are [16] f16.
+  Q4_K (16 x 144 bytes): d [16] f16 | dmin [16] f16 | scales: 3 vectors (the 12 packed 6-bit
+        bytes, unpacked with dword shifts in the kernel) | qs: 32 vectors, vector 8j + l =
+        qs[32j + 4l .. +3]: low nibbles sub-block 2j, high nibbles 2j + 1, positions 4l..4l+3.
+  Q6_K (16 x 210 bytes): d [16] f16 | scales: 4 vectors (int8 scales 4i..4i+3) | ql: 32
+        vectors | qh: 16 vectors.
+The records are the row-major bytes permuted (nothing decoded), so a record is exactly 16
+super-blocks long and r16_shape holds as for the other r16 types. Decoding the 6-bit scales
+at repack would cost 4 bytes a row per block (+2.8% bytes read) to save ~12 vector ops per
+16 rows; the kernels are far from compute-bound at N = 1, so the bytes matter more.
+
+Per 256 weights x 16 rows, Q4_K: 32 loads, 96 nibble ops, 64 vpdpbusd, 64 vpdpwssd (the
+chunk scale: vpdpwssd of the dot, which fits in an i16, with the scale in the low word),
+~30 scale ops, 16 FMAs; Q6_K about 1.5x that. N > 1 runs the N = 1 body per activation row
+over a group's records, which stay in L1/L2 (a group of a 2048-wide Q4_K weight is 18 KiB).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, njit, prange
+
+from localllm.kernels.cpu.mm_common import (
+    PREFETCH_BYTES,
+    Q4_K,
+    Q6_K,
+    _p_f32,
+    _p_i8,
+    _p_i16,
+    _p_u8,
+    _store16,
+)
+from localllm.kernels.cpu.simd import (
+    add32x16,
+    addf16,
+    and32x16,
+    cvtf16,
+    dot_bcast32x16,
+    dot_wd16,
+    fma16,
+    ld_f16x16,
+    ld_i32x16,
+    mul16,
+    mul32x16,
+    or32x16,
+    prefetch,
+    shl32x16,
+    splat32x16,
+    splatf16,
+    sra32x16,
+    srl32x16,
+    sub32x16,
+    zero32x16,
+    zerof16,
+)
+
+# bytes of a record (16 super-blocks)
+R16K_BYTES = {Q4_K: 144 * 16, Q6_K: 210 * 16}
+
+# Record offsets. Q4_K: d, dmin, 3 scale vectors, 32 quant vectors.
+_K4_DMIN, _K4_SC, _K4_QS = 32, 64, 256
+# Q6_K: d, 4 scale vectors, 32 ql vectors, 16 qh vectors.
+_K6_SC, _K6_QL, _K6_QH = 32, 288, 2336
+
+_M0F = 0x0F0F0F0F
+_M3F = 0x3F3F3F3F
+_M30 = 0x30303030
+_M03 = 0x03030303
+
+
+@njit
+def _byte(v, i):
+    """Byte i (0..3) of each dword of v, zero-extended (its high word is 0: a vpdpwssd
+    operand)."""
+    return and32x16(srl32x16(v, 8 * i), splat32x16(0xFF))
+
+
+@njit
+def _sbyte(v, i):
+    """Byte i (0..3) of each dword of v, sign-extended to the dword."""
+    return sra32x16(shl32x16(v, 24 - 8 * i), 24)
+
+
+@njit
+def _tree8(a0, a1, a2, a3, a4, a5, a6, a7):
+    """The row-major kernels' lane tree (simd.hsumf: halves, then halves of those), per row."""
+    return addf16(addf16(addf16(a0, a4), addf16(a2, a6)), addf16(addf16(a1, a5), addf16(a3, a7)))
+
+
+# ---------------------------------------------------------------- Q4_K
+
+
+@njit
+def _k4_isum(w, q, xq, xb, s0, s1, s2, s3, s4, s5, s6, s7):
+    """isum_l of 16 rows: sum over sub-blocks s of sc_s * dot(positions 4l..4l+3); q: the byte
+    of quant vector l (vector 8j + l at q + 512j), xb: activation byte 256b + 4l."""
+    m = splat32x16(_M0F)
+    z = zero32x16()
+    v = ld_i32x16(w, q)
+    i = dot_wd16(z, dot_bcast32x16(z, and32x16(v, m), xq, xb), s0)
+    i = dot_wd16(i, dot_bcast32x16(z, and32x16(srl32x16(v, 4), m), xq, xb + 32), s1)
+    v = ld_i32x16(w, q + 512)
+    i = dot_wd16(i, dot_bcast32x16(z, and32x16(v, m), xq, xb + 64), s2)
+    i = dot_wd16(i, dot_bcast32x16(z, and32x16(srl32x16(v, 4), m), xq, xb + 96), s3)
+    v = ld_i32x16(w, q + 1024)
+    i = dot_wd16(i, dot_bcast32x16(z, and32x16(v, m), xq, xb + 128), s4)
+    i = dot_wd16(i, dot_bcast32x16(z, and32x16(srl32x16(v, 4), m), xq, xb + 160), s5)
+    v = ld_i32x16(w, q + 1536)
+    i = dot_wd16(i, dot_bcast32x16(z, and32x16(v, m), xq, xb + 192), s6)
+    return dot_wd16(i, dot_bcast32x16(z, and32x16(srl32x16(v, 4), m), xq, xb + 224), s7)
+
+
+@njit
+def _k4_lane(acc, isum, mn, bsum, dv, dmv):
+    """acc_l after one block: fma with the integer dot, then with the mins term (row-major
+    order: acc = fma(fma(acc, isum, d*dx), m_l * bsum_l, -(dmin*dx)))."""
+    acc = fma16(acc, cvtf16(isum), dv)
+    return fma16(acc, cvtf16(mul32x16(mn, splat32x16(bsum))), dmv)
+
+
+@njit
+def _dot1_q4k_r16(w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf):
+    rec = 144 * 16
+    k = nb * 256
+    xo = n * k
+    a0 = zerof16()
+    a1 = zerof16()
+    a2 = zerof16()
+    a3 = zerof16()
+    a4 = zerof16()
+    a5 = zerof16()
+    a6 = zerof16()
+    a7 = zerof16()
+    for b in range(nb):
+        p = (g * nb + b) * rec
+        if pf:
+            for po in range(0, rec, 64):  # the record PREFETCH_BYTES ahead
+                prefetch(w, p + PREFETCH_BYTES + po)
+        u0 = ld_i32x16(w, p + _K4_SC)
+        u1 = ld_i32x16(w, p + _K4_SC + 64)
+        u2 = ld_i32x16(w, p + _K4_SC + 128)
+        sca = and32x16(u0, splat32x16(_M3F))  # scales 0..3, a byte each
+        scb = or32x16(and32x16(u2, splat32x16(_M0F)),  # scales 4..7
+                      shl32x16(and32x16(srl32x16(u0, 6), splat32x16(_M03)), 4))
+        mna = and32x16(u1, splat32x16(_M3F))  # mins 0..3
+        mnb = or32x16(and32x16(srl32x16(u2, 4), splat32x16(_M0F)),  # mins 4..7
+                      shl32x16(and32x16(srl32x16(u1, 6), splat32x16(_M03)), 4))
+        s0 = _byte(sca, 0)
+        s1 = _byte(sca, 1)
+        s2 = _byte(sca, 2)
+        s3 = _byte(sca, 3)
+        s4 = _byte(scb, 0)
+        s5 = _byte(scb, 1)
+        s6 = _byte(scb, 2)
+        s7 = _byte(scb, 3)
+        dx = xd[n, b]
+        dv = mul16(ld_f16x16(w, p), splatf16(dx))
+        dmv = mul16(ld_f16x16(w, p + _K4_DMIN), splatf16(-dx))  # = -(dmin * dx), bit for bit
+        q = p + _K4_QS
+        xb = xo + 256 * b
+        e = 8 * b
+        a0 = _k4_lane(a0, _k4_isum(w, q, xq, xb, s0, s1, s2, s3, s4, s5, s6, s7),
+                      _byte(mna, 0), xb2[n, e], dv, dmv)
+        a1 = _k4_lane(a1, _k4_isum(w, q + 64, xq, xb + 4, s0, s1, s2, s3, s4, s5, s6, s7),
+                      _byte(mna, 1), xb2[n, e + 1], dv, dmv)
+        a2 = _k4_lane(a2, _k4_isum(w, q + 128, xq, xb + 8, s0, s1, s2, s3, s4, s5, s6, s7),
+                      _byte(mna, 2), xb2[n, e + 2], dv, dmv)
+        a3 = _k4_lane(a3, _k4_isum(w, q + 192, xq, xb + 12, s0, s1, s2, s3, s4, s5, s6, s7),
+                      _byte(mna, 3), xb2[n, e + 3], dv, dmv)
+        a4 = _k4_lane(a4, _k4_isum(w, q + 256, xq, xb + 16, s0, s1, s2, s3, s4, s5, s6, s7),
+                      _byte(mnb, 0), xb2[n, e + 4], dv, dmv)
+        a5 = _k4_lane(a5, _k4_isum(w, q + 320, xq, xb + 20, s0, s1, s2, s3, s4, s5, s6, s7),
+                      _byte(mnb, 1), xb2[n, e + 5], dv, dmv)
+        a6 = _k4_lane(a6, _k4_isum(w, q + 384, xq, xb + 24, s0, s1, s2, s3, s4, s5, s6, s7),
+                      _byte(mnb, 2), xb2[n, e + 6], dv, dmv)
+        a7 = _k4_lane(a7, _k4_isum(w, q + 448, xq, xb + 28, s0, s1, s2, s3, s4, s5, s6, s7),
+                      _byte(mnb, 3), xb2[n, e + 7], dv, dmv)
+    _store16(out, n, n_act, 16 * g, r1, _tree8(a0, a1, a2, a3, a4, a5, a6, a7))
+
+
+# ---------------------------------------------------------------- Q6_K
+
+
+@njit
+def _k6_half(i, w, ql, qh, xq, xb, s0, s1, s2, s3):
+    """i + the scaled dots of one half's four chunks at one position l (ql: the byte of ql
+    vector 16h + l, qh: of qh vector 8h + l; xb: activation byte 256b + 128h + 4l; s0..s3:
+    the chunks' scales for this l)."""
+    z = zero32x16()
+    m = splat32x16(_M0F)
+    h = splat32x16(_M30)
+    l0 = ld_i32x16(w, ql)
+    l1 = ld_i32x16(w, ql + 512)  # ql[64h + 32 + 4l]
+    hb = ld_i32x16(w, qh)
+    c0 = or32x16(and32x16(l0, m), and32x16(shl32x16(hb, 4), h))
+    c1 = or32x16(and32x16(l1, m), and32x16(shl32x16(hb, 2), h))
+    c2 = or32x16(and32x16(srl32x16(l0, 4), m), and32x16(hb, h))
+    c3 = or32x16(and32x16(srl32x16(l1, 4), m), and32x16(srl32x16(hb, 2), h))
+    i = dot_wd16(i, dot_bcast32x16(z, c0, xq, xb), s0)
+    i = dot_wd16(i, dot_bcast32x16(z, c1, xq, xb + 32), s1)
+    i = dot_wd16(i, dot_bcast32x16(z, c2, xq, xb + 64), s2)
+    return dot_wd16(i, dot_bcast32x16(z, c3, xq, xb + 96), s3)
+
+
+@njit
+def _k6_lane(acc, w, p, pos, xq, xb, sa, sb, t0, t1, t2, t3, t4, t5, t6, t7, bs0, bs1, dv):
+    """acc_l (l = pos) after one block: isum_l - 32 * (sc_2l * bsum_2l + sc_2l+1 *
+    bsum_2l+1), as the row-major kernel's lane l (t0..t7: the 8 chunk scales of this l, as
+    vpdpwssd operands; sa, sb: the sign-extended scales 2l and 2l + 1)."""
+    i = _k6_half(zero32x16(), w, p + _K6_QL + 64 * pos, p + _K6_QH + 64 * pos, xq,
+                 xb + 4 * pos, t0, t1, t2, t3)
+    i = _k6_half(i, w, p + _K6_QL + 64 * (16 + pos), p + _K6_QH + 64 * (8 + pos), xq,
+                 xb + 128 + 4 * pos, t4, t5, t6, t7)
+    ms = add32x16(mul32x16(sa, splat32x16(bs0)), mul32x16(sb, splat32x16(bs1)))
+    return fma16(acc, cvtf16(sub32x16(i, shl32x16(ms, 5))), dv)
+
+
+@njit
+def _w(v):
+    """A sign-extended dword as a vpdpwssd scale operand: its low word, high word 0."""
+    return and32x16(v, splat32x16(0xFFFF))
+
+
+@njit
+def _dot1_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1, pf):
+    rec = 210 * 16
+    k = nb * 256
+    xo = n * k
+    a0 = zerof16()
+    a1 = zerof16()
+    a2 = zerof16()
+    a3 = zerof16()
+    a4 = zerof16()
+    a5 = zerof16()
+    a6 = zerof16()
+    a7 = zerof16()
+    for b in range(nb):
+        p = (g * nb + b) * rec
+        if pf:
+            for po in range(0, rec, 64):  # the record PREFETCH_BYTES ahead
+                prefetch(w, p + PREFETCH_BYTES + po)
+        v0 = ld_i32x16(w, p + _K6_SC)  # scales 0..3
+        v1 = ld_i32x16(w, p + _K6_SC + 64)
+        v2 = ld_i32x16(w, p + _K6_SC + 128)
+        v3 = ld_i32x16(w, p + _K6_SC + 192)
+        dv = mul16(ld_f16x16(w, p), splatf16(xd[n, b]))
+        xb = xo + 256 * b
+        e = 16 * b
+        # positions l = 0..3 use the even scale of each chunk (idx 8h + 2c), 4..7 the odd
+        t0 = _w(_sbyte(v0, 0))
+        t1 = _w(_sbyte(v0, 2))
+        t2 = _w(_sbyte(v1, 0))
+        t3 = _w(_sbyte(v1, 2))
+        t4 = _w(_sbyte(v2, 0))
+        t5 = _w(_sbyte(v2, 2))
+        t6 = _w(_sbyte(v3, 0))
+        t7 = _w(_sbyte(v3, 2))
+        a0 = _k6_lane(a0, w, p, 0, xq, xb, _sbyte(v0, 0), _sbyte(v0, 1),
+                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e], xbs[n, e + 1], dv)
+        a1 = _k6_lane(a1, w, p, 1, xq, xb, _sbyte(v0, 2), _sbyte(v0, 3),
+                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e + 2], xbs[n, e + 3], dv)
+        a2 = _k6_lane(a2, w, p, 2, xq, xb, _sbyte(v1, 0), _sbyte(v1, 1),
+                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e + 4], xbs[n, e + 5], dv)
+        a3 = _k6_lane(a3, w, p, 3, xq, xb, _sbyte(v1, 2), _sbyte(v1, 3),
+                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e + 6], xbs[n, e + 7], dv)
+        t0 = _w(_sbyte(v0, 1))
+        t1 = _w(_sbyte(v0, 3))
+        t2 = _w(_sbyte(v1, 1))
+        t3 = _w(_sbyte(v1, 3))
+        t4 = _w(_sbyte(v2, 1))
+        t5 = _w(_sbyte(v2, 3))
+        t6 = _w(_sbyte(v3, 1))
+        t7 = _w(_sbyte(v3, 3))
+        a4 = _k6_lane(a4, w, p, 4, xq, xb, _sbyte(v2, 0), _sbyte(v2, 1),
+                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e + 8], xbs[n, e + 9], dv)
+        a5 = _k6_lane(a5, w, p, 5, xq, xb, _sbyte(v2, 2), _sbyte(v2, 3),
+                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e + 10], xbs[n, e + 11], dv)
+        a6 = _k6_lane(a6, w, p, 6, xq, xb, _sbyte(v3, 0), _sbyte(v3, 1),
+                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e + 12], xbs[n, e + 13], dv)
+        a7 = _k6_lane(a7, w, p, 7, xq, xb, _sbyte(v3, 2), _sbyte(v3, 3),
+                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e + 14], xbs[n, e + 15], dv)
+    _store16(out, n, n_act, 16 * g, r1, _tree8(a0, a1, a2, a3, a4, a5, a6, a7))
+
+
+# ---------------------------------------------------------------- rows
+
+
+@njit
+def _rows_r16k(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ldo, n_act):
+    """out[:, r0:r1] from the Q4_K / Q6_K r16 records at address wp (rows: the real row count;
+    r0 a multiple of 16); N = n_act activation rows in Q8_K format (scratch as for _rows).
+    N > 1: each group of 16 rows against every activation row in turn, its records hot."""
+    npad = 1 if n_act == 1 else (n_act + 3) // 4 * 4
+    n_groups = (rows + 15) // 16
+    w = carray(_p_u8(wp), (n_groups * 16 * rb,))
+    xq = carray(_p_i8(xqp), (npad, k))
+    xd = carray(_p_f32(xdp), (npad, nb))
+    xbs = carray(_p_i16(xbsp), (npad, k // 16))
+    xb2 = carray(_p_i16(xb2p), (npad, k // 32))
+    out = carray(_p_f32(outp), (n_act, ldo))
+    pf = n_act == 1
+    for g in range(r0 // 16, (r1 + 15) // 16):
+        for n in range(n_act):
+            if qt == Q4_K:
+                _dot1_q4k_r16(w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf)
+            else:
+                _dot1_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1, pf)
+
+
+# ---------------------------------------------------------------- repacking
+
+
+@njit
+def _interleave(w, row, s, dst, g, b, r, so, nbytes, do, unit):
+    """Field bytes w[row, s+so : s+so+nbytes] of row r into record (g, b) at `do`, as units of
+    `unit` bytes (2: [16] f16 arrays, 4: dword-interleaved vectors) lane r of each."""
+    for i in range(nbytes // unit):
+        for t in range(unit):
+            dst[g, b, do + 16 * unit * i + unit * r + t] = w[row, s + so + unit * i + t]
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _repack_r16k(qt, w, dst) -> None:
+    """w [rows, rb] u8 (row-major super-blocks) -> dst [ceil(rows/16), nb, 16 * block bytes]
+    u8, the records described above (zero-filled by the caller: padding rows have d = 0)."""
+    rows = w.shape[0]
+    n_groups, nb, rec = dst.shape
+    bb = rec // 16
+    for g in prange(n_groups):
+        for b in range(nb):
+            for r in range(min(16, rows - 16 * g)):
+                row = 16 * g + r
+                s = b * bb
+                if qt == Q4_K:
+                    _interleave(w, row, s, dst, g, b, r, 0, 2, 0, 2)  # d
+                    _interleave(w, row, s, dst, g, b, r, 2, 2, _K4_DMIN, 2)
+                    _interleave(w, row, s, dst, g, b, r, 4, 12, _K4_SC, 4)
+                    _interleave(w, row, s, dst, g, b, r, 16, 128, _K4_QS, 4)
+                else:
+                    _interleave(w, row, s, dst, g, b, r, 208, 2, 0, 2)  # d
+                    _interleave(w, row, s, dst, g, b, r, 192, 16, _K6_SC, 4)
+                    _interleave(w, row, s, dst, g, b, r, 0, 128, _K6_QL, 4)
+                    _interleave(w, row, s, dst, g, b, r, 128, 64, _K6_QH, 4)
+
+
+def repack_r16k(src: np.ndarray, qt: int) -> np.ndarray:
+    """The r16 records of a Q4_K / Q6_K weight src [rows, row_bytes] u8 (read-only, C order):
+    [ceil(rows/16), nb, 16 * block bytes] u8 (callers reshape)."""
+    rows, rb = src.shape
+    bb = R16K_BYTES[qt] // 16
+    dst = np.zeros(((rows + 15) // 16, rb // bb, 16 * bb), np.uint8)
+    if rows:
+        _repack_r16k(qt, src, dst)
+    return dst
