@@ -24,7 +24,7 @@ from localllm.kernels.cpu.mm_common import (
     _p_u8,
     _store16,
 )
-from localllm.kernels.cpu.mm_r16k import R16K_BYTES, repack_r16k
+from localllm.kernels.cpu.mm_r16k import R16K_BYTES, _repack_r16k
 from localllm.kernels.cpu.simd import (
     add8x64,
     add32x16,
@@ -287,12 +287,9 @@ def repack_r16(w_raw: np.ndarray, qtype: int) -> np.ndarray:
     if src.flags.writeable:  # one compiled signature (read-only mmap views)
         src = src.view()
         src.flags.writeable = False
-    if qt in R16K_BYTES:
-        dst = repack_r16k(src, qt)
-    else:
-        dst = np.zeros((n_groups, rb // bb, 16 * bb), np.uint8)  # [groups, nb, record]
-        if rows:
-            _repack_r16(qt, src, dst)
+    dst = np.zeros((n_groups, rb // bb, 16 * bb), np.uint8)  # [groups, nb, record]
+    if rows:
+        (_repack_r16k if qt in R16K_BYTES else _repack_r16)(qt, src, dst)
     dst.flags.writeable = False  # records are never written again (and one compiled driver)
     return dst.reshape(n_groups * 16, rb)
 

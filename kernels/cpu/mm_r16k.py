@@ -36,8 +36,7 @@ over a group's records, which stay in L1/L2 (a group of a 2048-wide Q4_K weight 
 
 from __future__ import annotations
 
-import numpy as np
-from numba import carray, njit, prange
+from numba import carray, njit
 
 from localllm.kernels.cpu.mm_common import (
     PREFETCH_BYTES,
@@ -338,36 +337,27 @@ def _interleave(w, row, s, dst, g, b, r, so, nbytes, do, unit):
             dst[g, b, do + 16 * unit * i + unit * r + t] = w[row, s + so + unit * i + t]
 
 
-@njit(cache=True, parallel=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _repack_r16k(qt, w, dst) -> None:
     """w [rows, rb] u8 (row-major super-blocks) -> dst [ceil(rows/16), nb, 16 * block bytes]
-    u8, the records described above (zero-filled by the caller: padding rows have d = 0)."""
+    u8, the records described above (zero-filled by the caller: padding rows have d = 0).
+    Serial: a parallel function compiled ~2 s longer on a first run (in mm_r16's
+    _repack_r16, +3 s), for ~4 ms saved per load of the default model."""
     rows = w.shape[0]
     n_groups, nb, rec = dst.shape
-    bb = rec // 16
-    for g in prange(n_groups):
+    for g in range(n_groups):
         for b in range(nb):
             for r in range(min(16, rows - 16 * g)):
                 row = 16 * g + r
-                s = b * bb
                 if qt == Q4_K:
+                    s = b * 144
                     _interleave(w, row, s, dst, g, b, r, 0, 2, 0, 2)  # d
                     _interleave(w, row, s, dst, g, b, r, 2, 2, _K4_DMIN, 2)
                     _interleave(w, row, s, dst, g, b, r, 4, 12, _K4_SC, 4)
                     _interleave(w, row, s, dst, g, b, r, 16, 128, _K4_QS, 4)
                 else:
+                    s = b * 210
                     _interleave(w, row, s, dst, g, b, r, 208, 2, 0, 2)  # d
                     _interleave(w, row, s, dst, g, b, r, 192, 16, _K6_SC, 4)
                     _interleave(w, row, s, dst, g, b, r, 0, 128, _K6_QL, 4)
                     _interleave(w, row, s, dst, g, b, r, 128, 64, _K6_QH, 4)
-
-
-def repack_r16k(src: np.ndarray, qt: int) -> np.ndarray:
-    """The r16 records of a Q4_K / Q6_K weight src [rows, row_bytes] u8 (read-only, C order):
-    [ceil(rows/16), nb, 16 * block bytes] u8 (callers reshape)."""
-    rows, rb = src.shape
-    bb = R16K_BYTES[qt] // 16
-    dst = np.zeros(((rows + 15) // 16, rb // bb, 16 * bb), np.uint8)
-    if rows:
-        _repack_r16k(qt, src, dst)
-    return dst
