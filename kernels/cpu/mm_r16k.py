@@ -30,8 +30,9 @@ at repack would cost 4 bytes a row per block (+2.8% bytes read) to save ~12 vect
 
 Per 256 weights x 16 rows, Q4_K: 32 loads, 96 nibble ops, 64 vpdpbusd, 64 vpdpwssd (the
 chunk scale: vpdpwssd of the dot, which fits in an i16, with the scale in the low word),
-~30 scale ops, 16 FMAs; Q6_K about 1.5x that. N > 1 runs the N = 1 body per activation row
-over a group's records, which stay in L1/L2 (a group of a 2048-wide Q4_K weight is 18 KiB).
+~30 scale ops, 16 FMAs; Q6_K about 1.5x that. N > 1 takes the activation rows two at a time
+(each weight vector decoded once for both; 16 accumulators, so four rows would spill) over a
+group's records, which stay in L1/L2 (a group of a 2048-wide Q4_K weight is 18 KiB).
 """
 
 from __future__ import annotations
@@ -196,6 +197,110 @@ def _dot1_q4k_r16(w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf):
     _store16(out, n, n_act, 16 * g, r1, _tree8(a0, a1, a2, a3, a4, a5, a6, a7))
 
 
+@njit
+def _k4_isum2(w, q, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7):
+    """_k4_isum for two activation rows (bytes xb and xc) from one decode of the quants."""
+    m = splat32x16(_M0F)
+    z = zero32x16()
+    v = ld_i32x16(w, q)
+    lo = and32x16(v, m)
+    hi = and32x16(srl32x16(v, 4), m)
+    i = dot_wd16(z, dot_bcast32x16(z, lo, xq, xb), s0)
+    j = dot_wd16(z, dot_bcast32x16(z, lo, xq, xc), s0)
+    i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 32), s1)
+    j = dot_wd16(j, dot_bcast32x16(z, hi, xq, xc + 32), s1)
+    v = ld_i32x16(w, q + 512)
+    lo = and32x16(v, m)
+    hi = and32x16(srl32x16(v, 4), m)
+    i = dot_wd16(i, dot_bcast32x16(z, lo, xq, xb + 64), s2)
+    j = dot_wd16(j, dot_bcast32x16(z, lo, xq, xc + 64), s2)
+    i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 96), s3)
+    j = dot_wd16(j, dot_bcast32x16(z, hi, xq, xc + 96), s3)
+    v = ld_i32x16(w, q + 1024)
+    lo = and32x16(v, m)
+    hi = and32x16(srl32x16(v, 4), m)
+    i = dot_wd16(i, dot_bcast32x16(z, lo, xq, xb + 128), s4)
+    j = dot_wd16(j, dot_bcast32x16(z, lo, xq, xc + 128), s4)
+    i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 160), s5)
+    j = dot_wd16(j, dot_bcast32x16(z, hi, xq, xc + 160), s5)
+    v = ld_i32x16(w, q + 1536)
+    lo = and32x16(v, m)
+    hi = and32x16(srl32x16(v, 4), m)
+    i = dot_wd16(i, dot_bcast32x16(z, lo, xq, xb + 192), s6)
+    j = dot_wd16(j, dot_bcast32x16(z, lo, xq, xc + 192), s6)
+    i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 224), s7)
+    j = dot_wd16(j, dot_bcast32x16(z, hi, xq, xc + 224), s7)
+    return i, j
+
+
+@njit
+def _k4_lane2(a, c, w, q, pos, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7, mn, bs_a, bs_c,
+              dva, dma, dvc, dmc):
+    """Lane pos of rows n (a) and n + 1 (c) after one block."""
+    i, j = _k4_isum2(w, q + 64 * pos, xq, xb + 4 * pos, xc + 4 * pos,
+                     s0, s1, s2, s3, s4, s5, s6, s7)
+    return _k4_lane(a, i, mn, bs_a, dva, dma), _k4_lane(c, j, mn, bs_c, dvc, dmc)
+
+
+@njit
+def _dot2_q4k_r16(w, g, nb, xq, xd, xb2, out, n, n_act, r1):
+    """_dot1_q4k_r16 for activation rows n and n + 1 (a padding row when n + 1 = N: computed,
+    not stored), each weight vector decoded once for both."""
+    rec = 144 * 16
+    k = nb * 256
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zerof16()
+    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zerof16()
+    for b in range(nb):
+        p = (g * nb + b) * rec
+        u0 = ld_i32x16(w, p + _K4_SC)
+        u1 = ld_i32x16(w, p + _K4_SC + 64)
+        u2 = ld_i32x16(w, p + _K4_SC + 128)
+        sca = and32x16(u0, splat32x16(_M3F))
+        scb = or32x16(and32x16(u2, splat32x16(_M0F)),
+                      shl32x16(and32x16(srl32x16(u0, 6), splat32x16(_M03)), 4))
+        mna = and32x16(u1, splat32x16(_M3F))
+        mnb = or32x16(and32x16(srl32x16(u2, 4), splat32x16(_M0F)),
+                      shl32x16(and32x16(srl32x16(u1, 6), splat32x16(_M03)), 4))
+        s0 = _byte(sca, 0)
+        s1 = _byte(sca, 1)
+        s2 = _byte(sca, 2)
+        s3 = _byte(sca, 3)
+        s4 = _byte(scb, 0)
+        s5 = _byte(scb, 1)
+        s6 = _byte(scb, 2)
+        s7 = _byte(scb, 3)
+        d = ld_f16x16(w, p)
+        dm = ld_f16x16(w, p + _K4_DMIN)
+        dx = xd[n, b]
+        dva = mul16(d, splatf16(dx))
+        dma = mul16(dm, splatf16(-dx))
+        dx = xd[n + 1, b]
+        dvc = mul16(d, splatf16(dx))
+        dmc = mul16(dm, splatf16(-dx))
+        q = p + _K4_QS
+        xb = n * k + 256 * b
+        xc = xb + k
+        e = 8 * b
+        a0, c0 = _k4_lane2(a0, c0, w, q, 0, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+                           _byte(mna, 0), xb2[n, e], xb2[n + 1, e], dva, dma, dvc, dmc)
+        a1, c1 = _k4_lane2(a1, c1, w, q, 1, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+                           _byte(mna, 1), xb2[n, e + 1], xb2[n + 1, e + 1], dva, dma, dvc, dmc)
+        a2, c2 = _k4_lane2(a2, c2, w, q, 2, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+                           _byte(mna, 2), xb2[n, e + 2], xb2[n + 1, e + 2], dva, dma, dvc, dmc)
+        a3, c3 = _k4_lane2(a3, c3, w, q, 3, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+                           _byte(mna, 3), xb2[n, e + 3], xb2[n + 1, e + 3], dva, dma, dvc, dmc)
+        a4, c4 = _k4_lane2(a4, c4, w, q, 4, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+                           _byte(mnb, 0), xb2[n, e + 4], xb2[n + 1, e + 4], dva, dma, dvc, dmc)
+        a5, c5 = _k4_lane2(a5, c5, w, q, 5, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+                           _byte(mnb, 1), xb2[n, e + 5], xb2[n + 1, e + 5], dva, dma, dvc, dmc)
+        a6, c6 = _k4_lane2(a6, c6, w, q, 6, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+                           _byte(mnb, 2), xb2[n, e + 6], xb2[n + 1, e + 6], dva, dma, dvc, dmc)
+        a7, c7 = _k4_lane2(a7, c7, w, q, 7, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+                           _byte(mnb, 3), xb2[n, e + 7], xb2[n + 1, e + 7], dva, dma, dvc, dmc)
+    _store16(out, n, n_act, 16 * g, r1, _tree8(a0, a1, a2, a3, a4, a5, a6, a7))
+    _store16(out, n + 1, n_act, 16 * g, r1, _tree8(c0, c1, c2, c3, c4, c5, c6, c7))
+
+
 # ---------------------------------------------------------------- Q6_K
 
 
@@ -300,6 +405,105 @@ def _dot1_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1, pf):
     _store16(out, n, n_act, 16 * g, r1, _tree8(a0, a1, a2, a3, a4, a5, a6, a7))
 
 
+@njit
+def _k6_half2(i, j, w, ql, qh, xq, xb, xc, s0, s1, s2, s3):
+    """_k6_half for two activation rows (bytes xb and xc) from one decode of the chunks."""
+    z = zero32x16()
+    m = splat32x16(_M0F)
+    h = splat32x16(_M30)
+    l0 = ld_i32x16(w, ql)
+    l1 = ld_i32x16(w, ql + 512)
+    hb = ld_i32x16(w, qh)
+    c0 = or32x16(and32x16(l0, m), and32x16(shl32x16(hb, 4), h))
+    c1 = or32x16(and32x16(l1, m), and32x16(shl32x16(hb, 2), h))
+    c2 = or32x16(and32x16(srl32x16(l0, 4), m), and32x16(hb, h))
+    c3 = or32x16(and32x16(srl32x16(l1, 4), m), and32x16(srl32x16(hb, 2), h))
+    i = dot_wd16(i, dot_bcast32x16(z, c0, xq, xb), s0)
+    j = dot_wd16(j, dot_bcast32x16(z, c0, xq, xc), s0)
+    i = dot_wd16(i, dot_bcast32x16(z, c1, xq, xb + 32), s1)
+    j = dot_wd16(j, dot_bcast32x16(z, c1, xq, xc + 32), s1)
+    i = dot_wd16(i, dot_bcast32x16(z, c2, xq, xb + 64), s2)
+    j = dot_wd16(j, dot_bcast32x16(z, c2, xq, xc + 64), s2)
+    i = dot_wd16(i, dot_bcast32x16(z, c3, xq, xb + 96), s3)
+    j = dot_wd16(j, dot_bcast32x16(z, c3, xq, xc + 96), s3)
+    return i, j
+
+
+@njit
+def _k6_fin(acc, i, sa, sb, bs0, bs1, dv):
+    ms = add32x16(mul32x16(sa, splat32x16(bs0)), mul32x16(sb, splat32x16(bs1)))
+    return fma16(acc, cvtf16(sub32x16(i, shl32x16(ms, 5))), dv)
+
+
+@njit
+def _k6_lane2(a, c, w, p, pos, xq, xb, xc, sa, sb, t0, t1, t2, t3, t4, t5, t6, t7,
+              xbs, n, e, dva, dvc):
+    """_k6_lane for rows n (a) and n + 1 (c)."""
+    z = zero32x16()
+    i, j = _k6_half2(z, z, w, p + _K6_QL + 64 * pos, p + _K6_QH + 64 * pos, xq,
+                     xb + 4 * pos, xc + 4 * pos, t0, t1, t2, t3)
+    i, j = _k6_half2(i, j, w, p + _K6_QL + 64 * (16 + pos), p + _K6_QH + 64 * (8 + pos), xq,
+                     xb + 128 + 4 * pos, xc + 128 + 4 * pos, t4, t5, t6, t7)
+    f = e + 2 * pos
+    return (_k6_fin(a, i, sa, sb, xbs[n, f], xbs[n, f + 1], dva),
+            _k6_fin(c, j, sa, sb, xbs[n + 1, f], xbs[n + 1, f + 1], dvc))
+
+
+@njit
+def _dot2_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1):
+    """_dot1_q6k_r16 for activation rows n and n + 1, each chunk decoded once for both."""
+    rec = 210 * 16
+    k = nb * 256
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zerof16()
+    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zerof16()
+    for b in range(nb):
+        p = (g * nb + b) * rec
+        v0 = ld_i32x16(w, p + _K6_SC)
+        v1 = ld_i32x16(w, p + _K6_SC + 64)
+        v2 = ld_i32x16(w, p + _K6_SC + 128)
+        v3 = ld_i32x16(w, p + _K6_SC + 192)
+        d = ld_f16x16(w, p)
+        dva = mul16(d, splatf16(xd[n, b]))
+        dvc = mul16(d, splatf16(xd[n + 1, b]))
+        xb = n * k + 256 * b
+        xc = xb + k
+        e = 16 * b
+        t0 = _w(_sbyte(v0, 0))
+        t1 = _w(_sbyte(v0, 2))
+        t2 = _w(_sbyte(v1, 0))
+        t3 = _w(_sbyte(v1, 2))
+        t4 = _w(_sbyte(v2, 0))
+        t5 = _w(_sbyte(v2, 2))
+        t6 = _w(_sbyte(v3, 0))
+        t7 = _w(_sbyte(v3, 2))
+        a0, c0 = _k6_lane2(a0, c0, w, p, 0, xq, xb, xc, _sbyte(v0, 0), _sbyte(v0, 1),
+                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
+        a1, c1 = _k6_lane2(a1, c1, w, p, 1, xq, xb, xc, _sbyte(v0, 2), _sbyte(v0, 3),
+                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
+        a2, c2 = _k6_lane2(a2, c2, w, p, 2, xq, xb, xc, _sbyte(v1, 0), _sbyte(v1, 1),
+                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
+        a3, c3 = _k6_lane2(a3, c3, w, p, 3, xq, xb, xc, _sbyte(v1, 2), _sbyte(v1, 3),
+                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
+        t0 = _w(_sbyte(v0, 1))
+        t1 = _w(_sbyte(v0, 3))
+        t2 = _w(_sbyte(v1, 1))
+        t3 = _w(_sbyte(v1, 3))
+        t4 = _w(_sbyte(v2, 1))
+        t5 = _w(_sbyte(v2, 3))
+        t6 = _w(_sbyte(v3, 1))
+        t7 = _w(_sbyte(v3, 3))
+        a4, c4 = _k6_lane2(a4, c4, w, p, 4, xq, xb, xc, _sbyte(v2, 0), _sbyte(v2, 1),
+                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
+        a5, c5 = _k6_lane2(a5, c5, w, p, 5, xq, xb, xc, _sbyte(v2, 2), _sbyte(v2, 3),
+                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
+        a6, c6 = _k6_lane2(a6, c6, w, p, 6, xq, xb, xc, _sbyte(v3, 0), _sbyte(v3, 1),
+                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
+        a7, c7 = _k6_lane2(a7, c7, w, p, 7, xq, xb, xc, _sbyte(v3, 2), _sbyte(v3, 3),
+                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
+    _store16(out, n, n_act, 16 * g, r1, _tree8(a0, a1, a2, a3, a4, a5, a6, a7))
+    _store16(out, n + 1, n_act, 16 * g, r1, _tree8(c0, c1, c2, c3, c4, c5, c6, c7))
+
+
 # ---------------------------------------------------------------- rows
 
 
@@ -307,7 +511,8 @@ def _dot1_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1, pf):
 def _rows_r16k(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ldo, n_act):
     """out[:, r0:r1] from the Q4_K / Q6_K r16 records at address wp (rows: the real row count;
     r0 a multiple of 16); N = n_act activation rows in Q8_K format (scratch as for _rows).
-    N > 1: each group of 16 rows against every activation row in turn, its records hot."""
+    N > 1: each group of 16 rows against the activation rows two at a time, its records
+    hot."""
     npad = 1 if n_act == 1 else (n_act + 3) // 4 * 4
     n_groups = (rows + 15) // 16
     w = carray(_p_u8(wp), (n_groups * 16 * rb,))
@@ -316,13 +521,18 @@ def _rows_r16k(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ldo,
     xbs = carray(_p_i16(xbsp), (npad, k // 16))
     xb2 = carray(_p_i16(xb2p), (npad, k // 32))
     out = carray(_p_f32(outp), (n_act, ldo))
-    pf = n_act == 1
     for g in range(r0 // 16, (r1 + 15) // 16):
-        for n in range(n_act):
+        if n_act == 1:
             if qt == Q4_K:
-                _dot1_q4k_r16(w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf)
+                _dot1_q4k_r16(w, g, nb, xq, xd, xb2, out, 0, 1, r1, True)
             else:
-                _dot1_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1, pf)
+                _dot1_q6k_r16(w, g, nb, xq, xd, xbs, out, 0, 1, r1, True)
+            continue
+        for n in range(0, n_act, 2):  # npad is even: row n + 1 exists (padding or not)
+            if qt == Q4_K:
+                _dot2_q4k_r16(w, g, nb, xq, xd, xb2, out, n, n_act, r1)
+            else:
+                _dot2_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1)
 
 
 # ---------------------------------------------------------------- repacking
