@@ -1,4 +1,4 @@
-"""The r16 layout of the K-quants Q4_K / Q6_K (kernels/cpu/mm_r16k): the records are the
+"""The r16 layout of the K-quants Q4_K / Q5_K / Q6_K (kernels/cpu/mm_r16k): the records are the
 documented permutation of the row-major blocks, and a product from them carries exactly the
 bits of the row-major kernel for every (row, activation row), whatever N, row count or thread
 count, and lies within the quantization bound of a float64 numpy product."""
@@ -13,12 +13,13 @@ from test_kernels_matmul import check_product, random_weight
 
 from localllm.kernels.cpu import matmul as mm
 
-_KQ = [T.Q4_K, T.Q6_K]
+_KQ = [T.Q4_K, T.Q5_K, T.Q6_K]
 
 # (field offset in a row-major block, bytes, unit) in record order: unit 2 = a [16] fp16
 # array, 4 = dword-interleaved vectors (lane r = row r's 4 bytes)
 _FIELDS = {
     T.Q4_K: (144, [(0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 128, 4)]),  # d dmin scales qs
+    T.Q5_K: (176, [(0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 32, 4), (48, 128, 4)]),  # .. qh qs
     T.Q6_K: (210, [(208, 2, 2), (192, 16, 4), (0, 128, 4), (128, 64, 4)]),  # d sc ql qh
 }
 

@@ -1,6 +1,6 @@
 """The row-interleaved (r16) layout of the 32-weight block types Q4_0 / Q4_1 / Q5_0 / Q5_1 /
-Q8_0: its kernels and its repacking; which weights are repacked (the K-quants Q4_K / Q6_K
-included, whose layout and kernels are in mm_r16k)."""
+Q8_0: its kernels and its repacking; which weights are repacked (the K-quants Q4_K / Q5_K /
+Q6_K included, whose layout and kernels are in mm_r16k)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ from localllm.kernels.cpu.simd import (
 # the row-major kernels (same integer dots and scale products; float summation order differs).
 
 _R16_BYTES = {Q4_0: 18 * 16, Q4_1: 20 * 16, Q5_0: 22 * 16, Q5_1: 24 * 16, Q8_0: 34 * 16,
-              **R16K_BYTES}  # and the K-quants Q4_K / Q6_K (layout and kernels: mm_r16k)
+              **R16K_BYTES}  # and the K-quants Q4_K / Q5_K / Q6_K (layout and kernels: mm_r16k)
 
 
 @njit
@@ -271,7 +271,7 @@ def r16_shape(rows: int, row_bytes: int) -> tuple[int, int]:
 
 
 def repack_r16(w_raw: np.ndarray, qtype: int) -> np.ndarray:
-    """The row-interleaved copy of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q6_K weight
+    """The row-interleaved copy of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weight
     [rows, row_bytes] u8: returns [ceil(rows/16) * 16, row_bytes] u8 (read-only) holding the
     r16 records (layout in the comment above _r16_dec, and mm_r16k's docstring for the
     K-quants; padding rows are zero). Any CPU can build it; only AVX-512 VNNI kernels read it."""

@@ -1,4 +1,5 @@
-"""The row-interleaved (r16) layout of the K-quants Q4_K and Q6_K: its kernels and repacking.
+"""The row-interleaved (r16) layout of the K-quants Q4_K, Q5_K and Q6_K: its kernels and
+repacking.
 
 Why: the row-major K-quant kernels (mm_kquants) reduce each row to one float with a horizontal
 sum and spend ~40 instructions of 256 bits per 144-byte super-block, and measured hot they
@@ -21,6 +22,8 @@ Records: groups of 16 rows (the last zero-padded), block column by block column;
   Q4_K (16 x 144 bytes): d [16] f16 | dmin [16] f16 | scales: 3 vectors (the 12 packed 6-bit
         bytes, unpacked with dword shifts in the kernel) | qs: 32 vectors, vector 8j + l =
         qs[32j + 4l .. +3]: low nibbles sub-block 2j, high nibbles 2j + 1, positions 4l..4l+3.
+  Q5_K (16 x 176 bytes): as Q4_K with 8 qh vectors (vector l = qh[4l .. +3]: bit 2j / 2j + 1
+        is the 5th bit of sub-block 2j / 2j + 1 at those positions) before the 32 qs vectors.
   Q6_K (16 x 210 bytes): d [16] f16 | scales: 4 vectors (int8 scales 4i..4i+3) | ql: 32
         vectors | qh: 16 vectors.
 The records are the row-major bytes permuted (nothing decoded), so a record is exactly 16
@@ -42,6 +45,7 @@ from numba import carray, njit
 from localllm.kernels.cpu.mm_common import (
     PREFETCH_BYTES,
     Q4_K,
+    Q5_K,
     Q6_K,
     _p_f32,
     _p_i8,
@@ -74,10 +78,12 @@ from localllm.kernels.cpu.simd import (
 )
 
 # bytes of a record (16 super-blocks)
-R16K_BYTES = {Q4_K: 144 * 16, Q6_K: 210 * 16}
+R16K_BYTES = {Q4_K: 144 * 16, Q5_K: 176 * 16, Q6_K: 210 * 16}
 
 # Record offsets. Q4_K: d, dmin, 3 scale vectors, 32 quant vectors.
 _K4_DMIN, _K4_SC, _K4_QS = 32, 64, 256
+# Q5_K: as Q4_K, then 8 qh vectors (vector l = qh[4l .. +3]), then the 32 quant vectors.
+_K5_QH, _K5_QS = 256, 768
 # Q6_K: d, 4 scale vectors, 32 ql vectors, 16 qh vectors.
 _K6_SC, _K6_QL, _K6_QH = 32, 288, 2336
 
@@ -110,23 +116,39 @@ def _tree8(a0, a1, a2, a3, a4, a5, a6, a7):
 
 
 @njit
-def _k4_isum(w, q, xq, xb, s0, s1, s2, s3, s4, s5, s6, s7):
-    """isum_l of 16 rows: sum over sub-blocks s of sc_s * dot(positions 4l..4l+3); q: the byte
-    of quant vector l (vector 8j + l at q + 512j), xb: activation byte 256b + 4l."""
+def _k45_quants(qt, w, q, h, j):
+    """The unsigned quants (lo: sub-block 2j, hi: 2j + 1) of the quant vector at byte q; for
+    Q5_K with their 5th bits (bits 2j, 2j + 1 of the qh vector at byte h) as bit 4."""
     m = splat32x16(_M0F)
-    z = zero32x16()
     v = ld_i32x16(w, q)
-    i = dot_wd16(z, dot_bcast32x16(z, and32x16(v, m), xq, xb), s0)
-    i = dot_wd16(i, dot_bcast32x16(z, and32x16(srl32x16(v, 4), m), xq, xb + 32), s1)
-    v = ld_i32x16(w, q + 512)
-    i = dot_wd16(i, dot_bcast32x16(z, and32x16(v, m), xq, xb + 64), s2)
-    i = dot_wd16(i, dot_bcast32x16(z, and32x16(srl32x16(v, 4), m), xq, xb + 96), s3)
-    v = ld_i32x16(w, q + 1024)
-    i = dot_wd16(i, dot_bcast32x16(z, and32x16(v, m), xq, xb + 128), s4)
-    i = dot_wd16(i, dot_bcast32x16(z, and32x16(srl32x16(v, 4), m), xq, xb + 160), s5)
-    v = ld_i32x16(w, q + 1536)
-    i = dot_wd16(i, dot_bcast32x16(z, and32x16(v, m), xq, xb + 192), s6)
-    return dot_wd16(i, dot_bcast32x16(z, and32x16(srl32x16(v, 4), m), xq, xb + 224), s7)
+    lo = and32x16(v, m)
+    hi = and32x16(srl32x16(v, 4), m)
+    if qt == Q5_K:
+        one = splat32x16(0x01010101)
+        hb = ld_i32x16(w, h)
+        lo = or32x16(lo, shl32x16(and32x16(srl32x16(hb, 2 * j), one), 4))
+        hi = or32x16(hi, shl32x16(and32x16(srl32x16(hb, 2 * j + 1), one), 4))
+    return lo, hi
+
+
+@njit
+def _k4_isum(qt, w, q, h, xq, xb, s0, s1, s2, s3, s4, s5, s6, s7):
+    """isum_l of 16 rows: sum over sub-blocks s of sc_s * dot(positions 4l..4l+3); q: the byte
+    of quant vector l (vector 8j + l at q + 512j), h: of qh vector l (Q5_K), xb: activation
+    byte 256b + 4l."""
+    z = zero32x16()
+    lo, hi = _k45_quants(qt, w, q, h, 0)
+    i = dot_wd16(z, dot_bcast32x16(z, lo, xq, xb), s0)
+    i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 32), s1)
+    lo, hi = _k45_quants(qt, w, q + 512, h, 1)
+    i = dot_wd16(i, dot_bcast32x16(z, lo, xq, xb + 64), s2)
+    i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 96), s3)
+    lo, hi = _k45_quants(qt, w, q + 1024, h, 2)
+    i = dot_wd16(i, dot_bcast32x16(z, lo, xq, xb + 128), s4)
+    i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 160), s5)
+    lo, hi = _k45_quants(qt, w, q + 1536, h, 3)
+    i = dot_wd16(i, dot_bcast32x16(z, lo, xq, xb + 192), s6)
+    return dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 224), s7)
 
 
 @njit
@@ -138,8 +160,9 @@ def _k4_lane(acc, isum, mn, bsum, dv, dmv):
 
 
 @njit
-def _dot1_q4k_r16(w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf):
-    rec = 144 * 16
+def _dot1_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf):
+    # Q4_K or Q5_K (qt): the same sums, Q5_K's quants with a 5th bit
+    rec = 176 * 16 if qt == Q5_K else 144 * 16
     k = nb * 256
     xo = n * k
     a0 = zerof16()
@@ -175,57 +198,56 @@ def _dot1_q4k_r16(w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf):
         dx = xd[n, b]
         dv = mul16(ld_f16x16(w, p), splatf16(dx))
         dmv = mul16(ld_f16x16(w, p + _K4_DMIN), splatf16(-dx))  # = -(dmin * dx), bit for bit
-        q = p + _K4_QS
+        q = p + (_K5_QS if qt == Q5_K else _K4_QS)
+        h = p + _K5_QH
         xb = xo + 256 * b
         e = 8 * b
-        a0 = _k4_lane(a0, _k4_isum(w, q, xq, xb, s0, s1, s2, s3, s4, s5, s6, s7),
+        a0 = _k4_lane(a0, _k4_isum(qt, w, q, h, xq, xb, s0, s1, s2, s3, s4, s5, s6, s7),
                       _byte(mna, 0), xb2[n, e], dv, dmv)
-        a1 = _k4_lane(a1, _k4_isum(w, q + 64, xq, xb + 4, s0, s1, s2, s3, s4, s5, s6, s7),
+        a1 = _k4_lane(a1, _k4_isum(qt, w, q + 64, h + 64, xq, xb + 4,
+                                     s0, s1, s2, s3, s4, s5, s6, s7),
                       _byte(mna, 1), xb2[n, e + 1], dv, dmv)
-        a2 = _k4_lane(a2, _k4_isum(w, q + 128, xq, xb + 8, s0, s1, s2, s3, s4, s5, s6, s7),
+        a2 = _k4_lane(a2, _k4_isum(qt, w, q + 128, h + 128, xq, xb + 8,
+                                     s0, s1, s2, s3, s4, s5, s6, s7),
                       _byte(mna, 2), xb2[n, e + 2], dv, dmv)
-        a3 = _k4_lane(a3, _k4_isum(w, q + 192, xq, xb + 12, s0, s1, s2, s3, s4, s5, s6, s7),
+        a3 = _k4_lane(a3, _k4_isum(qt, w, q + 192, h + 192, xq, xb + 12,
+                                     s0, s1, s2, s3, s4, s5, s6, s7),
                       _byte(mna, 3), xb2[n, e + 3], dv, dmv)
-        a4 = _k4_lane(a4, _k4_isum(w, q + 256, xq, xb + 16, s0, s1, s2, s3, s4, s5, s6, s7),
+        a4 = _k4_lane(a4, _k4_isum(qt, w, q + 256, h + 256, xq, xb + 16,
+                                     s0, s1, s2, s3, s4, s5, s6, s7),
                       _byte(mnb, 0), xb2[n, e + 4], dv, dmv)
-        a5 = _k4_lane(a5, _k4_isum(w, q + 320, xq, xb + 20, s0, s1, s2, s3, s4, s5, s6, s7),
+        a5 = _k4_lane(a5, _k4_isum(qt, w, q + 320, h + 320, xq, xb + 20,
+                                     s0, s1, s2, s3, s4, s5, s6, s7),
                       _byte(mnb, 1), xb2[n, e + 5], dv, dmv)
-        a6 = _k4_lane(a6, _k4_isum(w, q + 384, xq, xb + 24, s0, s1, s2, s3, s4, s5, s6, s7),
+        a6 = _k4_lane(a6, _k4_isum(qt, w, q + 384, h + 384, xq, xb + 24,
+                                     s0, s1, s2, s3, s4, s5, s6, s7),
                       _byte(mnb, 2), xb2[n, e + 6], dv, dmv)
-        a7 = _k4_lane(a7, _k4_isum(w, q + 448, xq, xb + 28, s0, s1, s2, s3, s4, s5, s6, s7),
+        a7 = _k4_lane(a7, _k4_isum(qt, w, q + 448, h + 448, xq, xb + 28,
+                                     s0, s1, s2, s3, s4, s5, s6, s7),
                       _byte(mnb, 3), xb2[n, e + 7], dv, dmv)
     _store16(out, n, n_act, 16 * g, r1, _tree8(a0, a1, a2, a3, a4, a5, a6, a7))
 
 
 @njit
-def _k4_isum2(w, q, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7):
+def _k4_isum2(qt, w, q, h, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7):
     """_k4_isum for two activation rows (bytes xb and xc) from one decode of the quants."""
-    m = splat32x16(_M0F)
     z = zero32x16()
-    v = ld_i32x16(w, q)
-    lo = and32x16(v, m)
-    hi = and32x16(srl32x16(v, 4), m)
+    lo, hi = _k45_quants(qt, w, q, h, 0)
     i = dot_wd16(z, dot_bcast32x16(z, lo, xq, xb), s0)
     j = dot_wd16(z, dot_bcast32x16(z, lo, xq, xc), s0)
     i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 32), s1)
     j = dot_wd16(j, dot_bcast32x16(z, hi, xq, xc + 32), s1)
-    v = ld_i32x16(w, q + 512)
-    lo = and32x16(v, m)
-    hi = and32x16(srl32x16(v, 4), m)
+    lo, hi = _k45_quants(qt, w, q + 512, h, 1)
     i = dot_wd16(i, dot_bcast32x16(z, lo, xq, xb + 64), s2)
     j = dot_wd16(j, dot_bcast32x16(z, lo, xq, xc + 64), s2)
     i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 96), s3)
     j = dot_wd16(j, dot_bcast32x16(z, hi, xq, xc + 96), s3)
-    v = ld_i32x16(w, q + 1024)
-    lo = and32x16(v, m)
-    hi = and32x16(srl32x16(v, 4), m)
+    lo, hi = _k45_quants(qt, w, q + 1024, h, 2)
     i = dot_wd16(i, dot_bcast32x16(z, lo, xq, xb + 128), s4)
     j = dot_wd16(j, dot_bcast32x16(z, lo, xq, xc + 128), s4)
     i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 160), s5)
     j = dot_wd16(j, dot_bcast32x16(z, hi, xq, xc + 160), s5)
-    v = ld_i32x16(w, q + 1536)
-    lo = and32x16(v, m)
-    hi = and32x16(srl32x16(v, 4), m)
+    lo, hi = _k45_quants(qt, w, q + 1536, h, 3)
     i = dot_wd16(i, dot_bcast32x16(z, lo, xq, xb + 192), s6)
     j = dot_wd16(j, dot_bcast32x16(z, lo, xq, xc + 192), s6)
     i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 224), s7)
@@ -234,19 +256,19 @@ def _k4_isum2(w, q, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7):
 
 
 @njit
-def _k4_lane2(a, c, w, q, pos, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7, mn, bs_a, bs_c,
-              dva, dma, dvc, dmc):
+def _k4_lane2(qt, a, c, w, q, h, pos, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7, mn, bs_a,
+              bs_c, dva, dma, dvc, dmc):
     """Lane pos of rows n (a) and n + 1 (c) after one block."""
-    i, j = _k4_isum2(w, q + 64 * pos, xq, xb + 4 * pos, xc + 4 * pos,
+    i, j = _k4_isum2(qt, w, q + 64 * pos, h + 64 * pos, xq, xb + 4 * pos, xc + 4 * pos,
                      s0, s1, s2, s3, s4, s5, s6, s7)
     return _k4_lane(a, i, mn, bs_a, dva, dma), _k4_lane(c, j, mn, bs_c, dvc, dmc)
 
 
 @njit
-def _dot2_q4k_r16(w, g, nb, xq, xd, xb2, out, n, n_act, r1):
+def _dot2_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1):
     """_dot1_q4k_r16 for activation rows n and n + 1 (a padding row when n + 1 = N: computed,
     not stored), each weight vector decoded once for both."""
-    rec = 144 * 16
+    rec = 176 * 16 if qt == Q5_K else 144 * 16
     k = nb * 256
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zerof16()
     c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zerof16()
@@ -277,25 +299,26 @@ def _dot2_q4k_r16(w, g, nb, xq, xd, xb2, out, n, n_act, r1):
         dx = xd[n + 1, b]
         dvc = mul16(d, splatf16(dx))
         dmc = mul16(dm, splatf16(-dx))
-        q = p + _K4_QS
+        q = p + (_K5_QS if qt == Q5_K else _K4_QS)
+        h = p + _K5_QH
         xb = n * k + 256 * b
         xc = xb + k
         e = 8 * b
-        a0, c0 = _k4_lane2(a0, c0, w, q, 0, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+        a0, c0 = _k4_lane2(qt, a0, c0, w, q, h, 0, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
                            _byte(mna, 0), xb2[n, e], xb2[n + 1, e], dva, dma, dvc, dmc)
-        a1, c1 = _k4_lane2(a1, c1, w, q, 1, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+        a1, c1 = _k4_lane2(qt, a1, c1, w, q, h, 1, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
                            _byte(mna, 1), xb2[n, e + 1], xb2[n + 1, e + 1], dva, dma, dvc, dmc)
-        a2, c2 = _k4_lane2(a2, c2, w, q, 2, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+        a2, c2 = _k4_lane2(qt, a2, c2, w, q, h, 2, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
                            _byte(mna, 2), xb2[n, e + 2], xb2[n + 1, e + 2], dva, dma, dvc, dmc)
-        a3, c3 = _k4_lane2(a3, c3, w, q, 3, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+        a3, c3 = _k4_lane2(qt, a3, c3, w, q, h, 3, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
                            _byte(mna, 3), xb2[n, e + 3], xb2[n + 1, e + 3], dva, dma, dvc, dmc)
-        a4, c4 = _k4_lane2(a4, c4, w, q, 4, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+        a4, c4 = _k4_lane2(qt, a4, c4, w, q, h, 4, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
                            _byte(mnb, 0), xb2[n, e + 4], xb2[n + 1, e + 4], dva, dma, dvc, dmc)
-        a5, c5 = _k4_lane2(a5, c5, w, q, 5, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+        a5, c5 = _k4_lane2(qt, a5, c5, w, q, h, 5, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
                            _byte(mnb, 1), xb2[n, e + 5], xb2[n + 1, e + 5], dva, dma, dvc, dmc)
-        a6, c6 = _k4_lane2(a6, c6, w, q, 6, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+        a6, c6 = _k4_lane2(qt, a6, c6, w, q, h, 6, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
                            _byte(mnb, 2), xb2[n, e + 6], xb2[n + 1, e + 6], dva, dma, dvc, dmc)
-        a7, c7 = _k4_lane2(a7, c7, w, q, 7, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
+        a7, c7 = _k4_lane2(qt, a7, c7, w, q, h, 7, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
                            _byte(mnb, 3), xb2[n, e + 7], xb2[n + 1, e + 7], dva, dma, dvc, dmc)
     _store16(out, n, n_act, 16 * g, r1, _tree8(a0, a1, a2, a3, a4, a5, a6, a7))
     _store16(out, n + 1, n_act, 16 * g, r1, _tree8(c0, c1, c2, c3, c4, c5, c6, c7))
@@ -509,7 +532,7 @@ def _dot2_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1):
 
 @njit
 def _rows_r16k(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ldo, n_act):
-    """out[:, r0:r1] from the Q4_K / Q6_K r16 records at address wp (rows: the real row count;
+    """out[:, r0:r1] from the Q4_K / Q5_K / Q6_K r16 records at address wp (rows: the real row count;
     r0 a multiple of 16); N = n_act activation rows in Q8_K format (scratch as for _rows).
     N > 1: each group of 16 rows against the activation rows two at a time, its records
     hot."""
@@ -523,14 +546,14 @@ def _rows_r16k(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ldo,
     out = carray(_p_f32(outp), (n_act, ldo))
     for g in range(r0 // 16, (r1 + 15) // 16):
         if n_act == 1:
-            if qt == Q4_K:
-                _dot1_q4k_r16(w, g, nb, xq, xd, xb2, out, 0, 1, r1, True)
+            if qt == Q4_K or qt == Q5_K:
+                _dot1_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, 0, 1, r1, True)
             else:
                 _dot1_q6k_r16(w, g, nb, xq, xd, xbs, out, 0, 1, r1, True)
             continue
         for n in range(0, n_act, 2):  # npad is even: row n + 1 exists (padding or not)
-            if qt == Q4_K:
-                _dot2_q4k_r16(w, g, nb, xq, xd, xb2, out, n, n_act, r1)
+            if qt == Q4_K or qt == Q5_K:
+                _dot2_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1)
             else:
                 _dot2_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1)
 
@@ -565,6 +588,13 @@ def _repack_r16k(qt, w, dst) -> None:
                     _interleave(w, row, s, dst, g, b, r, 2, 2, _K4_DMIN, 2)
                     _interleave(w, row, s, dst, g, b, r, 4, 12, _K4_SC, 4)
                     _interleave(w, row, s, dst, g, b, r, 16, 128, _K4_QS, 4)
+                elif qt == Q5_K:
+                    s = b * 176
+                    _interleave(w, row, s, dst, g, b, r, 0, 2, 0, 2)  # d
+                    _interleave(w, row, s, dst, g, b, r, 2, 2, _K4_DMIN, 2)
+                    _interleave(w, row, s, dst, g, b, r, 4, 12, _K4_SC, 4)
+                    _interleave(w, row, s, dst, g, b, r, 16, 32, _K5_QH, 4)
+                    _interleave(w, row, s, dst, g, b, r, 48, 128, _K5_QS, 4)
                 else:
                     s = b * 210
                     _interleave(w, row, s, dst, g, b, r, 208, 2, 0, 2)  # d
