@@ -533,9 +533,9 @@ def _dot2_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1):
 @njit
 def _rows_r16k(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ldo, n_act):
     """out[:, r0:r1] from the Q4_K / Q5_K / Q6_K r16 records at address wp (rows: the real
-    row count; r0 a multiple of 16); N = n_act activation rows in Q8_K format (scratch as for _rows).
-    N > 1: each group of 16 rows against the activation rows two at a time, its records
-    hot."""
+    row count; r0 a multiple of 16); N = n_act activation rows in Q8_K format (scratch as
+    for _rows). N > 1: each group of 16 rows against the activation rows two at a time, its
+    records hot."""
     npad = 1 if n_act == 1 else (n_act + 3) // 4 * 4
     n_groups = (rows + 15) // 16
     w = carray(_p_u8(wp), (n_groups * 16 * rb,))
