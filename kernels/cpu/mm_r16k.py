@@ -531,31 +531,42 @@ def _dot2_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1):
 
 
 @njit
-def _rows_r16k(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ldo, n_act):
-    """out[:, r0:r1] from the Q4_K / Q5_K / Q6_K r16 records at address wp (rows: the real
-    row count; r0 a multiple of 16); N = n_act activation rows in Q8_K format (scratch as
-    for _rows). N > 1: each group of 16 rows against the activation rows two at a time, its
-    records hot."""
+def _r16k_arrays(rows, rb, nb, k, wp, xqp, xdp, xbsp, xb2p, outp, ldo, n_act):
+    """The arrays behind the addresses a row kernel gets (scratch as for mm_driver._rows)."""
     npad = 1 if n_act == 1 else (n_act + 3) // 4 * 4
     n_groups = (rows + 15) // 16
-    w = carray(_p_u8(wp), (n_groups * 16 * rb,))
-    xq = carray(_p_i8(xqp), (npad, k))
-    xd = carray(_p_f32(xdp), (npad, nb))
-    xbs = carray(_p_i16(xbsp), (npad, k // 16))
-    xb2 = carray(_p_i16(xb2p), (npad, k // 32))
-    out = carray(_p_f32(outp), (n_act, ldo))
+    return (carray(_p_u8(wp), (n_groups * 16 * rb,)), carray(_p_i8(xqp), (npad, k)),
+            carray(_p_f32(xdp), (npad, nb)), carray(_p_i16(xbsp), (npad, k // 16)),
+            carray(_p_i16(xb2p), (npad, k // 32)), carray(_p_f32(outp), (n_act, ldo)))
+
+
+@njit
+def _rows_r16k45(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ldo, n_act):
+    """out[:, r0:r1] from the Q4_K / Q5_K (qt) r16 records at address wp (rows: the real row
+    count; r0 a multiple of 16); N = n_act activation rows in Q8_K format. N > 1: each group
+    of 16 rows against the activation rows two at a time, its records hot. (Q6_K has its own
+    entry, _rows_r16k6: one entry for all three compiled every type's code into each.)"""
+    w, xq, xd, xbs, xb2, out = _r16k_arrays(rows, rb, nb, k, wp, xqp, xdp, xbsp, xb2p, outp,
+                                            ldo, n_act)
     for g in range(r0 // 16, (r1 + 15) // 16):
         if n_act == 1:
-            if qt == Q4_K or qt == Q5_K:
-                _dot1_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, 0, 1, r1, True)
-            else:
-                _dot1_q6k_r16(w, g, nb, xq, xd, xbs, out, 0, 1, r1, True)
+            _dot1_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, 0, 1, r1, True)
             continue
         for n in range(0, n_act, 2):  # npad is even: row n + 1 exists (padding or not)
-            if qt == Q4_K or qt == Q5_K:
-                _dot2_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1)
-            else:
-                _dot2_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1)
+            _dot2_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1)
+
+
+@njit
+def _rows_r16k6(wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ldo, n_act):
+    """_rows_r16k45 for Q6_K."""
+    w, xq, xd, xbs, xb2, out = _r16k_arrays(rows, rb, nb, k, wp, xqp, xdp, xbsp, xb2p, outp,
+                                            ldo, n_act)
+    for g in range(r0 // 16, (r1 + 15) // 16):
+        if n_act == 1:
+            _dot1_q6k_r16(w, g, nb, xq, xd, xbs, out, 0, 1, r1, True)
+            continue
+        for n in range(0, n_act, 2):
+            _dot2_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1)
 
 
 # ---------------------------------------------------------------- repacking
