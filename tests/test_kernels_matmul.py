@@ -144,8 +144,8 @@ def check_product(qt: T, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
 # The 32-weight block types have 512-bit kernels where the CPU allows (cpu_features `wide`);
 # there, their 256-bit kernels are tested as well.
 _B32 = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL]
-# Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights passed with their r16 copy (packed=) take the row-interleaved
-# kernels where the CPU has AVX-512 VNNI.
+# Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K weights passed with their r16 copy (packed=) take the
+# row-interleaved kernels where the CPU has AVX-512 VNNI.
 _VARIANTS = [(t, None) for t in ALL_TYPES] + (
     [(t, False) for t in _B32] if FEATURES.wide and mm.kernel_path() != "portable" else []) + [
     (T(t), "r16") for t in mm.r16_types()]
@@ -221,7 +221,7 @@ def test_repack_r16_layout(qt: T) -> None:
         w = random_weight(qt, rows, 96, rng)
         np.testing.assert_array_equal(mm.repack_r16(w, int(qt)), r16_reference(qt, w))
     with pytest.raises(ValueError, match="r16"):
-        mm.repack_r16(random_weight(T.Q4_K, 4, 256, rng), int(T.Q4_K))
+        mm.repack_r16(random_weight(T.Q3_K, 4, 256, rng), int(T.Q3_K))
 
 
 def test_r16_packed_argument_is_checked() -> None:
@@ -242,9 +242,9 @@ def test_r16_packed_argument_is_checked() -> None:
     check_product(T.Q5_0, w, x, out)
     with pytest.raises(ValueError, match="shape"):
         mm.matmul(w[:32], int(T.Q5_0), x, out[:, :32], packed=packed)
-    wk = random_weight(T.Q4_K, 40, 256, rng)
+    wk = random_weight(T.Q3_K, 40, 256, rng)
     with pytest.raises(ValueError, match="no r16 layout"):
-        mm.matmul(wk, int(T.Q4_K), np.zeros((4, 256), np.float32), out,
+        mm.matmul(wk, int(T.Q3_K), np.zeros((4, 256), np.float32), out,
                   packed=np.zeros((48, wk.shape[1]), np.uint8))
     with pytest.raises(TypeError, match="uint8"):
         mm.matmul(w, int(T.Q5_0), x, out, packed=packed.view(np.int8))

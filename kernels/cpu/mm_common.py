@@ -15,6 +15,7 @@ from numba.extending import intrinsic
 
 from localllm.formats.qtypes import BY_NAME, QK, QTYPES
 from localllm.kernels.cpu.cpu_features import FEATURES, simd_disabled_by_env
+from localllm.kernels.cpu.simd import lanef16, st_f32x16
 
 # GGML type ids, block shapes and activation formats come from the one table of weight types
 # (formats/qtypes.py); the names below are the ids the kernels branch on.
@@ -76,6 +77,19 @@ def _store4(out, r, n0, n_act, v0, v1, v2, v3):
         out[n0 + 2, r] = v2
     if n0 + 3 < n_act:
         out[n0 + 3, r] = v3
+
+
+@njit
+def _store16(out, n, n_act, r, r1, v):
+    """out[n, r:r+16] = v, an F32x16 of 16 rows' results (r16 kernels; only rows < r1;
+    nothing for a padding activation row n >= N)."""
+    if n >= n_act:
+        return
+    if r + 16 <= r1:
+        st_f32x16(out, (n * out.shape[1] + r) * 4, v)
+    else:
+        for j in range(r1 - r):
+            out[n, r + j] = lanef16(v, j)
 
 
 # Addresses: the row kernels are C functions taking int64 arguments only, and rebuild their

@@ -61,6 +61,7 @@ from localllm.kernels.cpu.mm_kquants import (
 from localllm.kernels.cpu.mm_r16 import (
     _rows_r16,
 )
+from localllm.kernels.cpu.mm_r16k import _rows_r16k6, _rows_r16k45
 from localllm.kernels.cpu.quant_act import (
     quantize_row_q8_0,
     quantize_row_q8_k,
@@ -284,8 +285,21 @@ def _k_q5_1_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, 
     _rows_r16(Q5_1, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
 
 
+def _k_q4_k_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_r16k45(Q4_K, w, rows, rb, r0, r1, nb, k, xq, xd, xbs, xb2, out, ldo, n)
+
+
+def _k_q5_k_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_r16k45(Q5_K, w, rows, rb, r0, r1, nb, k, xq, xd, xbs, xb2, out, ldo, n)
+
+
+def _k_q6_k_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_r16k6(w, rows, rb, r0, r1, nb, k, xq, xd, xbs, xb2, out, ldo, n)
+
+
 _KERNEL_PY_R16 = {Q4_0: _k_q4_0_r16, Q4_1: _k_q4_1_r16, Q5_0: _k_q5_0_r16,
-                  Q5_1: _k_q5_1_r16, Q8_0: _k_q8_0_r16}  # repacked
+                  Q5_1: _k_q5_1_r16, Q8_0: _k_q8_0_r16,
+                  Q4_K: _k_q4_k_r16, Q5_K: _k_q5_k_r16, Q6_K: _k_q6_k_r16}  # repacked
 _KERNEL_PY_WIDE = {  # the 32-weight block types with 512-bit kernels
     Q4_0: _k_q4_0, Q4_1: _k_q4_1, Q5_0: _k_q5_0, Q5_1: _k_q5_1, Q8_0: _k_q8_0,
     IQ4_NL: _k_iq4_nl,

@@ -1,5 +1,6 @@
 """The row-interleaved (r16) layout of the 32-weight block types Q4_0 / Q4_1 / Q5_0 / Q5_1 /
-Q8_0: its kernels and its repacking."""
+Q8_0: its kernels and its repacking; which weights are repacked (the K-quants Q4_K / Q5_K /
+Q6_K included, whose layout and kernels are in mm_r16k)."""
 
 from __future__ import annotations
 
@@ -21,14 +22,15 @@ from localllm.kernels.cpu.mm_common import (
     _p_f32,
     _p_i8,
     _p_u8,
+    _store16,
 )
+from localllm.kernels.cpu.mm_r16k import R16K_BYTES, _repack_r16k
 from localllm.kernels.cpu.simd import (
     add8x64,
     add32x16,
     cvtf16,
     dot_bcast64,
     fma16,
-    lanef16,
     ld_f16x16,
     ld_i8x64,
     mul16,
@@ -37,7 +39,6 @@ from localllm.kernels.cpu.simd import (
     or_bits64,
     prefetch,
     splatf16,
-    st_f32x16,
     zero32x16,
     zerof16,
 )
@@ -60,7 +61,8 @@ from localllm.kernels.cpu.simd import (
 # decode is ~1.6x cheaper than the row-major one (measured on Zen 5). Numerics are those of
 # the row-major kernels (same integer dots and scale products; float summation order differs).
 
-_R16_BYTES = {Q4_0: 18 * 16, Q4_1: 20 * 16, Q5_0: 22 * 16, Q5_1: 24 * 16, Q8_0: 34 * 16}
+_R16_BYTES = {Q4_0: 18 * 16, Q4_1: 20 * 16, Q5_0: 22 * 16, Q5_1: 24 * 16, Q8_0: 34 * 16,
+              **R16K_BYTES}  # and the K-quants Q4_K / Q5_K / Q6_K (layout and kernels: mm_r16k)
 
 
 @njit
@@ -105,18 +107,6 @@ def _r16_dot(u, xq, xo):
     i = dot_bcast64(i, u[6], xq, xo + 24)
     j = dot_bcast64(j, u[7], xq, xo + 28)
     return add32x16(i, j)
-
-
-@njit
-def _store16(out, n, n_act, r, r1, v):
-    """out[n, r:r+16] = v (only rows < r1; nothing for a padding activation row n >= N)."""
-    if n >= n_act:
-        return
-    if r + 16 <= r1:
-        st_f32x16(out, (n * out.shape[1] + r) * 4, v)
-    else:
-        for j in range(r1 - r):
-            out[n, r + j] = lanef16(v, j)
 
 
 @njit
@@ -281,9 +271,10 @@ def r16_shape(rows: int, row_bytes: int) -> tuple[int, int]:
 
 
 def repack_r16(w_raw: np.ndarray, qtype: int) -> np.ndarray:
-    """The row-interleaved copy of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weight [rows, row_bytes] u8: returns
-    [ceil(rows/16) * 16, row_bytes] u8 (read-only) holding the r16 records (layout in the
-    comment above _r16_dec; padding rows are zero). Any CPU can build it; only AVX-512 VNNI kernels read it."""
+    """The row-interleaved copy of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weight
+    [rows, row_bytes] u8: returns [ceil(rows/16) * 16, row_bytes] u8 (read-only) holding the
+    r16 records (layout in the comment above _r16_dec, and mm_r16k's docstring for the
+    K-quants; padding rows are zero). Any CPU can build it; only AVX-512 VNNI kernels read it."""
     qt = int(qtype)
     if qt not in _R16_BYTES:
         raise ValueError(f"no r16 layout for GGML type {qt} ({dequant.qtype_name(qt)})")
@@ -292,12 +283,13 @@ def repack_r16(w_raw: np.ndarray, qtype: int) -> np.ndarray:
     if rb % bb:
         raise ValueError(f"rows of {rb} bytes are not whole {dequant.qtype_name(qt)} blocks")
     n_groups = (rows + 15) // 16
-    dst = np.zeros((n_groups, rb // bb, 16 * bb), np.uint8)  # [groups, nb, record]
     src = np.ascontiguousarray(w_raw)
     if src.flags.writeable:  # one compiled signature (read-only mmap views)
         src = src.view()
         src.flags.writeable = False
+    dst = np.zeros((n_groups, rb // bb, 16 * bb), np.uint8)  # [groups, nb, record]
     if rows:
-        _repack_r16(qt, src, dst)
+        (_repack_r16k if qt in R16K_BYTES else _repack_r16)(qt, src, dst)
     dst.flags.writeable = False  # records are never written again (and one compiled driver)
     return dst.reshape(n_groups * 16, rb)
+

@@ -1173,3 +1173,121 @@ def f16_bits(typingctx, x):
         return builder.bitcast(h, ir.IntType(16))
 
     return types.uint16(x), codegen
+
+
+# ----------------------------------------------------------------------------- 512-bit, dwords
+# For the r16 K-quant kernels (mm_r16k): their records hold one dword of each of 16 rows per
+# vector, and the 6-bit scales, nibbles and 2-bit high parts are unpacked with dword shifts
+# and byte masks.
+
+
+@intrinsic
+def ld_i32x16(typingctx, arr, off):
+    """64 bytes at byte offset `off` (unaligned) as 16 dwords."""
+    if not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], _W32), align=1)
+
+    return I32x16(arr, types.intp), codegen
+
+
+@intrinsic
+def splat32x16(typingctx, c):
+    """An integer broadcast to 16 dwords."""
+    if not isinstance(c, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _splat(builder, _W32, builder.trunc(args[0], _i32))
+
+    return I32x16(types.int64), codegen
+
+
+def _binop32x16(method: str, name: str):
+    def impl(typingctx, a, b):
+        if a != I32x16 or b != I32x16:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return getattr(builder, method)(args[0], args[1])
+
+        return I32x16(I32x16, I32x16), codegen
+
+    impl.__name__ = name
+    impl.__doc__ = f"Lanewise {method} of two I32x16 (wrapping)."
+    return intrinsic(impl)
+
+
+and32x16 = _binop32x16("and_", "and32x16")
+or32x16 = _binop32x16("or_", "or32x16")
+sub32x16 = _binop32x16("sub", "sub32x16")
+mul32x16 = _binop32x16("mul", "mul32x16")
+
+
+def _shift32x16(method: str, name: str):
+    def impl(typingctx, a, n):
+        if a != I32x16 or not isinstance(n, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            c = args[1]
+            c = builder.trunc(c, _i32) if c.type.width > 32 else c
+            return getattr(builder, method)(args[0], _splat(builder, _W32, c))
+
+        return I32x16(I32x16, types.int64), codegen
+
+    impl.__name__ = name
+    impl.__doc__ = f"Lanewise {method} of an I32x16 by n (all lanes alike)."
+    return intrinsic(impl)
+
+
+shl32x16 = _shift32x16("shl", "shl32x16")
+srl32x16 = _shift32x16("lshr", "srl32x16")
+sra32x16 = _shift32x16("ashr", "sra32x16")
+
+
+@intrinsic
+def dot_bcast32x16(typingctx, acc, u, arr, off):
+    """dot_bcast64 for quants held as I32x16: acc + per-dword u8(u) x s8(x), x the 4 bytes at
+    byte `off` of arr broadcast (vpdpbusd {1to16})."""
+    if acc != I32x16 or u != I32x16 or not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], _i32), align=1)
+        f = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", _W32, [_W32, _W32, _W32])
+        return builder.call(f, [args[0], args[1], _splat(builder, _W32, x)])
+
+    return I32x16(I32x16, I32x16, arr, types.intp), codegen
+
+
+@intrinsic
+def dot_wd16(typingctx, acc, a, b):
+    """acc + per-dword (a.lo16 * b.lo16 + a.hi16 * b.hi16), signed words (vpdpwssd). With b's
+    high words zero and a an i32 in i16 range (high word its sign), this is acc + a * b.lo16."""
+    if acc != I32x16 or a != I32x16 or b != I32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        f = _fn(builder, "llvm.x86.avx512.vpdpwssd.512", _W32, [_W32, _W32, _W32])
+        return builder.call(f, [args[0], args[1], args[2]])
+
+    return I32x16(I32x16, I32x16, I32x16), codegen
+
+
+@intrinsic
+def addf16(typingctx, a, b):
+    """Lanewise a + b of two F32x16 (strict IEEE add)."""
+    if a != F32x16 or b != F32x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+
+    return F32x16(F32x16, F32x16), codegen
+
+
+__all__ += ["ld_i32x16", "splat32x16", "and32x16", "or32x16", "sub32x16", "mul32x16",
+            "shl32x16", "srl32x16", "sra32x16", "dot_bcast32x16", "dot_wd16", "addf16"]

@@ -1,0 +1,107 @@
+"""The r16 layout of the K-quants Q4_K / Q5_K / Q6_K (kernels/cpu/mm_r16k): the records are the
+documented permutation of the row-major blocks, and a product from them carries exactly the
+bits of the row-major kernel for every (row, activation row), whatever N, row count or thread
+count, and lies within the quantization bound of a float64 numpy product."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from test_kernels_matmul import check_product, random_weight
+
+from localllm.kernels.cpu import matmul as mm
+
+_KQ = [T.Q4_K, T.Q5_K, T.Q6_K]
+
+# (field offset in a row-major block, bytes, unit) in record order: unit 2 = a [16] fp16
+# array, 4 = dword-interleaved vectors (lane r = row r's 4 bytes)
+_FIELDS = {
+    T.Q4_K: (144, [(0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 128, 4)]),  # d dmin scales qs
+    T.Q5_K: (176, [(0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 32, 4), (48, 128, 4)]),  # .. qh qs
+    T.Q6_K: (210, [(208, 2, 2), (192, 16, 4), (0, 128, 4), (128, 64, 4)]),  # d sc ql qh
+}
+
+
+def r16k_reference(qt: T, w: np.ndarray) -> np.ndarray:
+    """The records built from mm_r16k's description, in numpy: [ceil(rows/16)*16, rb] u8."""
+    bb, fields = _FIELDS[qt]
+    rows, rb = w.shape
+    nb = rb // bb
+    ng = (rows + 15) // 16
+    blk = np.zeros((ng * 16, nb, bb), np.uint8)
+    blk[:rows] = w.reshape(rows, nb, bb)
+    blk = blk.reshape(ng, 16, nb, bb).transpose(0, 2, 1, 3)  # [g, b, row r, block bytes]
+    parts = []
+    for off, n, unit in fields:
+        f = blk[..., off:off + n].reshape(ng, nb, 16, n // unit, unit)  # [g, b, r, i, unit]
+        parts.append(f.transpose(0, 1, 3, 2, 4).reshape(ng, nb, 16 * n))  # i, then r
+    return np.concatenate(parts, axis=-1).reshape(ng * 16, rb)
+
+
+@pytest.mark.parametrize("qt", _KQ, ids=lambda t: t.name)
+def test_repack_r16k_layout(qt: T) -> None:
+    """repack_r16 builds exactly the documented records (zero padding rows), on any CPU."""
+    rng = np.random.default_rng(40)
+    for rows in (16, 37):
+        w = random_weight(qt, rows, 512, rng)
+        packed = mm.repack_r16(w, int(qt))
+        assert packed.shape == mm.r16_shape(rows, w.shape[1])
+        np.testing.assert_array_equal(packed, r16k_reference(qt, w))
+
+
+needs_r16 = pytest.mark.skipif(not set(map(int, _KQ)) <= set(mm.r16_types()),
+                               reason="no r16 kernels on this path (AVX-512 VNNI only)")
+
+
+@needs_r16
+@pytest.mark.parametrize("qt", _KQ, ids=lambda t: t.name)
+def test_r16k_bits_equal_row_major(qt: T) -> None:
+    """Odd row counts (a partial last group), one and several super-blocks, N = 1..16: the
+    r16 product equals the row-major product bit for bit, and both are near the float64
+    reference (negative Q6_K scales and all 6-bit Q4_K scales/mins come from random bytes)."""
+    rng = np.random.default_rng(int(qt) + 100)
+    for rows, k in [(37, 256), (45, 768), (16, 512)]:
+        w = random_weight(qt, rows, k, rng)
+        packed = mm.repack_r16(w, int(qt))
+        xs = rng.standard_normal((16, k)).astype(np.float32)
+        xs[1, :5] *= 30.0  # uneven block magnitudes
+        for n in (1, 2, 3, 5, 16):
+            x = xs[:n]
+            ref = np.full((n, rows), np.nan, np.float32)
+            got = np.full((n, rows), np.nan, np.float32)
+            mm.matmul(w, int(qt), x, ref)
+            mm.matmul(w, int(qt), x, got, packed=packed)
+            assert np.array_equal(ref.view(np.uint32), got.view(np.uint32)), (rows, k, n)
+            check_product(qt, w, x, got)
+
+
+@needs_r16
+def test_r16k_bits_do_not_depend_on_threads_or_groups() -> None:
+    """A product big enough to run in parallel tasks, on 1 and 2 threads, alone and in one
+    matmul_multi call with another K-quant weight: the same bits as the row-major kernel."""
+    rng = np.random.default_rng(41)
+    k = 1024
+    w6 = random_weight(T.Q6_K, 333, k, rng)
+    w4 = random_weight(T.Q4_K, 91, k, rng)
+    p6, p4 = mm.repack_r16(w6, int(T.Q6_K)), mm.repack_r16(w4, int(T.Q4_K))
+    before = numba.get_num_threads()
+    try:
+        for n in (1, 4):
+            x = rng.standard_normal((n, k)).astype(np.float32)
+            ref6 = np.empty((n, 333), np.float32)
+            ref4 = np.empty((n, 91), np.float32)
+            mm.matmul(w6, int(T.Q6_K), x, ref6)
+            mm.matmul(w4, int(T.Q4_K), x, ref4)
+            for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+                numba.set_num_threads(threads)
+                got = np.empty((n, 333), np.float32)
+                mm.matmul(w6, int(T.Q6_K), x, got, packed=p6)
+                assert np.array_equal(got, ref6), (n, threads)
+                wide = np.empty((n, 424), np.float32)
+                mm.matmul_multi([(w6, int(T.Q6_K), p6), (w4, int(T.Q4_K), p4)], x,
+                                [wide[:, :333], wide[:, 333:]])
+                assert np.array_equal(wide[:, :333], ref6) and np.array_equal(wide[:, 333:], ref4)
+    finally:
+        numba.set_num_threads(before)
