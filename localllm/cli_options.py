@@ -56,10 +56,9 @@ def engine_options(ns: argparse.Namespace) -> dict[str, object]:
 
 
 def _device(ns: argparse.Namespace) -> str:
-    """cpu or cuda: --device as main() resolved it (auto: cuda where CuPy sees a GPU)."""
-    from localllm.kernels.cuda.loader import resolve_device
-
-    return resolve_device(getattr(ns, "device", "auto"))
+    """--device for Engine: cpu, cuda (main() checked that it can be served) or auto (the
+    Engine takes the GPU where CuPy sees one and the model fits, else the CPU)."""
+    return getattr(ns, "device", "auto")
 
 
 def _kv_memory(text: str) -> int:

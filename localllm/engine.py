@@ -23,7 +23,6 @@ from localllm.batch import Batch
 from localllm.errors import PromptTooLongError
 from localllm.formats import GGUFFile, read_gguf
 from localllm.kv_cache import KVCache
-from localllm.models.base import DecoderModel
 from localllm.models.registry import load_model
 
 
@@ -60,14 +59,37 @@ class Engine:
         kv_memory: int | None = None,
         device: str = "cpu",
     ) -> None:
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"unknown device {device!r} (cpu or cuda; the CLI resolves auto)")
+        if device not in ("cpu", "cuda", "auto"):
+            raise ValueError(f"unknown device {device!r} (cpu, cuda or auto)")
         self.path = Path(model_path)
-        self.device = device
         self.n_threads = set_threads(n_threads)
         self.gf: GGUFFile = read_gguf(self.path)
         self.metadata = self.gf.metadata
-        cache_class: type[KVCache] = KVCache
+        from localllm.tokenizer import Tokenizer
+
+        self.tokenizer = Tokenizer.from_metadata(self.metadata)
+        self.n_batch = max(1, n_batch)
+        kv_opts = dict(n_slots=n_slots, k_type=kv_type, v_type=v_type, n_batch=self.n_batch,
+                       kv_memory=kv_memory)
+        self.device_note: str | None = None  # why "auto" fell back to the CPU, if it did
+        on_gpu = False
+        if device == "auto":  # the GPU where CuPy sees one and it can run this model
+            from localllm.kernels.cuda.loader import resolve_device
+
+            if resolve_device("auto") == "cuda":
+                try:
+                    self._build("cuda", n_ctx, kv_opts)
+                    on_gpu = True
+                except Exception as e:  # noqa: BLE001 - GPU too small, model it cannot run
+                    self.device_note = (f"the GPU could not take this model "
+                                        f"({e.__class__.__name__}: {e}); running on the CPU")
+            device = "cpu"
+        if not on_gpu:
+            self._build(device, n_ctx, kv_opts)
+        self._template = None
+
+    def _build(self, device: str, n_ctx: int | None, kv_opts: dict) -> None:
+        """The model and its KV cache on `device` (sets model, cfg, n_ctx, kv, device)."""
         if device == "cuda":
             # the same model, its raw blocks uploaded once (models/cuda_model.py); the
             # cache's books stay here and its storage goes to the GPU (localllm/cuda_kv.py)
@@ -76,25 +98,17 @@ class Engine:
             from localllm.models.cuda_model import CudaModel
 
             with raw_layout():
-                self.model = CudaModel(load_model(self.gf))
-            cache_class = CudaKVCache
+                model = CudaModel(load_model(self.gf))
+            cache_class: type[KVCache] = CudaKVCache
         else:
-            self.model: DecoderModel = load_model(self.gf)
-        self.cfg = self.model.cfg
-        from localllm.tokenizer import Tokenizer
-
-        self.tokenizer = Tokenizer.from_metadata(self.metadata)
-        n_ctx = n_ctx or min(4096, self.cfg.n_ctx_train)
+            model, cache_class = load_model(self.gf), KVCache
+        cfg = model.cfg
+        n_ctx = n_ctx or min(4096, cfg.n_ctx_train)
         if n_ctx <= 0:
             raise ValueError(f"context size must be positive, got {n_ctx}")
-        self.n_ctx = n_ctx
-        self.n_batch = max(1, n_batch)
-        self.kv = cache_class(
-            self.cfg.n_layer, n_ctx, self.cfg.n_head_kv, self.cfg.head_dim, self.cfg.head_dim_v,
-            n_slots=n_slots, layer_window=self.cfg.layer_window, k_type=kv_type,
-            v_type=v_type, n_batch=self.n_batch, kv_memory=kv_memory,
-        )
-        self._template = None
+        kv = cache_class(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v,
+                         layer_window=cfg.layer_window, **kv_opts)
+        self.model, self.cfg, self.n_ctx, self.kv, self.device = model, cfg, n_ctx, kv, device
 
     @property
     def template(self):  # lazy: raw-prompt users never need jinja2

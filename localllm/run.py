@@ -144,6 +144,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
             raise ValueError("no prompt: pass it as an argument or on standard input")
 
     from localllm.engine import Engine
+    from localllm.kernels.cuda.loader import resolve_device
     from localllm.speculative import StepCosts, make_drafter
     from localllm.warmup import ensure_kernels_compiled, start_compiling
 
@@ -152,7 +153,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     # a cold first run: workers compile the CPU kernels (attention for this run's K/V
     # types) while the model loads
     pending = (start_compiling(path, (ns.kv_type, ns.kv_type_v or ns.kv_type))
-               if opts["device"] == "cpu" else None)
+               if resolve_device(str(opts["device"])) == "cpu" else None)
     try:
         engine = Engine(path, **opts)
     except BaseException:
@@ -163,6 +164,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
     # one drafter (and draft model) for the process
     session = _Session(engine, ns, spec, make_drafter(spec, engine), StepCosts(), fmt)
     load_s = time.perf_counter() - t0
+    if engine.device_note:  # --device auto found a GPU that could not take the model
+        print(f"note: {engine.device_note}", file=sys.stderr)
     if ns.show_prompt:
         ids, rendered = _prompt_ids(engine, prompt or "", ns, history=[])
         sys.stdout.write((engine.tokenizer.decode(ids) if ns.raw else rendered) + "\n")

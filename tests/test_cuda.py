@@ -198,6 +198,32 @@ def test_device_auto_resolves_to_what_is_there() -> None:
         loader.resolve_device("tpu")
 
 
+def test_engine_auto_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto: the CPU where there is no GPU; where the GPU cannot take the model (here: a
+    "GPU" that CuPy cannot drive), the CPU with a note instead of an error."""
+    from tiny_models import write_tiny_model
+
+    from localllm.engine import Engine
+
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, "llama")
+    if not _CUDA_OK:
+        eng = Engine(path, n_ctx=64, device="auto")
+        assert eng.device == "cpu" and eng.device_note is None
+    monkeypatch.setattr(loader, "resolve_device", lambda requested: "cuda")
+    import localllm.models.cuda_model as cm
+
+    def broken(model):
+        raise MemoryError("out of GPU memory")
+
+    monkeypatch.setattr(cm, "CudaModel", broken)
+    eng = Engine(path, n_ctx=64, device="auto")
+    assert eng.device == "cpu" and "out of GPU memory" in eng.device_note
+    assert eng.decode(1).shape == (eng.cfg.n_vocab,)
+    with pytest.raises(ValueError, match="unknown device"):
+        Engine(path, device="tpu")
+
+
 def test_device_cuda_is_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:
     # Without CuPy/GPU: why, and how to install, before any model is opened; with them the
     # command goes on to the model, which does not exist here. Either way one error line.
