@@ -69,4 +69,20 @@ __device__ __forceinline__ float load_f16(const u8* p) {
     return h2f(*reinterpret_cast<const u16*>(p));
 }
 
+// Sum of squares of one row in double, in an order fixed by D and blockDim alone (each
+// thread's strided share, a warp butterfly, then the warps in order); any multiple of 32
+// threads up to 1024. All threads return the total.
+__device__ __forceinline__ double row_sumsq(const float* xr, int D) {
+    __shared__ double s_part[32];
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+    if (threadIdx.x % WARP == 0) s_part[threadIdx.x / WARP] = ss;
+    __syncthreads();
+    double total = 0.0;
+    for (int j = 0; j < (int)(blockDim.x / WARP); ++j) total += s_part[j];
+    return total;
+}
+
 #endif  // LOCALLLM_COMMON_CUH

@@ -180,6 +180,19 @@ __device__ __forceinline__ float dot_q6_k(const u8* row, int u, const i8* xq, co
 // NC = 1 (decode) and NC = 8 (verification, batched decode, prefill): the small-N kernel
 // only reads each weight block once for 8 activation rows instead of once per row.
 
+// The end of every product kernel: each lane's partial sums of the warp's NC outputs summed
+// over the warp (a fixed butterfly) and stored, or added to out (add = 1).
+template <int NC>
+__device__ __forceinline__ void store_rows(const float* acc, float* __restrict__ out, int rows,
+                                           int r, int n0, int nc, int add) {
+#pragma unroll
+    for (int j = 0; j < NC; ++j) {
+        const float a = warp_sum(acc[j]);
+        float* o = out + (i64)(n0 + j) * rows + r;
+        if (j < nc && threadIdx.x == 0) *o = add ? __fadd_rn(*o, a) : a;
+    }
+}
+
 template <int NC, typename Dot>
 __device__ __forceinline__ void mmv_q(Dot dot, int xd_div, const u8* __restrict__ W,
                                       i64 row_bytes, const i8* __restrict__ xq,
@@ -206,12 +219,7 @@ __device__ __forceinline__ void mmv_q(Dot dot, int xd_div, const u8* __restrict_
             }
         }
     }
-#pragma unroll
-    for (int j = 0; j < NC; ++j) {
-        const float a = warp_sum(acc[j]);
-        float* o = out + (i64)(n0 + j) * rows + r;
-        if (j < nc && threadIdx.x == 0) *o = add ? __fadd_rn(*o, a) : a;
-    }
+    store_rows<NC>(acc, out, rows, r, n0, nc, add);
 }
 
 // Up to three weights of one type that multiply the same activations (a layer's q/k/v, its
@@ -305,12 +313,7 @@ __device__ __forceinline__ void mmv_f(WF wfn, XF xfn, const u8* __restrict__ W, 
         for (int j = 0; j < NC; ++j)
             if (j < nc) acc[j] = __fmaf_rn(wv, xfn(x[(i64)(n0 + j) * K + k]), acc[j]);
     }
-#pragma unroll
-    for (int j = 0; j < NC; ++j) {
-        const float a = warp_sum(acc[j]);
-        float* o = out + (i64)(n0 + j) * rows + r;
-        if (j < nc && threadIdx.x == 0) *o = add ? __fadd_rn(*o, a) : a;
-    }
+    store_rows<NC>(acc, out, rows, r, n0, nc, add);
 }
 
 #define MMV_F(name, wfn, xfn)                                                                 \

@@ -1,22 +1,6 @@
 // Elementwise and row kernels of the forward pass, the GPU twins of kernels/cpu/ops.py.
 #include "common.cuh"
 
-// Sum of squares of one row in double, in an order fixed by D and blockDim alone (each
-// thread's strided share, a warp butterfly, then the warps in order); any multiple of 32
-// threads up to 1024. All threads return the total.
-__device__ __forceinline__ double row_sumsq(const float* xr, int D) {
-    __shared__ double s_part[32];
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
-#pragma unroll
-    for (int o = WARP / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
-    if (threadIdx.x % WARP == 0) s_part[threadIdx.x / WARP] = ss;
-    __syncthreads();
-    double total = 0.0;
-    for (int j = 0; j < (int)(blockDim.x / WARP); ++j) total += s_part[j];
-    return total;
-}
-
 // out[row] = res[row] + x[row] / sqrt(mean(x[row]^2) + eps) * w (res: nullptr for none; a
 // post-norm's residual add in the same pass); one block per row (plan_rows), the sum of
 // squares in double as on the CPU (and in ggml). x, res, out: [rows, D] f32 (out may alias

@@ -91,25 +91,12 @@ __device__ __forceinline__ void q8_1_block(float v, i8* xq, float* xd, float* xs
 // RMS norm of each row of x [N, D] (ops.cu rms_norm's arithmetic and block size: plan_rows
 // of D, a multiple of 32) quantized straight to Q8_1 blocks for the products that read it;
 // h [N, D]: the normed floats too, or nullptr. D a multiple of 32. grid (N).
-__device__ __forceinline__ double row_sumsq_q(const float* xr, int D) {
-    __shared__ double s_part[32];
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
-#pragma unroll
-    for (int o = WARP / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
-    if (threadIdx.x % WARP == 0) s_part[threadIdx.x / WARP] = ss;
-    __syncthreads();
-    double total = 0.0;
-    for (int j = 0; j < (int)(blockDim.x / WARP); ++j) total += s_part[j];
-    return total;
-}
-
 extern "C" __global__ void rms_norm_q8_1(const float* __restrict__ x,
                                          const float* __restrict__ w, float* h, i8* xq,
                                          float* xd, float* xs, int D, float eps) {
     const i64 row = blockIdx.x;
     const float* xr = x + row * D;
-    const double total = row_sumsq_q(xr, D);
+    const double total = row_sumsq(xr, D);
     const float scale = (float)(1.0 / sqrt(total / D + (double)eps));
     // thread i's elements i, i + blockDim, ...: at each step a warp holds one whole 32-block
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
