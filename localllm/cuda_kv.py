@@ -70,10 +70,7 @@ class CudaKVCache(KVCache):
         """attend_rows on device arrays: q [n, Hq, Dh] and out [n, Hq, Dv] cupy f32, q_pos and
         row_slot [n] cupy int64, books: step_books() on the device; n_pos bounds q_pos + 1
         (it sizes the attention split: a host number)."""
-        w = self.layer_window[layer]
-        if w > 0 and (window <= 0 or window > w):
-            raise ValueError(f"layer {layer}: a cache for window {w} cannot serve "
-                             f"attention with window {window}")
+        w = self._check_window(layer, window)
         if self.k_rot:
             q = q.copy()
             loader.hadamard_(q, self.k_rot)
@@ -92,11 +89,7 @@ class CudaKVCache(KVCache):
                    ) -> None:
         import cupy
 
-        idx = entries[self.layer_window[layer]]
-        if k.shape != (idx.shape[0], self.n_head_kv, self.head_dim) or \
-                v.shape != (idx.shape[0], self.n_head_kv, self.head_dim_v):
-            raise ValueError(f"K/V rows {k.shape} / {v.shape} do not fit this cache's "
-                             f"[{idx.shape[0]}, {self.n_head_kv}, head size]")
+        idx = self._rows_entries(layer, entries, k, v)
         self.store_dev(layer, cupy.asarray(idx, dtype=cupy.int64), k, v)
 
     def attend_rows(self, layer: int, row_slot: np.ndarray, q: Any, q_pos: np.ndarray,

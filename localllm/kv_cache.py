@@ -514,16 +514,31 @@ class KVCache:
                    v: np.ndarray,  # [N, Hkv, Dv] float32
                    ) -> None:
         """Write a batch's K/V rows, all slots in one call per tensor."""
-        idx = entries[self.layer_window[layer]]
+        idx = self._rows_entries(layer, entries, k, v)
         k, v = self._rotated(k, v)
         kv, vv = self._layer_views(layer)
+        # the entries are place_rows' own (in range, int64): no per-layer re-check
+        kv_quant.store_planned(kv, np.ascontiguousarray(k, dtype=np.float32), idx)
+        kv_quant.store_planned(vv, np.ascontiguousarray(v, dtype=np.float32), idx)
+
+    def _rows_entries(self, layer: int, entries: dict[int, np.ndarray], k, v) -> np.ndarray:
+        """The storage entries [N] of a layer for K/V rows k [N, Hkv, Dh], v [N, Hkv, Dv]
+        (checked to fit); store_rows' check, shared with the GPU cache's."""
+        idx = entries[self.layer_window[layer]]
         if k.shape != (idx.shape[0], self.n_head_kv, self.head_dim) or \
                 v.shape != (idx.shape[0], self.n_head_kv, self.head_dim_v):
             raise ValueError(f"K/V rows {k.shape} / {v.shape} do not fit this cache's "
                              f"[{idx.shape[0]}, {self.n_head_kv}, head size]")
-        # the entries are place_rows' own (in range, int64): no per-layer re-check
-        kv_quant.store_planned(kv, np.ascontiguousarray(k, dtype=np.float32), idx)
-        kv_quant.store_planned(vv, np.ascontiguousarray(v, dtype=np.float32), idx)
+        return idx
+
+    def _check_window(self, layer: int, window: int) -> int:
+        """The layer's cache kind (its window, 0: full), which must serve attention with
+        `window` (a sliding cache cannot serve a wider or full window)."""
+        w = self.layer_window[layer]
+        if w > 0 and (window <= 0 or window > w):
+            raise ValueError(f"layer {layer}: a cache for window {w} cannot serve "
+                             f"attention with window {window}")
+        return w
 
     def _layer_views(self, layer: int) -> tuple[kv_quant.StorageViews, kv_quant.StorageViews]:
         """The kernels' views of a layer's K and V storage (made once: storage never moves)."""
@@ -546,10 +561,7 @@ class KVCache:
     ) -> None:
         """`attend` for the rows of every sequence of a batch in one kernel call, through the
         block tables; each row gets the bits it would get alone, wherever its blocks are."""
-        w = self.layer_window[layer]
-        if w > 0 and (window <= 0 or window > w):
-            raise ValueError(f"layer {layer}: a cache for window {w} cannot serve "
-                             f"attention with window {window}")
+        w = self._check_window(layer, window)
         if self.k_rot:
             q = np.array(q, copy=True)
             ops.hadamard_(q, self.k_rot)

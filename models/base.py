@@ -52,6 +52,14 @@ def raw_layout() -> Iterator[None]:
         _RAW_LAYOUT.reset(token)
 
 
+def add_qkv_biases(L, q, k, v) -> None:
+    """q/k/v [N, .] += the layer's biases, where it has them (Qwen2); in place, so numpy
+    and CuPy arrays alike (L: LayerWeights, or the GPU's copy of it)."""
+    for out, bias in ((q, L.bq), (k, L.bk), (v, L.bv)):
+        if bias is not None:
+            out += bias
+
+
 def check_tokens(tokens: np.ndarray, n_vocab: int) -> None:
     """ValueError naming the first token id outside [0, n_vocab)."""
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= n_vocab):
@@ -309,12 +317,7 @@ class DecoderModel:
         for il, L in enumerate(self.layers):
             ops.rms_norm(x, L.attn_norm, cfg.rms_eps, h, checked=True)
             L.qkv(h, [q, k, v])
-            if L.bq is not None:
-                q += L.bq
-            if L.bk is not None:
-                k += L.bk
-            if L.bv is not None:
-                v += L.bv
+            add_qkv_biases(L, q, k, v)
             q3 = q.reshape(n, H, Dh)
             k3 = k.reshape(n, Hkv, Dh)
             if L.q_norm is not None:

@@ -19,7 +19,7 @@ bit for bit.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ import numpy as np
 from localllm.batch import Batch
 from localllm.kernels.cpu import ops
 from localllm.kernels.cuda import loader
-from localllm.models.base import DecoderModel, QWeight, check_tokens
+from localllm.models.base import DecoderModel, QWeight, add_qkv_biases, check_tokens
 from localllm.models.config import ModelConfig
 
 __all__ = ["CudaModel", "GpuWeight"]
@@ -136,7 +136,6 @@ class _Graph:
     graph: Any = None
     out: Any = None  # [N, V] logits buffer the graph writes
     ready: bool = False
-    keep: list = field(default_factory=list)  # arrays the capture must outlive
 
 
 class CudaModel:
@@ -279,12 +278,7 @@ class CudaModel:
         q_pos, row_slot, m = a["q_pos"], a["row_slot"], n
         for il, L in enumerate(self.layers):
             q, k, v = _normed_group(L.qkv, x, L.attn_norm, eps)
-            if L.bq is not None:
-                q += L.bq
-            if L.bk is not None:
-                k += L.bk
-            if L.bv is not None:
-                v += L.bv
+            add_qkv_biases(L, q, k, v)
             q3, k3, v3 = q.reshape(n, H, Dh), k.reshape(n, Hkv, Dh), v.reshape(n, Hkv, Dv)
             j = self.layer_rope[il]  # QK-norms (where the family has them) and rope: 1 launch
             loader.qk_norm_rope(q3, k3, L.q_norm, L.k_norm, a[f"cos{j}"], a[f"sin{j}"],
