@@ -85,6 +85,9 @@ def test_three_turns_commands_save_and_load(tiny_chat: Path, tmp_path: Path) -> 
         app = ChatApp(tiny_chat, conversation=greedy(), engine_opts={"n_ctx": 512})
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: app.info is not None, "the model")
+            # the status bar re-renders on a later message than the one that set app.info
+            await wait_for(pilot, lambda: "loading" not in str(app.query_one(StatusBar).render()),
+                           "the status bar")
             assert "tiny-qwen2-chat │ ctx 0/512" in str(app.query_one(StatusBar).render())
 
             assert "System prompt set" in await command(pilot, app, "/system You are terse.")

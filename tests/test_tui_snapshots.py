@@ -19,7 +19,7 @@ from tiny_models import write_tiny_model
 from localllm.sampling import SamplerConfig
 from localllm.tui.app import ChatApp
 from localllm.tui.conversation import Conversation
-from localllm.tui.widgets import ConfirmScreen
+from localllm.tui.widgets import ConfirmScreen, StatusBar
 
 pytest.importorskip("pytest_textual_snapshot")
 
@@ -56,7 +56,9 @@ def resumed() -> Conversation:
 
 async def loaded(pilot) -> None:
     app = pilot.app
-    while app.info is None:
+    # the model, then the status bar's re-render, which comes on a later message than the
+    # one that set app.info (under load the screenshot could catch "loading ...")
+    while app.info is None or "loading" in str(app.query_one(StatusBar).render()):
         await pilot.pause(0.02)
     await pilot.pause()
 
