@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 
-from localllm.batch import Batch
-from localllm.default_model import resolve_model
 from localllm.engine import Engine
+from localllm.kv.batch import Batch
+from localllm.store.default import resolve_model
 
 
 def main() -> int:

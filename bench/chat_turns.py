@@ -16,11 +16,11 @@ import statistics
 import sys
 import time
 
-from localllm.chat_template import encode_chat
-from localllm.default_model import resolve_model
 from localllm.engine import Engine
-from localllm.generate import generate
-from localllm.sampling import Sampler, SamplerConfig
+from localllm.generation.generate import generate
+from localllm.generation.sampling import Sampler, SamplerConfig
+from localllm.store.default import resolve_model
+from localllm.text.chat_template import encode_chat
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
          "jolly dwarves near the old river bank and count their gold coins").split()

@@ -51,7 +51,7 @@ def main() -> int:
     a = ap.parse_args()
     model = a.model
     if model is None:
-        from localllm.default_model import default_model_path
+        from localllm.store.default import default_model_path
 
         model = str(default_model_path())
     ours: dict[str, list[float]] = {}

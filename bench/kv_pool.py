@@ -41,14 +41,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
 
-    from localllm.default_model import resolve_model
     from localllm.engine import Engine
-    from localllm.sampling import SamplerConfig
-    from localllm.scheduler import Request, Scheduler
+    from localllm.generation.sampling import SamplerConfig
+    from localllm.generation.scheduler import Request, Scheduler
+    from localllm.store.default import resolve_model
 
     kw = {}
     if args.kv_memory:
-        from localllm.kv_pool import parse_memory
+        from localllm.kv.pool import parse_memory
 
         kw["kv_memory"] = parse_memory(args.kv_memory)
     eng = Engine(resolve_model(args.model), n_ctx=args.ctx, n_slots=args.parallel,

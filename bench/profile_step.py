@@ -16,11 +16,11 @@ import time
 
 import numpy as np
 
-import localllm.kv_cache as kvm
+import localllm.kv.cache as kvm
 import localllm.models.base as base
-from localllm.batch import Batch
-from localllm.default_model import resolve_model
 from localllm.engine import Engine
+from localllm.kv.batch import Batch
+from localllm.store.default import resolve_model
 
 
 def instrument(times: dict, counts: collections.Counter) -> None:

@@ -8,7 +8,7 @@ stage the resident set from /proc/self/smaps_rollup split into anonymous memory 
 NumPy buffers, Python objects) and file pages (the model mmap, shared libraries), plus the
 peak so far (VmHWM, what `/usr/bin/time -f %M` reports at exit).
 
-The lean steps of localllm/lean.py are applied as `localllm run` applies them; set
+The lean steps of kernels/build/lean.py are applied as `localllm run` applies them; set
 LOCALLLM_NO_LEAN=1 to see the process without them.
 
 `--floor` measures instead the floor of any Python + Numba process that runs cached
@@ -80,7 +80,7 @@ def floor() -> int:
     how = "loaded" if _axpy.stats.cache_hits else "compiled (run again to load)"
     st(f"one njit call, {how}")
     print(f"({time.perf_counter() - t0:.2f} s; cache {KERNEL_CACHE_DIR})")
-    from localllm import lean
+    from localllm.kernels.build import lean
 
     lean.release_free_heap()
     lean.page_out_jit_code()
@@ -99,19 +99,19 @@ def main() -> int:
         return floor()
 
     st = Stages()
-    from localllm import lean
+    from localllm.kernels.build import lean
 
     lean.tune_malloc()
     from localllm.cli import build_parser
 
     build_parser("run")  # as `localllm run` builds it: only the run command's module
     st("import + CLI parser")
-    from localllm.warmup import skip_numba_blas_probe
+    from localllm.kernels.build.warmup import skip_numba_blas_probe
 
     skip_numba_blas_probe()
-    from localllm.default_model import resolve_model
     from localllm.engine import set_threads
     from localllm.formats import read_gguf
+    from localllm.store.default import resolve_model
 
     st("import engine")
     path = resolve_model(a.model)
@@ -122,7 +122,7 @@ def main() -> int:
 
     model = load_model(gf)
     st("load_model (weights, repack)")
-    from localllm.tokenizer import Tokenizer
+    from localllm.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_metadata(gf.metadata)
     st("tokenizer")
@@ -133,24 +133,24 @@ def main() -> int:
     eng.path, eng.n_threads, eng.gf, eng.metadata = Path(path), set_threads(None), gf, gf.metadata
     eng.model, eng.cfg, eng.tokenizer, eng._template = model, model.cfg, tok, None
     eng.n_ctx, eng.n_batch = a.ctx, 512
-    from localllm.kv_cache import KVCache
+    from localllm.kv.cache import KVCache
 
     cfg = model.cfg
     eng.kv = KVCache(cfg.n_layer, a.ctx, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v,
                      n_slots=1, layer_window=cfg.layer_window, k_type="f16", n_batch=512)
     st(f"KV cache (-c {a.ctx})")
-    from localllm.warmup import ensure_kernels_compiled
+    from localllm.kernels.build.warmup import ensure_kernels_compiled
 
     cold = ensure_kernels_compiled(eng, progress=False)
     st("kernels compiled + warm-up passes" if cold else "kernels loaded (warmup.py manifest)")
-    from localllm.chat_template import encode_chat
+    from localllm.text.chat_template import encode_chat
 
     rendered = eng.template.render([{"role": "user", "content": "Why is the sky blue?"}],
                                    add_generation_prompt=True)
     ids = encode_chat(tok, rendered)
     st("chat template + encode")
-    from localllm.generate import generate
-    from localllm.sampling import Sampler, SamplerConfig
+    from localllm.generation.generate import generate
+    from localllm.generation.sampling import Sampler, SamplerConfig
 
     for _ in generate(eng, ids, Sampler(SamplerConfig(temperature=0.0)),
                       max_tokens=a.num_predict):

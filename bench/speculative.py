@@ -22,11 +22,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from localllm.default_model import resolve_model
 from localllm.engine import Engine
-from localllm.generate import generate
-from localllm.sampling import Sampler, SamplerConfig
-from localllm.speculative import SpecOptions, StepCosts
+from localllm.generation.generate import generate
+from localllm.generation.sampling import Sampler, SamplerConfig
+from localllm.generation.speculative import SpecOptions, StepCosts
+from localllm.store.default import resolve_model
 
 PROMPTS = Path(__file__).resolve().parent.parent / "tests" / "data" / "spec_prompts.json"
 
@@ -64,7 +64,7 @@ def main() -> int:
     for temp in (float(x) for x in a.temps.split(",")):
         for i, p in enumerate(prompts):
             if a.chat:
-                from localllm.chat_template import encode_chat
+                from localllm.text.chat_template import encode_chat
 
                 text = engine.template.render([{"role": "user", "content": p["prompt"]}],
                                               add_generation_prompt=True)

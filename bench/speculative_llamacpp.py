@@ -20,7 +20,7 @@ import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
-from localllm.default_model import resolve_model
+from localllm.store.default import resolve_model
 
 PROMPTS = Path(__file__).resolve().parent.parent / "tests" / "data" / "spec_prompts.json"
 

@@ -14,13 +14,13 @@ import argparse
 import statistics
 import time
 
-from localllm.chat_template import encode_chat
-from localllm.constraint import make_constraint
-from localllm.default_model import resolve_model
 from localllm.engine import Engine
-from localllm.generate import generate
-from localllm.sampling import Sampler, SamplerConfig
-from localllm.speculative import SpecOptions
+from localllm.generation.constraint import make_constraint
+from localllm.generation.generate import generate
+from localllm.generation.sampling import Sampler, SamplerConfig
+from localllm.generation.speculative import SpecOptions
+from localllm.store.default import resolve_model
+from localllm.text.chat_template import encode_chat
 
 SCHEMA = {
     "type": "object",

@@ -70,7 +70,7 @@ def main() -> int:
     print(f"localllm warm: median {statistics.median(warm):.3f} s "
           f"(min {min(warm):.3f}, max {max(warm):.3f}, {a.runs} runs)")
     if a.llama_completion:
-        from localllm.default_model import default_model_path
+        from localllm.store.default import default_model_path
 
         model = a.model or str(default_model_path())
         theirs = [a.llama_completion, "-m", model, "-p", PROMPT, "-n", "8", "--temp", "0",

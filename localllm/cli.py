@@ -3,7 +3,7 @@ perplexity, bench.
 
 This module is the front door's frame only: the top-level parser, the list of command
 modules (each owns its subcommands' parsers and entries; shared options are declared once in
-localllm/cli_options.py) and the one place that turns errors into a line.
+localllm/commands/options.py) and the one place that turns errors into a line.
 
 Every user mistake (missing or broken file, unknown architecture, prompt too long, bad
 option) ends as one `error: ...` line on stderr and a non-zero exit, never a traceback.
@@ -24,13 +24,13 @@ EXIT_INTERRUPTED = 130
 # The command modules, in the order `localllm --help` lists them. Each owns its parser and
 # entry: `add_parsers(sub)` registers its subcommands with set_defaults(func=cmd_...).
 COMMAND_MODULES = (
-    "localllm.run",  # run
-    "localllm.inspect_cli",  # show, tokenize
-    "localllm.perplexity",  # perplexity
-    "localllm.tui.chat_cli",  # chat
-    "localllm.bench",  # bench
+    "localllm.commands.run",  # run
+    "localllm.commands.show",  # show, tokenize
+    "localllm.commands.perplexity",  # perplexity
+    "localllm.commands.chat",  # chat
+    "localllm.commands.bench",  # bench
     "localllm.server.app",  # serve
-    "localllm.models_cli",  # pull, list, rm, import
+    "localllm.commands.models",  # pull, list, rm, import
 )
 
 
@@ -38,10 +38,10 @@ COMMAND_MODULES = (
 # module (not the server's web stack or the TUI: ~5 MB resident and their import time). A
 # command missing here still works: the full parser is built.
 _MODULE_OF = {
-    "run": "localllm.run", "show": "localllm.inspect_cli", "tokenize": "localllm.inspect_cli",
-    "perplexity": "localllm.perplexity", "chat": "localllm.tui.chat_cli",
-    "bench": "localllm.bench", "serve": "localllm.server.app", "pull": "localllm.models_cli",
-    "list": "localllm.models_cli", "ls": "localllm.models_cli", "rm": "localllm.models_cli", "import": "localllm.models_cli",
+    "run": "localllm.commands.run", "show": "localllm.commands.show", "tokenize": "localllm.commands.show",
+    "perplexity": "localllm.commands.perplexity", "chat": "localllm.commands.chat",
+    "bench": "localllm.commands.bench", "serve": "localllm.server.app", "pull": "localllm.commands.models",
+    "list": "localllm.commands.models", "ls": "localllm.commands.models", "rm": "localllm.commands.models", "import": "localllm.commands.models",
 }
 
 
@@ -102,8 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     try:
         if getattr(ns, "runs_model", False):
-            from localllm.lean import tune_malloc
-            from localllm.warmup import skip_numba_blas_probe
+            from localllm.kernels.build.lean import tune_malloc
+            from localllm.kernels.build.warmup import skip_numba_blas_probe
 
             tune_malloc()  # before the model's big buffers come and go (lean.py)
             skip_numba_blas_probe()

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from localllm.batch import Batch
 from localllm.errors import PromptTooLongError
 from localllm.formats import GGUFFile, read_gguf
-from localllm.kv_cache import KVCache
+from localllm.kv.batch import Batch
+from localllm.kv.cache import KVCache
 from localllm.models.registry import load_model
 
 
@@ -65,7 +65,7 @@ class Engine:
         self.n_threads = set_threads(n_threads)
         self.gf: GGUFFile = read_gguf(self.path)
         self.metadata = self.gf.metadata
-        from localllm.tokenizer import Tokenizer
+        from localllm.text.tokenizer import Tokenizer
 
         self.tokenizer = Tokenizer.from_metadata(self.metadata)
         self.n_batch = max(1, n_batch)
@@ -92,8 +92,8 @@ class Engine:
         """The model and its KV cache on `device` (sets model, cfg, n_ctx, kv, device)."""
         if device == "cuda":
             # the same model, its raw blocks uploaded once (models/cuda_model.py); the
-            # cache's books stay here and its storage goes to the GPU (localllm/cuda_kv.py)
-            from localllm.cuda_kv import CudaKVCache
+            # cache's books stay here and its storage goes to the GPU (localllm/kv/cuda.py)
+            from localllm.kv.cuda import CudaKVCache
             from localllm.models.base import raw_layout
             from localllm.models.cuda_model import CudaModel
 
@@ -113,7 +113,7 @@ class Engine:
     @property
     def template(self):  # lazy: raw-prompt users never need jinja2
         if self._template is None:
-            from localllm.chat_template import ChatTemplate
+            from localllm.text.chat_template import ChatTemplate
 
             self._template = ChatTemplate.from_metadata(self.metadata, self.tokenizer)
         return self._template

@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from localllm.batch import Batch
 from localllm.formats import GGUFFile, dequantize
 from localllm.kernels.cpu import ops, poison
 from localllm.kernels.cpu.dequant import get_rows
@@ -32,7 +31,8 @@ from localllm.kernels.cpu.matmul import (
     run_multi,
     supported_types,
 )
-from localllm.kv_cache import KVCache
+from localllm.kv.batch import Batch
+from localllm.kv.cache import KVCache
 from localllm.models.config import ModelConfig, ModelError
 
 _MATMUL_TYPES = {int(t) for t in supported_types()}

@@ -3,7 +3,7 @@
 The same model object the CPU runs (models/base.py: the config, the layer weights as raw
 GGUF blocks) is uploaded once: every matrix as its raw quantized bytes (no dequantized copy;
 a tied embedding/output table once), the norm vectors and biases as float32. A step takes
-the same Batch and a CudaKVCache (localllm/cuda_kv.py: the host keeps the cache's books, the
+the same Batch and a CudaKVCache (localllm/kv/cuda.py: the host keeps the cache's books, the
 device its storage) and returns the same host logits, so the engine, speculation, the
 scheduler and the server run unchanged. Only the logits of the rows that want them cross
 back to the host.
@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from localllm.batch import Batch
 from localllm.kernels.cpu import ops
 from localllm.kernels.cuda import loader
+from localllm.kv.batch import Batch
 from localllm.models.base import DecoderModel, QWeight, add_qkv_biases, check_tokens
 from localllm.models.config import ModelConfig
 

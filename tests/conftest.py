@@ -20,7 +20,7 @@ def default_model_path() -> Path:
     env = os.environ.get("LOCALLLM_TEST_DEFAULT_MODEL")
     if env:
         return Path(env)
-    from localllm.default_model import default_model_path as resolve
+    from localllm.store.default import default_model_path as resolve
 
     return resolve(progress=False)
 
@@ -40,7 +40,7 @@ def smollm2_path() -> Path:
     env = os.environ.get("LOCALLLM_TEST_SMOLLM2")
     if env:
         return Path(env)
-    from localllm.default_model import cache_dir
+    from localllm.store.default import cache_dir
 
     target = cache_dir() / "test-models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     if target.exists():

@@ -8,8 +8,8 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from tiny_models import write_tiny_model
 
-from localllm.bandwidth import decode_bytes_per_token, read_bandwidth
 from localllm.formats import read_gguf
+from localllm.kernels.cpu.bandwidth import decode_bytes_per_token, read_bandwidth
 
 
 def _matrix_bytes(shape: tuple[int, ...], qtype: GGMLQuantizationType) -> int:

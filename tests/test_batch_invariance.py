@@ -20,8 +20,8 @@ import numba
 import numpy as np
 import pytest
 
-from localllm.batch import Batch
 from localllm.engine import Engine
+from localllm.kv.batch import Batch
 
 DATA = Path(__file__).parent / "data"
 LAST = 40
@@ -30,7 +30,7 @@ LAST = 40
 @pytest.fixture(scope="module")
 def text_ids(default_model_path: Path) -> list[int]:
     from localllm.formats import read_gguf
-    from localllm.tokenizer import Tokenizer
+    from localllm.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_metadata(read_gguf(default_model_path).metadata)
     ids = tok.encode((DATA / "gpl-3.txt").read_text()[:2000], add_special=True)[:240]

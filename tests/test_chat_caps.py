@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from localllm.chat_caps import polyfill, text_of
-from localllm.chat_template import ChatTemplate
-from localllm.tool_calls import (
+from localllm.text.chat_caps import polyfill, text_of
+from localllm.text.chat_template import ChatTemplate
+from localllm.text.tool_calls import (
     parse_tool_calls,
     split_thinking,
     to_openai_tool_calls,
@@ -229,7 +229,7 @@ OUTPUTS = [
 
 @pytest.mark.parametrize("fmt,text,content,calls", OUTPUTS)
 def test_parse_tool_call_formats(fmt: str, text: str, content: str, calls: list) -> None:
-    from localllm.chat_caps import TemplateCaps
+    from localllm.text.chat_caps import TemplateCaps
 
     assert parse_tool_calls(text, TemplateCaps(tool_call_format=fmt)) == (content, calls)
     assert parse_tool_calls(text) == (content, calls)  # found without knowing the format
@@ -262,7 +262,7 @@ def test_round_trip_through_a_template_and_openai_shape() -> None:
 def test_real_gguf_templates(smollm2_path, default_model_path) -> None:
     """The templates shipped in the two real models: probed, polyfilled, same as HF."""
     from localllm.formats import read_gguf
-    from localllm.tokenizer import Tokenizer
+    from localllm.text.tokenizer import Tokenizer
 
     for path, expect in ((smollm2_path, dict(system_role=True, tools=False)),
                          (default_model_path, dict(system_role=True, tools=False))):

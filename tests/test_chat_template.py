@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from _tok_helpers import BPE_CASES_PATH
 
-from localllm.chat_template import (
+from localllm.text.chat_template import (
     BUILTIN_TEMPLATES,
     ChatTemplate,
     TemplateError,
     encode_chat,
     pick_builtin,
 )
-from localllm.tokenizer import Tokenizer
+from localllm.text.tokenizer import Tokenizer
 
 CONVO = [
     {"role": "system", "content": "Be brief."},

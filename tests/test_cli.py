@@ -104,7 +104,7 @@ def test_model_then_arg_and_shared_options(capsys: pytest.CaptureFixture) -> Non
     """`[MODEL] ARG` has one rule; every command that loads the model takes the same options
     with the same choices (parsing only: nothing is loaded)."""
     from localllm.cli import build_parser
-    from localllm.cli_options import split_model_arg
+    from localllm.commands.options import split_model_arg
 
     assert split_model_arg(["m.gguf", "hello", "world"]) == ("m.gguf", "hello world")
     assert split_model_arg(["hello"]) == (None, "hello")

@@ -1,4 +1,4 @@
-"""First-run compilation in worker processes (localllm/compile_workers.py, warmup.py).
+"""First-run compilation in worker processes (kernels/build/compile_workers.py, warmup.py).
 
 The worker path must leave a cache that a fresh process loads instead of compiling, and the
 merge must keep what is already in the shared folder.
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from localllm.compile_workers import Claims, by_cost
+from localllm.kernels.build.compile_workers import Claims, by_cost
 
 # A small real kernel (~1 s to compile): row decoding of F32 weights.
 SCRIPT = r'''
@@ -19,7 +19,7 @@ import sys
 import numpy as np
 from localllm.kernels import KERNEL_CACHE_DIR
 from localllm.kernels.cpu import dequant
-from localllm.warmup import used_kernels, load_kernels
+from localllm.kernels.build.warmup import used_kernels, load_kernels
 
 raw = np.zeros((4, 32), np.uint8); raw.flags.writeable = sys.argv[2] == "rw"
 ids = np.arange(2, dtype=np.int64)
@@ -27,7 +27,7 @@ out = np.zeros((2, 8), np.float32)
 kv = np.zeros(16, np.float32)
 if sys.argv[1] == "workers":
     from numba import typeof
-    from localllm.compile_workers import compile_in_workers
+    from localllm.kernels.build.compile_workers import compile_in_workers
     sig = tuple(typeof(a) for a in (raw, ids, out, 0, 8, kv))
     entries = [("localllm.kernels.cpu.dequant", "_rows_f32", sig)]
     if sys.argv[2] == "both":  # two signatures, claimed by this process and a worker
@@ -90,8 +90,8 @@ def test_shipped_kernel_lists_name_existing_kernels() -> None:
     from numba.core.dispatcher import Dispatcher
 
     from localllm.formats.qtypes import QTYPES
-    from localllm.kernel_lists import KERNEL_LISTS
-    from localllm.warmup import shipped_manifest
+    from localllm.kernels.build.kernel_lists import KERNEL_LISTS
+    from localllm.kernels.build.warmup import shipped_manifest
 
     assert KERNEL_LISTS
     for key, listed in KERNEL_LISTS.items():
@@ -111,8 +111,8 @@ def test_kernel_lists_follow_the_kv_cache_types() -> None:
     with one pair names the pair in use instead (and only it), everything else unchanged."""
     from numba.core import types
 
-    from localllm.kernel_lists import KERNEL_LISTS
-    from localllm.warmup import DEFAULT_KV, for_kv_types, shipped_manifest
+    from localllm.kernels.build.kernel_lists import KERNEL_LISTS
+    from localllm.kernels.build.warmup import DEFAULT_KV, for_kv_types, shipped_manifest
 
     key = next(iter(KERNEL_LISTS))
     arch, qtypes = key.split(" ", 1)

@@ -10,17 +10,17 @@ import jsonschema
 import numpy as np
 import pytest
 
-from localllm.chat_template import encode_chat
-from localllm.constraint import (
+from localllm.engine import Engine
+from localllm.generation.constraint import (
     ConstrainedSampler,
     ConstraintError,
     make_constraint,
     schema_for_format,
 )
-from localllm.engine import Engine
-from localllm.generate import generate
-from localllm.sampling import Sampler, SamplerConfig
-from localllm.speculative import SpecOptions
+from localllm.generation.generate import generate
+from localllm.generation.sampling import Sampler, SamplerConfig
+from localllm.generation.speculative import SpecOptions
+from localllm.text.chat_template import encode_chat
 
 PERSON = {
     "type": "object",
@@ -285,7 +285,7 @@ def test_cli_show_prompt_with_the_real_templates(smollm2_path, default_model_pat
 def test_tool_call_end_to_end_on_a_template_without_tools(smol: Engine) -> None:
     """SmolLM2's template has no tool support: the tool list goes into the system message,
     a schema forces the polyfill's call syntax, and the parser reads the call back."""
-    from localllm.tool_calls import parse_tool_calls
+    from localllm.text.tool_calls import parse_tool_calls
 
     weather = {"type": "function", "function": {
         "name": "get_weather", "description": "Current weather in a city",

@@ -473,8 +473,8 @@ def _twin_caches(k_type: str, v_type: str, window: int):
     sharing another's prefix blocks, one rewound, so blocks lie scattered in the pools."""
     import cupy
 
-    from localllm.cuda_kv import CudaKVCache
-    from localllm.kv_cache import KVCache
+    from localllm.kv.cache import KVCache
+    from localllm.kv.cuda import CudaKVCache
 
     rng = np.random.default_rng(11)
     kw = dict(n_ctx=512, n_head_kv=2, head_dim=64, n_slots=3, layer_window=[0, window],

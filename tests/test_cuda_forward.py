@@ -1,4 +1,4 @@
-"""The CUDA forward pass (`--device cuda`, models/cuda_model.py + localllm/cuda_kv.py)
+"""The CUDA forward pass (`--device cuda`, models/cuda_model.py + localllm/kv/cuda.py)
 against the CPU path, on tiny random-weight models of every family and on the real models.
 
 What it must show: the GPU gives each token the same logits whatever the batch (bit for bit,
@@ -15,9 +15,9 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from tiny_models import write_tiny_model
 
-from localllm.batch import Batch
 from localllm.engine import Engine
 from localllm.kernels.cuda import loader
+from localllm.kv.batch import Batch
 
 _CUDA_OK, _CUDA_WHY = loader.cuda_available()
 pytestmark = pytest.mark.skipif(not _CUDA_OK, reason=f"no CUDA device / CuPy: {_CUDA_WHY}")
@@ -157,7 +157,7 @@ def test_real_model_perplexity_matches_cpu(which: str, request) -> None:
     """The GPL-3 text at -c 512, all 14 chunks (fewer chunks leave too few tokens scored for
     0.5% to be about the model: 4 chunks of 256 differed by 0.52% on Gemma, 14 of 512 by
     0.00%)."""
-    from localllm.perplexity import perplexity
+    from localllm.commands.perplexity import perplexity
 
     path = request.getfixturevalue(which)
     text = (Path(__file__).parent / "data" / "gpl-3.txt").read_text()

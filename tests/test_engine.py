@@ -14,9 +14,9 @@ from gguf import GGMLQuantizationType as QT
 from reference_model import reference_logits
 from tiny_models import write_tiny_model
 
-from localllm.batch import Batch
 from localllm.formats import read_gguf
-from localllm.kv_cache import KVCache
+from localllm.kv.batch import Batch
+from localllm.kv.cache import KVCache
 from localllm.models.config import ModelError
 from localllm.models.registry import load_model
 

@@ -10,8 +10,8 @@ import pytest
 from _formats_helpers import default_model_path
 from gguf import GGMLQuantizationType as T
 
-from localllm.describe import describe, file_type_name, format_description
 from localllm.formats import read_gguf
+from localllm.formats.describe import describe, file_type_name, format_description
 from localllm.formats.writer import write_gguf
 
 

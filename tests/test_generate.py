@@ -8,8 +8,8 @@ import pytest
 
 from localllm.engine import Prefill
 from localllm.errors import PromptTooLongError
-from localllm.generate import _held_back, generate
-from localllm.sampling import Sampler, SamplerConfig
+from localllm.generation.generate import _held_back, generate
+from localllm.generation.sampling import Sampler, SamplerConfig
 
 # token id -> bytes; id 0 is EOS
 PIECES = {0: b"", 1: b"Hel", 2: b"lo", 3: b" wor", 4: b"ld", 5: b"\n", 6: b"EN", 7: b"D",
@@ -119,7 +119,7 @@ def test_held_back() -> None:
 
 def test_text_stream_holds_back_stop_strings_and_flushes() -> None:
     """The text layer alone (what generate() and the scheduler both use)."""
-    from localllm.text_stream import TextStream
+    from localllm.generation.text_stream import TextStream
 
     ts = TextStream(FakeTokenizer(), stop=["END"], eog={0})
     shown = [ev.text for t in (1, 2, 6) if (ev := ts.push(t)) is not None]
@@ -135,7 +135,7 @@ def test_text_stream_holds_back_stop_strings_and_flushes() -> None:
 
 
 def test_token_step_logprob() -> None:
-    from localllm.generate import TokenStep
+    from localllm.generation.generate import TokenStep
 
     logits = np.array([1.0, 2.0, 0.5, -1.0], dtype=np.float32)
     x = logits.astype(np.float64)

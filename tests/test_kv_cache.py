@@ -10,9 +10,9 @@ import pytest
 from reference_model import reference_logits
 from tiny_models import write_tiny_model
 
-from localllm.batch import Batch
 from localllm.engine import Engine
-from localllm.kv_cache import EMPTY_POS, ContextOverflowError, KVCache
+from localllm.kv.batch import Batch
+from localllm.kv.cache import EMPTY_POS, ContextOverflowError, KVCache
 
 WINDOW = 8
 
@@ -136,8 +136,8 @@ def test_bad_kv_type_and_oversized_batch() -> None:
 
 
 def test_context_shift_keeps_generating_past_the_limit(gemma_path: Path) -> None:
-    from localllm.generate import generate
-    from localllm.sampling import Sampler, SamplerConfig
+    from localllm.generation.generate import generate
+    from localllm.generation.sampling import Sampler, SamplerConfig
 
     e = _engine(gemma_path, n_ctx=24, n_batch=8, kv_type="f16")
     prompt = _toks(e, 10, seed=7)
@@ -158,8 +158,8 @@ def test_context_shift_keeps_generating_past_the_limit(gemma_path: Path) -> None
 
 
 def test_without_context_shift_generation_stops_with_length(gemma_path: Path) -> None:
-    from localllm.generate import generate
-    from localllm.sampling import Sampler, SamplerConfig
+    from localllm.generation.generate import generate
+    from localllm.generation.sampling import Sampler, SamplerConfig
 
     e = _engine(gemma_path, n_ctx=16, n_batch=8)
     events = list(generate(e, _toks(e, 10, seed=8), Sampler(SamplerConfig(temperature=0)),

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from tiny_models import write_tiny_model
 
-from localllm.batch import Batch
 from localllm.engine import Engine
-from localllm.kv_cache import KVCache, PoolExhaustedError
+from localllm.kv.batch import Batch
+from localllm.kv.cache import KVCache, PoolExhaustedError
 
 WINDOW = 8
 N_CTX = 128
@@ -164,9 +164,9 @@ def _budget_engine(path: Path, full_blocks: int, n_slots: int = 3) -> Engine:
 
 
 def test_preempted_sequences_resume_with_the_same_tokens(tmp_path: Path) -> None:
-    from localllm.generate import generate
-    from localllm.sampling import Sampler, SamplerConfig
-    from localllm.scheduler import KVMemoryError, Request, Scheduler
+    from localllm.generation.generate import generate
+    from localllm.generation.sampling import Sampler, SamplerConfig
+    from localllm.generation.scheduler import KVMemoryError, Request, Scheduler
 
     path = tmp_path / "gemma3.gguf"
     write_tiny_model(path, "gemma3", seed=12, head_dim=32, sliding_window=WINDOW)
@@ -252,9 +252,9 @@ def test_server_refuses_what_cannot_fit_and_reports_blocks(tmp_path: Path) -> No
 
 
 def test_concurrent_requests_share_a_system_prompt(tmp_path: Path) -> None:
-    from localllm.generate import generate
-    from localllm.sampling import Sampler, SamplerConfig
-    from localllm.scheduler import Request, Scheduler
+    from localllm.generation.generate import generate
+    from localllm.generation.sampling import Sampler, SamplerConfig
+    from localllm.generation.scheduler import Request, Scheduler
 
     path = tmp_path / "gemma3.gguf"
     write_tiny_model(path, "gemma3", seed=14, head_dim=32, sliding_window=WINDOW)

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from localllm import models_fetch
-from localllm.default_model import ModelNotFoundError, resolve_model
-from localllm.model_names import BadModelName, parse_name
-from localllm.models_store import StoreError, import_file, list_models, pull, remove
+from localllm.store import fetch as models_fetch
+from localllm.store.default import ModelNotFoundError, resolve_model
+from localllm.store.local import StoreError, import_file, list_models, pull, remove
+from localllm.store.names import BadModelName, parse_name
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def stores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     monkeypatch.setenv("OLLAMA_MODELS", str(d["ollama"]))
     monkeypatch.setenv("HF_HUB_CACHE", str(d["hf"]))
     monkeypatch.setenv("LMSTUDIO_MODELS", str(d["lmstudio"]))
-    from localllm import models_store
+    from localllm.store import local as models_store
 
     monkeypatch.setattr(models_store, "_builtin_entries", lambda: [])  # the assembled default
     return d

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from localllm.commands.perplexity import perplexity
 from localllm.engine import Engine
-from localllm.generate import generate
-from localllm.perplexity import perplexity
-from localllm.sampling import Sampler, SamplerConfig
+from localllm.generation.generate import generate
+from localllm.generation.sampling import Sampler, SamplerConfig
 
 DATA = Path(__file__).parent / "data"
 pytestmark = pytest.mark.slow
@@ -60,7 +60,7 @@ def test_greedy_is_deterministic(engine: Engine) -> None:
 
 def _greedy_steps(engine: Engine, prompt: str, n: int) -> list[tuple[str, float]]:
     """Greedy decode; per step (text so far, top-1 minus top-2 logit margin)."""
-    from localllm.detokenizer import StreamDetokenizer
+    from localllm.text.detokenizer import StreamDetokenizer
 
     engine.kv.clear(0)
     ids = engine.tokenizer.encode(prompt, add_special=True, parse_special=False)

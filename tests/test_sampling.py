@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from localllm.sampling import (
+from localllm.generation.sampling import (
     Sampler,
     SamplerConfig,
     apply_penalties,

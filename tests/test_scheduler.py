@@ -17,9 +17,9 @@ from tiny_models import write_tiny_model
 
 from localllm.engine import Engine
 from localllm.errors import PromptTooLongError
-from localllm.generate import generate
-from localllm.sampling import Sampler, SamplerConfig
-from localllm.scheduler import QueueFullError, Request, Scheduler
+from localllm.generation.generate import generate
+from localllm.generation.sampling import Sampler, SamplerConfig
+from localllm.generation.scheduler import QueueFullError, Request, Scheduler
 
 GREEDY = SamplerConfig(temperature=0)
 
@@ -149,7 +149,7 @@ class _DeadEnd:
 
 
 def test_a_failing_constraint_fails_only_its_request(engine: Engine, sched: Scheduler) -> None:
-    from localllm.constraint import ConstraintError
+    from localllm.generation.constraint import ConstraintError
 
     prompts = _prompts(engine)
     ok = sched.submit(Request(prompts[0], GREEDY, max_tokens=6))

@@ -20,7 +20,7 @@ import pytest
 import uvicorn
 
 from localllm.engine import Engine
-from localllm.scheduler import QueueFullError, Scheduler
+from localllm.generation.scheduler import QueueFullError, Scheduler
 from localllm.server import ServerState, build_app
 from localllm.server.common import chat_prompt, default_name
 

@@ -26,8 +26,8 @@ from reference_model import ReferenceModel, rms_norm
 from test_server import _model, ai, oc, server, serving  # noqa: F401 - module-scoped fixtures
 from tiny_models import write_tiny_model
 
-from localllm.embed import EmbedJob, _waves, embed_texts, embed_tokens, l2_normalize
 from localllm.engine import Engine
+from localllm.generation.embed import EmbedJob, _waves, embed_texts, embed_tokens, l2_normalize
 from localllm.server import ServerState
 from localllm.server.common import default_name
 

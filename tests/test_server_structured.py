@@ -19,11 +19,11 @@ import ollama
 import pytest
 from test_server import _model, ai, oc, server  # noqa: F401 - module-scoped fixtures
 
-from localllm.constraint import make_constraint
-from localllm.sampling import SamplerConfig
-from localllm.scheduler import Request
+from localllm.generation.constraint import make_constraint
+from localllm.generation.sampling import SamplerConfig
+from localllm.generation.scheduler import Request
 from localllm.server.common import ToolStream, chat_prompt
-from localllm.tool_calls import tool_call_start
+from localllm.text.tool_calls import tool_call_start
 
 PERSON = {
     "type": "object",

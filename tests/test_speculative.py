@@ -19,9 +19,9 @@ from scipy import stats as sps
 from tiny_models import write_tiny_model
 
 from localllm.engine import Engine
-from localllm.generate import generate
-from localllm.sampling import Sampler, SamplerConfig
-from localllm.speculative import (
+from localllm.generation.generate import generate
+from localllm.generation.sampling import Sampler, SamplerConfig
+from localllm.generation.speculative import (
     DraftPolicy,
     NgramDrafter,
     SpecOptions,
@@ -336,7 +336,7 @@ def test_kv_after_rollbacks_equals_a_never_speculated_cache(gemma: Engine) -> No
 
 
 def test_draft_model_of_the_same_vocabulary_is_lossless(tmp_path: Path, tiny_engine: Engine) -> None:
-    from localllm.speculative import make_drafter
+    from localllm.generation.speculative import make_drafter
 
     draft_path = tmp_path / "draft.gguf"
     write_tiny_model(draft_path, "llama", seed=4, n_layer=1)  # same vocabulary, other weights
@@ -354,7 +354,7 @@ def test_draft_model_of_the_same_vocabulary_is_lossless(tmp_path: Path, tiny_eng
 
 def test_draft_model_with_another_vocabulary_is_refused(tmp_path: Path,
                                                         tiny_engine: Engine) -> None:
-    from localllm.speculative import make_drafter
+    from localllm.generation.speculative import make_drafter
 
     other = tmp_path / "qwen.gguf"
     write_tiny_model(other, "qwen2", seed=1)

@@ -12,8 +12,8 @@ from _tok_helpers import BPE_CASES_PATH, CASES_PATH
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localllm.detokenizer import StreamDetokenizer
-from localllm.tokenizer import (
+from localllm.text.detokenizer import StreamDetokenizer
+from localllm.text.tokenizer import (
     TOKEN_TYPE_BYTE,
     TOKEN_TYPE_CONTROL,
     TOKEN_TYPE_USER_DEFINED,

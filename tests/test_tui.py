@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from tiny_models import write_tiny_model
 
-from localllm.generate import Event
-from localllm.sampling import SamplerConfig
+from localllm.generation.generate import Event
+from localllm.generation.sampling import SamplerConfig
 from localllm.tui import commands
 from localllm.tui.app import ChatApp, code_blocks, format_reply_stats, merge_text
 from localllm.tui.backend import ChatBackend, Handle, drop_oldest_turns, split_turns
@@ -416,7 +416,7 @@ def test_dropping_whole_turns_keeps_the_system_prompt() -> None:
 def test_text_merging_stats_line_and_code_blocks() -> None:
     evs = [Event(text="a"), Event(text="b"), Event(done=True), Event(text="c")]
     assert [e.text for e in merge_text(evs)] == ["ab", "", "c"]
-    from localllm.generate import GenerationStats
+    from localllm.generation.generate import GenerationStats
 
     st = GenerationStats(prompt_tokens=30, prompt_eval_tokens=5, prompt_eval_s=0.5,
                          eval_tokens=10, eval_s=2.0, draft_tokens=6, draft_accepted=4)
@@ -443,7 +443,7 @@ def test_model_choice_with_and_without_a_store(tmp_path: Path, monkeypatch) -> N
     from localllm.tui import model_choice as mc
 
     monkeypatch.delenv(mc.CHAT_MODEL_ENV, raising=False)
-    monkeypatch.setitem(sys.modules, "localllm.models_store", None)  # no store: ImportError
+    monkeypatch.setitem(sys.modules, "localllm.store.local", None)  # no store: ImportError
     assert mc.choose_model(None) == mc.ModelChoice(None, can_pull=False)
 
     @dataclass
@@ -457,11 +457,11 @@ def test_model_choice_with_and_without_a_store(tmp_path: Path, monkeypatch) -> N
     for i in range(3):
         blobs.append(tmp_path / f"sha256-{i:064x}")
         blobs[-1].write_bytes(b"GGUF")
-    store = types.ModuleType("localllm.models_store")
+    store = types.ModuleType("localllm.store.local")
     listing: list[Entry] = [Entry(blobs[0], "gemma3-270m")]
     store.list_models = lambda: list(listing)
     store.pull = lambda name, progress=None: listing.append(Entry(blobs[2], name)) or listing[-1]
-    monkeypatch.setitem(sys.modules, "localllm.models_store", store)
+    monkeypatch.setitem(sys.modules, "localllm.store.local", store)
     assert mc.choose_model(None) == mc.ModelChoice(None, can_pull=True)
     monkeypatch.setattr(mc, "_cli_has_pull", lambda: False)  # the store's own pull()
     assert mc.pull_chat_model() == blobs[2] and listing[-1].name == "smollm2"

@@ -16,7 +16,7 @@ import pytest
 import textual
 from tiny_models import write_tiny_model
 
-from localllm.sampling import SamplerConfig
+from localllm.generation.sampling import SamplerConfig
 from localllm.tui.app import ChatApp
 from localllm.tui.conversation import Conversation
 from localllm.tui.widgets import ConfirmScreen, StatusBar

@@ -1,5 +1,5 @@
 """The streaming chat app (Textual) behind `localllm chat [MODEL]` (its options and entry
-point: tui/chat_cli.py).
+point: localllm/commands/chat.py).
 
 Layout, top to bottom: the conversation (scrolls; follows the reply while it streams), a
 progress bar shown only while a long prompt is evaluated, the input box, the status bar and
@@ -32,7 +32,7 @@ from textual.message import Message
 from textual.widgets import Footer, Markdown, ProgressBar
 from textual.worker import get_current_worker
 
-from localllm.generate import Event
+from localllm.generation.generate import Event
 from localllm.tui import commands
 from localllm.tui.backend import (
     BackendEvent,
@@ -484,7 +484,7 @@ class ChatApp(App[int]):
             await self.action_clear_screen()
 
     async def _switch_model(self, arg: str) -> None:
-        from localllm.default_model import resolve_model
+        from localllm.store.default import resolve_model
 
         if not arg:
             where = self.info.path if self.info else self.model_path

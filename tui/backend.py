@@ -2,13 +2,13 @@
 
 Numba's workqueue threading layer must not be entered from two Python threads at once, so
 one thread owns the Engine for its whole life: it loads the model, compiles the kernels,
-renders and tokenizes prompts, and runs `localllm.generate.generate()`. The UI thread only
+renders and tokenizes prompts, and runs `localllm.generation.generate.generate()`. The UI thread only
 puts jobs on a queue and reads events from a per-job `Handle`; it never waits on a kernel.
 
 This is the only module of the app that touches the engine. When the server's scheduler
 (one engine thread shared by the TUI and the HTTP API) lands, `ChatBackend` becomes a thin
 adapter over `scheduler.submit()` and nothing else in `tui/` changes: the app only sees
-`Loaded`, `Progress`, `ContextFull`, `Failed` and `localllm.generate.Event` objects.
+`Loaded`, `Progress`, `ContextFull`, `Failed` and `localllm.generation.generate.Event` objects.
 
 Turn 2 does not re-evaluate turn 1: every chat job renders the whole conversation with the
 model's template and sends it to the same slot, and the engine keeps the longest common
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localllm.generate import Event, GenerationStats
-from localllm.sampling import SamplerConfig
-from localllm.speculative import SpecOptions
+from localllm.generation.generate import Event, GenerationStats
+from localllm.generation.sampling import SamplerConfig
+from localllm.generation.speculative import SpecOptions
 
 SLOT = 0  # the chat uses one sequence slot: same slot every turn = prefix reuse
 PREFILL_CHUNK = 256  # tokens per progress/cancel checkpoint while a long prompt is evaluated
@@ -242,8 +242,8 @@ class ChatBackend:
 
     def _load(self, job: _Job) -> None:
         from localllm.engine import Engine
-        from localllm.speculative import StepCosts, make_drafter
-        from localllm.warmup import ensure_kernels_compiled
+        from localllm.generation.speculative import StepCosts, make_drafter
+        from localllm.kernels.build.warmup import ensure_kernels_compiled
 
         t0 = time.perf_counter()
         self.engine = self._drafter = None  # drop the old model (and its cache) first
@@ -263,7 +263,7 @@ class ChatBackend:
         job.handle.put(Loaded(self.info))
 
     def _encode(self, messages: Sequence[dict]) -> list[int]:
-        from localllm.chat_template import encode_chat
+        from localllm.text.chat_template import encode_chat
 
         eng = self.engine
         return encode_chat(eng.tokenizer, eng.template.render(messages, add_generation_prompt=True))
@@ -277,8 +277,8 @@ class ChatBackend:
         return None
 
     def _chat(self, job: _Job) -> None:
-        from localllm.generate import generate
-        from localllm.sampling import Sampler
+        from localllm.generation.generate import generate
+        from localllm.generation.sampling import Sampler
 
         h, a, eng = job.handle, job.args, self.engine
         if eng is None:

@@ -1,7 +1,7 @@
 """Slash commands: parsing and the settings they change, kept apart from the widgets so they
 can be tested without a terminal.
 
-`/set KEY VALUE` takes any field of localllm.sampling.SamplerConfig (with the CLI's spelling
+`/set KEY VALUE` takes any field of localllm.generation.sampling.SamplerConfig (with the CLI's spelling
 too: top-k or top_k, temp for temperature) plus max_tokens (num_predict); the value is
 parsed with the field's type and the whole config validated before it is kept.
 """
@@ -12,7 +12,7 @@ import dataclasses
 import shlex
 from dataclasses import dataclass, fields
 
-from localllm.sampling import SamplerConfig
+from localllm.generation.sampling import SamplerConfig
 
 HELP = """\
 **Keys**

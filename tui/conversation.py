@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from localllm.sampling import SamplerConfig
+from localllm.generation.sampling import SamplerConfig
 
 FORMAT = "localllm-chat"
 VERSION = 1

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
-from localllm.generate import Event
+from localllm.generation.generate import Event
 from localllm.tui import commands
 from localllm.tui.backend import (
     ChatBackend,

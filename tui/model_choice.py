@@ -4,7 +4,7 @@ A chat app wants an instruct model: the embedded default (Gemma 3 270M) is a bas
 answers a question by continuing it. Order:
 1. the MODEL argument (a path, or a name resolve_model knows);
 2. $LOCALLLM_CHAT_MODEL (a path);
-3. a chat model in the model store (localllm.models_store, when installed), the small
+3. a chat model in the model store (localllm.store.local, when installed), the small
    SmolLM2-135M-Instruct preferred;
 4. otherwise the embedded base model, with a note that it completes text rather than chats
    (and, when the store can fetch one, `can_pull` so the caller can offer `pull`).
@@ -41,7 +41,7 @@ def _store() -> Any | None:
     import importlib
 
     try:  # import_module consults sys.modules (a package attribute would not)
-        return importlib.import_module("localllm.models_store")
+        return importlib.import_module("localllm.store.local")
     except ImportError:
         return None
 
@@ -84,10 +84,10 @@ def _store_chat_model(store: Any) -> Path | None:
 
 
 def choose_model(model: str | None) -> ModelChoice:
-    from localllm.default_model import resolve_model
+    from localllm.store.default import resolve_model
 
     if model:
-        from localllm.default_model import ALIASES
+        from localllm.store.default import ALIASES
 
         path = resolve_model(model)
         # a file the user names is taken as they meant it; the default alias is the base model
@@ -130,7 +130,7 @@ def _cli_has_pull() -> bool:
 
 
 def fallback_to_base() -> ModelChoice:
-    from localllm.default_model import default_model_path
+    from localllm.store.default import default_model_path
 
     path = default_model_path()
     return ModelChoice(path, base_note(path))

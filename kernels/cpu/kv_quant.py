@@ -1213,7 +1213,7 @@ def store_planned(views: StorageViews, src: np.ndarray, idx: np.ndarray) -> None
 
 
 # --------------------------------------------------------------------------------------------
-# For the kernel lists of localllm/warmup.py
+# For the kernel lists of kernels/build/warmup.py
 # --------------------------------------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ are tested without a GPU; the `cupy`-facing wrappers (`quantize_act`, `mmv`, `rm
 `attention`, ...) only allocate what a plan names and launch.
 
 The model forward that runs on these kernels is models/cuda_model.py (`--device cuda`); the
-cache storage it attends over is localllm/cuda_kv.py.
+cache storage it attends over is localllm/kv/cuda.py.
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def build_app(state: ServerState) -> Starlette:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    from localllm.cli_options import add_model_opts, add_spec_opts
+    from localllm.commands.options import add_model_opts, add_spec_opts
 
     p = sub.add_parser("serve", help="serve the Ollama API and OpenAI /v1 over HTTP")
     p.add_argument("model", nargs="?", default=None, help="model path (default: the built-in model)")
@@ -152,11 +152,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 def make_state(ns: argparse.Namespace) -> ServerState:
     from pathlib import Path
 
-    from localllm.cli_options import engine_options, spec_options
-    from localllm.default_model import resolve_model
+    from localllm.commands.options import engine_options, spec_options
     from localllm.engine import Engine
-    from localllm.scheduler import Scheduler
+    from localllm.generation.scheduler import Scheduler
     from localllm.server.common import default_name
+    from localllm.store.default import resolve_model
 
     if ns.parallel < 1:
         raise ValueError(f"--parallel must be at least 1, got {ns.parallel}")

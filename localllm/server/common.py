@@ -20,9 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request as HttpRequest
 
-from localllm.generate import Event
-from localllm.sampling import SamplerConfig
-from localllm.scheduler import Handle, QueueFullError, Request, Scheduler, SchedulerClosedError
+from localllm.generation.generate import Event
+from localllm.generation.sampling import SamplerConfig
+from localllm.generation.scheduler import (
+    Handle,
+    QueueFullError,
+    Request,
+    Scheduler,
+    SchedulerClosedError,
+)
 
 if TYPE_CHECKING:
     from localllm.engine import Engine
@@ -84,13 +90,13 @@ class ServerState:
         return rfc3339(self.path.stat().st_mtime)
 
     def details(self) -> dict[str, Any]:
-        from localllm.describe import file_type_name
+        from localllm.formats.describe import file_type_name
 
         md = self.engine.metadata
         arch = md.get("general.architecture") or ""
         ftype = md.get("general.file_type")
         n_params = sum(t.n_elements for t in self.engine.gf.tensors.values())
-        from localllm.describe import _param_label
+        from localllm.formats.describe import _param_label
 
         return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
                 "parameter_size": _param_label(n_params),
@@ -239,7 +245,7 @@ def chat_prompt(engine: Engine, messages: list[dict[str, Any]], template: str | 
     """Token ids of a conversation rendered with the model's chat template (or `template`,
     a Jinja override) and an open assistant turn. tools: the request's tool definitions,
     passed to the template (or written into the system prompt where it has no tool support)."""
-    from localllm.chat_template import ChatTemplate, TemplateError, encode_chat
+    from localllm.text.chat_template import ChatTemplate, TemplateError, encode_chat
 
     try:
         tmpl = engine.template if template is None else ChatTemplate(template, engine.tokenizer)
@@ -329,7 +335,7 @@ async def format_constraint(state: ServerState, fmt: Any, what: str = "format") 
     """A fresh grammar for one request's structured output, or None; a format that cannot be
     enforced is a 400. Compiling takes a few ms (the vocabulary's first time, about a second):
     off the event loop."""
-    from localllm.constraint import ConstraintError, make_constraint
+    from localllm.generation.constraint import ConstraintError, make_constraint
 
     if fmt is None or fmt == "":
         return None
@@ -345,15 +351,15 @@ class ToolStream:
     parses the whole reply into (text still to send, calls)."""
 
     def __init__(self, caps: Any, names: set[str]) -> None:
-        from localllm.tool_calls import TOOL_CALL_MARKERS
+        from localllm.text.tool_calls import TOOL_CALL_MARKERS
 
         self.caps, self.names, self.markers = caps, names, TOOL_CALL_MARKERS
         self.text = ""
         self.sent = 0  # characters of self.text already passed on
 
     def push(self, piece: str) -> str:
-        from localllm.text_stream import held_back
-        from localllm.tool_calls import tool_call_start
+        from localllm.generation.text_stream import held_back
+        from localllm.text.tool_calls import tool_call_start
 
         self.text += piece
         if not self.text.strip():
@@ -366,7 +372,7 @@ class ToolStream:
         return out
 
     def end(self) -> tuple[str, list[dict[str, Any]]]:
-        from localllm.tool_calls import parse_tool_calls
+        from localllm.text.tool_calls import parse_tool_calls
 
         content, calls = parse_tool_calls(self.text, self.caps, self.names)
         if not calls:

@@ -1,6 +1,6 @@
 """Embedding routes: Ollama's /api/embed and legacy /api/embeddings, OpenAI's /v1/embeddings.
 
-All three run `localllm.embed.EmbedJob` on the scheduler's engine thread, one forward pass
+All three run `localllm.generation.embed.EmbedJob` on the scheduler's engine thread, one forward pass
 per `Scheduler.call_soon`, so embeddings never race generation for the kernels and a large
 batch interleaves with the streams (one generation step between two embedding steps)
 instead of stalling them. The job has its own scratch KV cache: the slots' cached prompts
@@ -26,8 +26,8 @@ import numpy as np
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
-from localllm.embed import EmbedJob, encode_inputs, fit_context, l2_normalize
-from localllm.scheduler import SchedulerClosedError
+from localllm.generation.embed import EmbedJob, encode_inputs, fit_context, l2_normalize
+from localllm.generation.scheduler import SchedulerClosedError
 from localllm.server.common import (
     ApiError,
     ClientGone,

@@ -17,8 +17,8 @@ from typing import Any
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from localllm.generate import Event
-from localllm.scheduler import Request
+from localllm.generation.generate import Event
+from localllm.generation.scheduler import Request
 from localllm.server.common import (
     OLLAMA_VERSION,
     ApiError,

@@ -16,9 +16,9 @@ from typing import Any
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from localllm.generate import Event
-from localllm.sampling import SamplerConfig
-from localllm.scheduler import Request
+from localllm.generation.generate import Event
+from localllm.generation.sampling import SamplerConfig
+from localllm.generation.scheduler import Request
 from localllm.server.common import (
     ApiError,
     ServerState,
@@ -35,7 +35,7 @@ from localllm.server.common import (
     tool_names,
     unsupported,
 )
-from localllm.tool_calls import to_openai_tool_calls
+from localllm.text.tool_calls import to_openai_tool_calls
 
 FINGERPRINT = "fp_localllm"
 

@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from localllm.models_store import ModelEntry
+from localllm.store.local import ModelEntry
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -33,9 +33,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def _header_facts(path: Path) -> tuple[str, str]:
     """(architecture, quant) from the GGUF header; '?' where unreadable."""
-    from localllm.describe import file_type_name
     from localllm.formats import read_gguf
-    from localllm.models_external import quant_of
+    from localllm.formats.describe import file_type_name
+    from localllm.store.external import quant_of
 
     try:
         with read_gguf(path) as gf:
@@ -71,7 +71,7 @@ def _row(e: ModelEntry) -> dict:
 
 
 def cmd_list(ns: argparse.Namespace) -> int:
-    from localllm.models_store import list_models
+    from localllm.store.local import list_models
 
     rows = [_row(e) for e in list_models()]
     print(json.dumps(rows, indent=2) if ns.json else list_report(rows))
@@ -89,7 +89,7 @@ def list_report(rows: list[dict]) -> str:
 
 
 def cmd_pull(ns: argparse.Namespace) -> int:
-    from localllm.models_store import pull
+    from localllm.store.local import pull
 
     e = pull(ns.name, progress=False if ns.quiet else None)
     print(f"{e.ref}: {e.path} ({_size(e.size)})")
@@ -97,7 +97,7 @@ def cmd_pull(ns: argparse.Namespace) -> int:
 
 
 def cmd_rm(ns: argparse.Namespace) -> int:
-    from localllm.models_store import remove
+    from localllm.store.local import remove
 
     for n in ns.names:
         for e in remove(n):
@@ -106,7 +106,7 @@ def cmd_rm(ns: argparse.Namespace) -> int:
 
 
 def cmd_import(ns: argparse.Namespace) -> int:
-    from localllm.models_store import import_file
+    from localllm.store.local import import_file
 
     e = import_file(Path(ns.file).expanduser(), ns.name)
     print(f"{e.ref}: {e.path} ({_size(e.size)})")

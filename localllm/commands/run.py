@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from localllm.cli_options import (
+from localllm.commands.options import (
     add_model_opts,
     add_model_then,
     add_sampling_opts,
@@ -27,14 +27,14 @@ from localllm.cli_options import (
     sampler_config,
     spec_options,
 )
-from localllm.default_model import resolve_model
-from localllm.sampling import Sampler, SamplerConfig
-from localllm.speculative import SpecOptions
+from localllm.generation.sampling import Sampler, SamplerConfig
+from localllm.generation.speculative import SpecOptions
+from localllm.store.default import resolve_model
 
 if TYPE_CHECKING:
     from localllm.engine import Engine
-    from localllm.generate import Event
-    from localllm.speculative import Drafter, StepCosts
+    from localllm.generation.generate import Event
+    from localllm.generation.speculative import Drafter, StepCosts
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -74,7 +74,7 @@ def output_format(ns: argparse.Namespace) -> object | None:
     (a bad schema is one error line, not a failure mid-generation)."""
     from pathlib import Path
 
-    from localllm.constraint import compile_grammar, schema_for_format
+    from localllm.generation.constraint import compile_grammar, schema_for_format
 
     fmt: object | None = getattr(ns, "format", None)
     schema_file = getattr(ns, "json_schema", None)
@@ -111,11 +111,11 @@ class _Session:
     fmt: object | None  # structured output (output_format), or None
 
     def events(self, ids: list[int], sampler: Sampler, truncate: bool) -> Iterator[Event]:
-        from localllm.generate import generate
+        from localllm.generation.generate import generate
 
         ns, constraint = self.ns, None
         if self.fmt is not None:
-            from localllm.constraint import make_constraint
+            from localllm.generation.constraint import make_constraint
 
             constraint = make_constraint(self.fmt, self.engine.tokenizer)
         return generate(
@@ -144,9 +144,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
             raise ValueError("no prompt: pass it as an argument or on standard input")
 
     from localllm.engine import Engine
+    from localllm.generation.speculative import StepCosts, make_drafter
+    from localllm.kernels.build.warmup import ensure_kernels_compiled, start_compiling
     from localllm.kernels.cuda.loader import resolve_device
-    from localllm.speculative import StepCosts, make_drafter
-    from localllm.warmup import ensure_kernels_compiled, start_compiling
 
     t0 = time.perf_counter()
     opts = engine_options(ns)
@@ -182,7 +182,7 @@ def _prompt_ids(engine: Engine, text: str, ns: argparse.Namespace,
     tok = engine.tokenizer
     if ns.raw:
         return tok.encode(text, add_special=True, parse_special=False), text
-    from localllm.chat_template import encode_chat
+    from localllm.text.chat_template import encode_chat
 
     messages = []
     if ns.system:

@@ -11,7 +11,7 @@ Numba dispatcher's module, name and argument types, and the row kernels by weigh
 Later runs load exactly those from the disk cache *before* the first forward pass, instead
 of one by one inside it. That order is what keeps the process lean: loading cached code is
 the only thing that needs LLVM (~70 MB of libllvmlite's code pages), and once every kernel
-is in, those pages leave the resident set (localllm/lean.py) before the forward passes
+is in, those pages leave the resident set (kernels/build/lean.py) before the forward passes
 bring in the model's pages — the peak is the larger of the two, not their sum.
 
 The KV cache kernels are compiled per K / V storage type (kernels/cpu/kv_quant.py): a list
@@ -202,9 +202,9 @@ def _types_namespace() -> dict[str, Any]:
 
 
 def shipped_manifest(arch: str, qtypes: list[int]) -> Manifest | None:
-    """The list kept in localllm/kernel_lists.py for this kind of model (the default model's),
+    """The list kept in kernels/build/kernel_lists.py for this kind of model (the default model's),
     for a first run on a machine with no kernel cache at all."""
-    from localllm.kernel_lists import KERNEL_LISTS
+    from localllm.kernels.build.kernel_lists import KERNEL_LISTS
 
     got = KERNEL_LISTS.get(f"{arch} {sorted(set(qtypes))}")
     if got is None:
@@ -220,7 +220,7 @@ def shipped_manifest(arch: str, qtypes: list[int]) -> Manifest | None:
 
 
 def manifest_source(manifest: Manifest, arch: str, qtypes: list[int]) -> str:
-    """`manifest` as an entry of localllm/kernel_lists.py (signatures written as reprs that
+    """`manifest` as an entry of kernels/build/kernel_lists.py (signatures written as reprs that
     shipped_manifest evaluates back to the same types; any that would not are left out)."""
     ns = _types_namespace()
     rows = []
@@ -351,7 +351,7 @@ class PendingCompile:
 
     def __init__(self, stamp: Path, guess: Manifest, n_workers: int,
                  kv: KVTypes = DEFAULT_KV) -> None:
-        from localllm.compile_workers import Workers, by_cost
+        from localllm.kernels.build.compile_workers import Workers, by_cost
 
         self.stamp, self.guess, self.kv = stamp, guess, kv
         todo = for_kv_types([e for e in guess.entries if callable_from_python(e)], kv)
@@ -361,7 +361,7 @@ class PendingCompile:
                                [i for i, e in enumerate(self.todo) if e[:2] in _AT_LOAD])
 
     def finish(self, prog: _CompileProgress) -> None:
-        from localllm.compile_workers import compile_claimed
+        from localllm.kernels.build.compile_workers import compile_claimed
 
         prog.expect(len(self.todo), "kernels")
         try:
@@ -391,7 +391,7 @@ def start_compiling(model_path: str | os.PathLike,
     model (~1-2 s earlier than ensure_kernels_compiled could). kv: the K / V cache types the
     engine will use. None when there is nothing to start: kernels cached, no list of them, no
     spare core, or a file that does not read (the model load then says why)."""
-    from localllm.compile_workers import default_workers
+    from localllm.kernels.build.compile_workers import default_workers
     from localllm.formats import read_gguf
     from localllm.kernels import KERNEL_CACHE_DIR
 
@@ -416,10 +416,10 @@ def start_compiling(model_path: str | os.PathLike,
 def ensure_kernels_compiled(engine, progress: bool = True,
                             pending: PendingCompile | None = None) -> bool:
     """Compile (or load from Numba's cache) the kernels this model needs, then let go of
-    what only loading needed (localllm/lean.py). `pending`: workers start_compiling started
+    what only loading needed (kernels/build/lean.py). `pending`: workers start_compiling started
     for this model. Returns True if this was a cold run that had to compile."""
-    from localllm import lean
-    from localllm.compile_workers import default_workers
+    from localllm.kernels.build import lean
+    from localllm.kernels.build.compile_workers import default_workers
 
     if getattr(engine, "device", "cpu") == "cuda":
         engine.warmup()  # CuPy compiles the .cu modules (NVRTC, cached on disk) at first use
@@ -483,29 +483,3 @@ def skip_numba_blas_probe() -> None:
             del sys.modules[key]
         else:
             sys.modules[key] = saved
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m localllm.warmup [MODEL]`: compile (or load) the model's kernels and print
-    its entry for localllm/kernel_lists.py."""
-    import argparse
-
-    from localllm.default_model import resolve_model
-    from localllm.engine import Engine
-
-    ap = argparse.ArgumentParser(prog="python -m localllm.warmup")
-    ap.add_argument("model", nargs="?", default=None)
-    a = ap.parse_args(argv)
-    engine = Engine(resolve_model(a.model), n_ctx=512)
-    ensure_kernels_compiled(engine, progress=False)
-    qtypes = [int(t.type) for t in engine.gf.tensors.values()]
-    m = _read_manifest(_manifest_path(_stamp(qtypes, engine.cfg.arch)))
-    if m is None:
-        print("error: no kernel list was recorded", file=sys.stderr)
-        return 1
-    print(manifest_source(m, engine.cfg.arch, qtypes))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

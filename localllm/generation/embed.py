@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from localllm.batch import Batch
-from localllm.kv_cache import KVCache
+from localllm.kv.batch import Batch
+from localllm.kv.cache import KVCache
 
 if TYPE_CHECKING:
     from localllm.engine import Engine

@@ -62,11 +62,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localllm.batch import Batch
 from localllm.errors import PromptTooLongError
-from localllm.generate import GenerationStats
-from localllm.sampling import Sampler, SamplerConfig
-from localllm.speculative import (
+from localllm.generation.generate import GenerationStats
+from localllm.generation.sampling import Sampler, SamplerConfig
+from localllm.generation.speculative import (
     DraftPolicy,
     NgramDrafter,
     SpecOptions,
@@ -74,11 +73,12 @@ from localllm.speculative import (
     StepCosts,
     sample_and_accept,
 )
-from localllm.text_stream import Event, TextStream
+from localllm.generation.text_stream import Event, TextStream
+from localllm.kv.batch import Batch
 
 if TYPE_CHECKING:
-    from localllm.constraint import TokenConstraint
     from localllm.engine import Engine
+    from localllm.generation.constraint import TokenConstraint
 
 
 class QueueFullError(RuntimeError):
@@ -103,7 +103,7 @@ class Request:
     truncate: bool = False  # keep only the end of a prompt longer than the context
     speculate: bool = True  # n-gram drafting (lossless)
     draft_max: int | None = None  # None: the scheduler's
-    # structured output (localllm.constraint.make_constraint), fresh for this request: every
+    # structured output (localllm.generation.constraint.make_constraint), fresh for this request: every
     # sampled token goes through it; the sequence ends ("stop") when the value is complete
     constraint: TokenConstraint | None = None
 
@@ -257,7 +257,7 @@ class Scheduler:
             req.prompt = req.prompt[-(n_ctx // 2):]
         sampler: Sampler = Sampler(req.sampling)  # here: a bad value (a negative seed) is the caller's error
         if req.constraint is not None:
-            from localllm.constraint import ConstrainedSampler
+            from localllm.generation.constraint import ConstrainedSampler
 
             sampler = ConstrainedSampler(sampler, req.constraint,  # type: ignore[assignment]
                                          sorted(self.engine.tokenizer.eog_ids))

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localllm.batch import Batch
-from localllm.cli_options import add_model_opts, engine_options
+from localllm.commands.options import add_model_opts, engine_options
+from localllm.kv.batch import Batch
 
 if TYPE_CHECKING:
     from localllm.engine import Engine
@@ -112,7 +112,7 @@ def _ints(s: str) -> list[int]:
 
 
 def model_label(engine: Engine) -> tuple[str, float, float]:
-    from localllm.describe import describe
+    from localllm.formats.describe import describe
 
     d = describe(engine.gf)
     name = f"{d.get('architecture', '?')} {d.get('size_label') or ''} {d.get('file_type') or ''}"
@@ -122,9 +122,9 @@ def model_label(engine: Engine) -> tuple[str, float, float]:
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:
-    from localllm.default_model import resolve_model
     from localllm.engine import Engine
-    from localllm.warmup import ensure_kernels_compiled
+    from localllm.kernels.build.warmup import ensure_kernels_compiled
+    from localllm.store.default import resolve_model
 
     pps, tgs, depths = _ints(ns.n_prompt), _ints(ns.n_gen), _ints(ns.depth)
     steps = _ints(ns.steps) if ns.steps else []
@@ -147,7 +147,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
 def decode_limit(engine: Engine, results: list[BenchResult]) -> dict:
     """The machine's measured read bandwidth with this run's threads, the bytes one decode
     token reads, the tok/s those allow, and each tg test as a fraction of it."""
-    from localllm.bandwidth import decode_bytes_per_token, read_bandwidth
+    from localllm.kernels.cpu.bandwidth import decode_bytes_per_token, read_bandwidth
 
     if engine.device == "cuda":
         from localllm.kernels.cuda.loader import device_read_bandwidth

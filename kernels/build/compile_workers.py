@@ -58,7 +58,7 @@ class Claims:
 def compile_claimed(entries: Sequence[Any], claims: Claims,
                     on_done: Callable[[int], None] | None = None) -> int:
     """Compile (load_kernels) every entry of `entries` this process claims; returns how many."""
-    from localllm.warmup import load_kernels
+    from localllm.kernels.build.warmup import load_kernels
 
     n = 0
     for i, e in enumerate(entries):
@@ -148,7 +148,7 @@ class Workers:
             for i in range(n_workers if entries else 0):
                 env = dict(os.environ, NUMBA_CACHE_DIR=str(self.root / f"cache{i}"))
                 p = subprocess.Popen(
-                    [sys.executable, "-m", "localllm.compile_workers", str(job)], env=env,
+                    [sys.executable, "-m", "localllm.kernels.build.compile_workers", str(job)], env=env,
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL)
                 self.procs.append((p, self.root / f"cache{i}" / Path(KERNEL_CACHE_DIR).name))
@@ -202,7 +202,7 @@ def compile_in_workers(entries: Sequence[Any], n_workers: int,
 def _worker(job: str) -> int:
     """Entry of a worker process: compile what it claims into $NUMBA_CACHE_DIR's keyed
     folder."""
-    from localllm.warmup import skip_numba_blas_probe
+    from localllm.kernels.build.warmup import skip_numba_blas_probe
 
     skip_numba_blas_probe()
     entries, folder = pickle.loads(Path(job).read_bytes())  # written by our parent just now

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from localllm.tokenizer import Tokenizer
+from localllm.text.tokenizer import Tokenizer
 
 
 class ConstraintError(ValueError):

@@ -8,7 +8,7 @@ that use the legacy name) is there too.
 When the file has no template one is chosen from the vocabulary/architecture: Gemma turns,
 ChatML, Llama 3 headers or Llama 2 ``[INST]``.
 
-Each template is probed once for what it can show (localllm.chat_caps): the system role,
+Each template is probed once for what it can show (localllm.text.chat_caps): the system role,
 tools, tool calls, tool results. ``render()`` polyfills the rest (system text in front of the
 first user message, tool definitions in the system message, ...) so that no message is
 dropped silently; any message that still does not reach the prompt is listed in
@@ -28,8 +28,8 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from localllm.chat_caps import TemplateCaps, missing_messages, polyfill, probe
-from localllm.tokenizer import Tokenizer
+from localllm.text.chat_caps import TemplateCaps, missing_messages, polyfill, probe
+from localllm.text.tokenizer import Tokenizer
 
 
 class TemplateError(ValueError):
@@ -246,7 +246,7 @@ class ChatTemplate:
 
     @property
     def caps(self) -> TemplateCaps:
-        """What this template shows, probed once (see localllm.chat_caps)."""
+        """What this template shows, probed once (see localllm.text.chat_caps)."""
         if self._caps is None:
             self._caps = probe(self._render_checked, self.source)
         return self._caps

@@ -7,7 +7,7 @@
   the logits it was sampled from, its log-probability on demand) and never sees text. Here
   speculation (`Speculator`) and structured output (a constrained sampler) plug in; the
   scheduler runs the same steps for many sequences in one batch.
-- `generate()` is the text-level stream: a `TextStream` (localllm/text_stream.py: the
+- `generate()` is the text-level stream: a `TextStream` (localllm/generation/text_stream.py: the
   streaming detokenizer, end-of-generation tokens, stop strings held back so they never
   leak) over the token steps, plus the reply's stats; it yields `Event`s.
 - Front doors (`localllm run`, the chat, the server) only format those events.
@@ -26,10 +26,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localllm.batch import Batch
 from localllm.errors import PromptTooLongError
-from localllm.sampling import Sampler
-from localllm.speculative import (
+from localllm.generation.sampling import Sampler
+from localllm.generation.speculative import (
     Drafter,
     DraftPolicy,
     SpecOptions,
@@ -38,11 +37,12 @@ from localllm.speculative import (
     make_drafter,
     sample_and_accept,
 )
-from localllm.text_stream import Event, TextStream, first_stop, held_back
+from localllm.generation.text_stream import Event, TextStream, first_stop, held_back
+from localllm.kv.batch import Batch
 
 if TYPE_CHECKING:
-    from localllm.constraint import TokenConstraint
     from localllm.engine import Engine
+    from localllm.generation.constraint import TokenConstraint
 
 __all__ = ["Event", "GenerationStats", "TokenStep", "generate", "generate_tokens", "held_back"]
 
@@ -110,14 +110,14 @@ def generate_tokens(
     """Prefill the prompt and yield sampled tokens until the caller stops iterating, the
     context is full (no context_shift), max_tokens are out, or after an end-of-generation
     token. With a drafter, each step verifies up to policy.choose() drafted tokens;
-    the output is the same tokens as without one (see localllm.speculative).
-    constraint: a grammar (localllm.constraint) every sampled token must satisfy; the loop
+    the output is the same tokens as without one (see localllm.generation.speculative).
+    constraint: a grammar (localllm.generation.constraint) every sampled token must satisfy; the loop
     ends right after the token that completes the value. Drafting stays on: the verifier
     samples through the constrained sampler, which commits only the tokens it returns, so a
     rejected draft never reaches the grammar and nothing needs rolling back."""
     eog = frozenset() if ignore_eos else frozenset(engine.tokenizer.eog_ids)
     if constraint is not None:
-        from localllm.constraint import ConstrainedSampler
+        from localllm.generation.constraint import ConstrainedSampler
 
         sampler = ConstrainedSampler(sampler, constraint, sorted(engine.tokenizer.eog_ids))
     t0 = time.perf_counter()
@@ -218,7 +218,7 @@ def generate(
     spec: speculative decoding options (default: SpecOptions(), n-gram drafting with an
     adaptive length); or pass a ready `drafter` (e.g. a draft model kept across calls).
     step_costs: the engine's learned step timings, shared across calls.
-    constraint: structured output (localllm.constraint.make_constraint); generation ends
+    constraint: structured output (localllm.generation.constraint.make_constraint); generation ends
     with done_reason "stop" as soon as the value is complete.
     """
     stats = GenerationStats(prompt_tokens=len(prompt_tokens))

@@ -41,7 +41,7 @@ class TemplateCaps:
     object_arguments: bool = True  # tool call arguments shown when given as a dict
     typed_content: bool = False  # contents must be [{"type": "text", "text": ...}]
     thinking: bool = False  # the template knows enable_thinking / reasoning_content / <think>
-    tool_call_format: str = "generic"  # which parser in localllm.tool_calls fits its output
+    tool_call_format: str = "generic"  # which parser in localllm.text.tool_calls fits its output
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -22,8 +22,8 @@ import os
 import re
 from pathlib import Path
 
-from localllm.model_names import ModelName
-from localllm.models_store import ModelEntry
+from localllm.store.local import ModelEntry
+from localllm.store.names import ModelName
 
 OLLAMA_REGISTRY = "registry.ollama.ai"
 OLLAMA_MODEL_MEDIA = "application/vnd.ollama.image.model"

@@ -6,7 +6,7 @@
 (arguments as a JSON string, an id for each call). `split_thinking()` separates a reasoning
 model's <think> block from its answer.
 
-Formats (``caps.tool_call_format``, detected from the template source by localllm.chat_caps):
+Formats (``caps.tool_call_format``, detected from the template source by localllm.text.chat_caps):
 
 - hermes (Hermes, Qwen 2.5/3, SmolLM3, many fine-tunes): ``<tool_call>{"name", "arguments"}</tool_call>``
 - llama3 (Llama 3.1-3.3): ``<|python_tag|>{"name", "parameters"}`` or a bare JSON object
@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from localllm.chat_caps import TemplateCaps
+from localllm.text.chat_caps import TemplateCaps
 
 ToolCall = dict[str, Any]
 

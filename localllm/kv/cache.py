@@ -2,7 +2,7 @@
 
 Layout. Positions live in fixed-size blocks (BLOCK = 32 tokens, one key block of the attention
 kernel). Each layer kind (kind 0 = full-attention layers; each sliding window its own kind)
-has one `BlockPool` (localllm/kv_pool.py: refcounts, free list, prefix index) and every
+has one `BlockPool` (localllm/kv/pool.py: refcounts, free list, prefix index) and every
 layer of the kind one storage array [n_blocks * BLOCK, Hkv, W], where W is the row width of
 the storage type (f32/f16 elements, or q8_0/q4_0 block bytes). A sequence slot has a block
 table per kind, [n_slots, ceil(n_ctx / BLOCK)] int64: logical block i (positions i*B ..
@@ -58,7 +58,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from localllm.kernels.cpu import kv_quant, ops, poison
-from localllm.kv_pool import ROOT_KEY, BlockPool, PoolExhaustedError, chain_key
+from localllm.kv.pool import ROOT_KEY, BlockPool, PoolExhaustedError, chain_key
 
 KV_TYPES = kv_quant.KV_TYPES
 EMPTY_POS = kv_quant.EMPTY_POS

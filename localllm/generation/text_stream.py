@@ -22,11 +22,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from localllm.detokenizer import StreamDetokenizer
+from localllm.text.detokenizer import StreamDetokenizer
 
 if TYPE_CHECKING:
-    from localllm.generate import GenerationStats
-    from localllm.tokenizer import Tokenizer
+    from localllm.generation.generate import GenerationStats
+    from localllm.text.tokenizer import Tokenizer
 
 
 @dataclass

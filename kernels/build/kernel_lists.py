@@ -9,7 +9,7 @@ are compile times (CPU seconds) measured on a first run (only used to balance th
 shares). The KV cache kernels are listed for f16 K and V; warmup.for_kv_types names the
 pair a run uses instead.
 A stale entry costs nothing but time: whatever the list misses, the warm-up pass compiles.
-Regenerate with `python -m localllm.warmup [MODEL]` after changing kernels (with a fresh
+Regenerate with `python bench/record_kernel_lists.py [MODEL]` after changing kernels (with a fresh
 NUMBA_CACHE_DIR, and LOCALLLM_COMPILE_WORKERS=0 so that one process measures every compile).
 """
 

@@ -11,11 +11,11 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from localllm.cli_options import add_model_then
+from localllm.commands.options import add_model_then
 
 if TYPE_CHECKING:
     from localllm.formats import GGUFFile
-    from localllm.tokenizer import Tokenizer
+    from localllm.text.tokenizer import Tokenizer
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -38,8 +38,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_show(ns: argparse.Namespace) -> int:
-    from localllm.default_model import resolve_model
     from localllm.formats import read_gguf
+    from localllm.store.default import resolve_model
 
     with read_gguf(resolve_model(ns.model)) as gf:
         print(show_report(gf, ns.tensors, ns.json))
@@ -48,7 +48,7 @@ def cmd_show(ns: argparse.Namespace) -> int:
 
 def show_report(gf: GGUFFile, tensors: bool, as_json: bool) -> str:
     """The model's description (and tensor table), as text or as indented JSON."""
-    from localllm.describe import describe, format_description
+    from localllm.formats.describe import describe, format_description
 
     d = describe(gf)
     table = list(gf.tensors.values()) if tensors else None
@@ -74,9 +74,9 @@ def _json_default(o: object) -> object:
 
 
 def cmd_tokenize(ns: argparse.Namespace) -> int:
-    from localllm.default_model import resolve_model
     from localllm.formats import read_gguf
-    from localllm.tokenizer import Tokenizer
+    from localllm.store.default import resolve_model
+    from localllm.text.tokenizer import Tokenizer
 
     with read_gguf(resolve_model(ns.model)) as gf:
         tok = Tokenizer.from_metadata(gf.metadata)

@@ -22,9 +22,9 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from localllm.kv_cache import KV_TYPES
-from localllm.sampling import SamplerConfig
-from localllm.speculative import SPECULATE_MODES, SpecOptions
+from localllm.generation.sampling import SamplerConfig
+from localllm.generation.speculative import SPECULATE_MODES, SpecOptions
+from localllm.kv.cache import KV_TYPES
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -64,7 +64,7 @@ def _device(ns: argparse.Namespace) -> str:
 def _kv_memory(text: str) -> int:
     """argparse type of --kv-memory: bytes (argparse turns a ValueError into its usage
     error, one line)."""
-    from localllm.kv_pool import parse_memory
+    from localllm.kv.pool import parse_memory
 
     try:
         return parse_memory(text)
@@ -159,7 +159,7 @@ class _ModelThen(argparse.Action):
                  values: object, option_string: str | None = None) -> None:
         is_model = None
         if self.arg_optional:
-            from localllm.default_model import looks_like_model
+            from localllm.store.default import looks_like_model
 
             is_model = looks_like_model
         try:

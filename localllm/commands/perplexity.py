@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localllm.batch import Batch
-from localllm.cli_options import add_model_opts, add_model_then, engine_options
+from localllm.commands.options import add_model_opts, add_model_then, engine_options
+from localllm.kv.batch import Batch
 
 
 @dataclass
@@ -105,9 +105,9 @@ def cmd_perplexity(ns: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from localllm.default_model import resolve_model
     from localllm.engine import Engine
-    from localllm.warmup import ensure_kernels_compiled
+    from localllm.kernels.build.warmup import ensure_kernels_compiled
+    from localllm.store.default import resolve_model
 
     text_path = Path(ns.file)
     if not text_path.is_file():

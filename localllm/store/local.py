@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from localllm.model_names import BadModelName, ModelName, check_part, parse_name
+from localllm.store.names import BadModelName, ModelName, check_part, parse_name
 
 # A pull reports (bytes done, bytes total or None, what) as it goes.
 ProgressFn = Callable[[int, "int | None", str], None]
@@ -149,7 +149,7 @@ def find_in_store(name: ModelName, default_tag: str | None = None) -> ModelEntry
         found = [e for p in sorted(d.glob("*.json")) if (e := _intact(_read_manifest(p, root)))]
         if len(found) == 1:
             return found[0]
-        from localllm.models_external import PREFERRED_QUANTS  # several quants of one repo
+        from localllm.store.external import PREFERRED_QUANTS  # several quants of one repo
 
         by_tag = {e.tag.upper(): e for e in found}
         return next((by_tag[q] for q in PREFERRED_QUANTS if q in by_tag), None)
@@ -161,7 +161,7 @@ def list_models(include_external: bool = True) -> list[ModelEntry]:
     cache's and LM Studio's."""
     entries = store_entries() + _builtin_entries()
     if include_external:
-        from localllm.models_external import external_entries
+        from localllm.store.external import external_entries
 
         entries += external_entries()
     return entries
@@ -186,7 +186,7 @@ def pull(name: str, progress: ProgressFn | None | bool = None) -> ModelEntry:
 
     progress: None = a rich progress bar on stderr; False = silent; a callable gets
     (bytes done, bytes total, description)."""
-    from localllm.models_fetch import pull as fetch_pull
+    from localllm.store.fetch import pull as fetch_pull
 
     return fetch_pull(name, progress)
 
@@ -323,7 +323,7 @@ def remove(name_text: str) -> list[ModelEntry]:
         d = _name_dir(name, root)
         targets = [e for p in sorted(d.glob("*.json")) if (e := _read_manifest(p, root))]
     if not targets:
-        from localllm.models_external import find_external
+        from localllm.store.external import find_external
 
         if any(e.name == name.model for e in _builtin_entries()) or name.model == "gemma3":
             raise StoreError(f"{name_text} is the built-in default model (from the "

@@ -84,8 +84,8 @@ def resolve_model(model: str | None) -> Path:
     if (model.lower().endswith(".gguf") and not is_hf) or model.startswith((".", "/", "~", "\\")):
         raise ModelNotFoundError(f"model {model!r} not found: no such file")
     # A name: our store, then the stores of Ollama, Hugging Face and LM Studio (read-only).
-    from localllm.model_names import BadModelName
-    from localllm.models_resolve import ModelNameNotFound, resolve_name
+    from localllm.store.names import BadModelName
+    from localllm.store.resolve import ModelNameNotFound, resolve_name
 
     try:
         return resolve_name(model)
@@ -97,7 +97,7 @@ def looks_like_model(arg: str) -> bool:
     """Whether a positional CLI argument names a model rather than being the prompt."""
     if arg in ALIASES:
         return True
-    from localllm.models_resolve import is_known_name
+    from localllm.store.resolve import is_known_name
 
     if is_known_name(arg):
         return True

@@ -22,7 +22,7 @@ import numpy as np
 
 from localllm.kernels.cpu import kv_quant
 from localllm.kernels.cuda import loader
-from localllm.kv_cache import KVCache
+from localllm.kv.cache import KVCache
 
 __all__ = ["CudaKVCache"]
 

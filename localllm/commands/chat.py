@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from localllm.cli_options import (
+from localllm.commands.options import (
     add_model_opts,
     add_sampling_opts,
     add_spec_opts,
@@ -57,7 +57,7 @@ def cmd_chat(ns: argparse.Namespace) -> int:
         else:
             choice = fallback_to_base()
     if spec.draft_model:
-        from localllm.default_model import resolve_model
+        from localllm.store.default import resolve_model
 
         spec.draft_model = str(resolve_model(spec.draft_model))
     backend = ChatBackend(choice.path, spec=spec, **engine_options(ns))

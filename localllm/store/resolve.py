@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from localllm.model_names import BadModelName, ModelName, looks_like_name, parse_name
+from localllm.store.names import BadModelName, ModelName, looks_like_name, parse_name
 
 
 class ModelNameNotFound(LookupError):
@@ -19,17 +19,17 @@ class ModelNameNotFound(LookupError):
 
 
 def find_entry(name: ModelName):  # -> ModelEntry | None
-    from localllm.models_external import find_external
-    from localllm.models_fetch import CATALOGUE, catalogue_entry
-    from localllm.models_store import find_in_store
+    from localllm.store.external import find_external
+    from localllm.store.fetch import CATALOGUE, catalogue_entry
+    from localllm.store.local import find_in_store
 
     cat = catalogue_entry(name)  # raises BadModelName for an unknown tag of a catalogue model
     # A catalogue model's tags are aliases of its one canonical tag.
     if e := find_in_store(name.with_tag(cat[1]) if cat else name):
         return e
     if cat and not cat[0].package:  # the embedded default is always there
-        from localllm.default_model import default_model_path
-        from localllm.models_store import ModelEntry
+        from localllm.store.default import default_model_path
+        from localllm.store.local import ModelEntry
 
         p = default_model_path()
         return ModelEntry(name=CATALOGUE["gemma3"].name, tag=cat[1], path=p,
@@ -39,8 +39,8 @@ def find_entry(name: ModelName):  # -> ModelEntry | None
 
 def resolve_name(text: str) -> Path:
     """Raises BadModelName or ModelNameNotFound, each with a one-line message."""
-    from localllm.models_fetch import CATALOGUE, catalogue_entry
-    from localllm.models_store import list_models
+    from localllm.store.fetch import CATALOGUE, catalogue_entry
+    from localllm.store.local import list_models
 
     name = parse_name(text)
     if e := find_entry(name):
@@ -64,7 +64,7 @@ def is_known_name(text: str) -> bool:
     """Whether a word names a model (for telling `run MODEL PROMPT` from `run PROMPT`)."""
     if not looks_like_name(text):
         return False
-    from localllm.models_fetch import CATALOGUE
+    from localllm.store.fetch import CATALOGUE
 
     name = parse_name(text)
     if name.is_hf or (name.parts[0] == "library" and name.parts[1] in CATALOGUE):
