@@ -118,9 +118,15 @@ class Engine:
             self._template = ChatTemplate.from_metadata(self.metadata, self.tokenizer)
         return self._template
 
-    def step(self, batch: Batch) -> np.ndarray:
-        """One forward pass: logits [rows wanted, V] float32."""
-        return self.model.forward(batch, self.kv)
+    def step(self, batch: Batch, kv: KVCache | None = None, hidden: bool = False) -> np.ndarray:
+        """One forward pass: logits [rows wanted, V] float32 (hidden: the final-normed
+        hidden states [rows wanted, D] instead). The model stores the batch's K/V; this is
+        the one place that then records in the cache's books which tokens they are.
+        kv: another cache of this model's shape (embeddings use a scratch one)."""
+        kv = self.kv if kv is None else kv
+        out = self.model.forward(batch, kv, hidden=hidden)
+        kv.commit_batch(batch)
+        return out
 
     def prefill(self, tokens: list[int], slot: int = 0, logits: str = "last") -> Prefill:
         """Bring slot's cache to hold exactly `tokens`, evaluating only what it does not

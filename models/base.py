@@ -361,8 +361,6 @@ class DecoderModel:
                 ops.rms_norm(o, L.post_ffn_norm, cfg.rms_eps, o, checked=True)
             x += o
 
-        for sid, a, b in segments:  # the cache's books: these positions now hold these tokens
-            kv.commit(sid, int(pos[a]), batch.tokens[a:b].tolist())
         if not batch.want_logits.any():
             return np.empty((0, cfg.n_embd if hidden else cfg.n_vocab), dtype=np.float32)
         return self.final_norm(x) if hidden else self.logits(x)

@@ -219,8 +219,6 @@ class CudaModel:
                 res = self._run(self._upload(host, int(host["q_pos"].max()) + 1), n, kv, keep,
                                 hidden)
                 out = cupy.asnumpy(res, stream=self.stream)
-        for sid, a, b in batch.segments():  # the cache's books: these positions hold these tokens
-            kv.commit(sid, int(batch.positions[a]), batch.tokens[a:b].tolist())
         return out
 
     def _upload(self, host: dict[str, np.ndarray], n_pos: int) -> _StepInputs:

@@ -3,13 +3,15 @@ max tokens and a full context end with "length", split UTF-8 characters stay who
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
-from localllm.engine import Prefill
 from localllm.errors import PromptTooLongError
 from localllm.generation.generate import _held_back, generate
 from localllm.generation.sampling import Sampler, SamplerConfig
+from localllm.kv.batch import Batch
 
 # token id -> bytes; id 0 is EOS
 PIECES = {0: b"", 1: b"Hel", 2: b"lo", 3: b" wor", 4: b"ld", 5: b"\n", 6: b"EN", 7: b"D",
@@ -25,11 +27,37 @@ class FakeTokenizer:
 
 
 class FakeKV:
+    """The cache's books only (one slot, no prefix reuse, memory never short)."""
+
+    n_slots, block = 1, 32
+
     def __init__(self) -> None:
-        self.n = 0
+        self.tokens: list[list[int]] = [[]]
 
     def n_past(self, slot: int) -> int:
-        return self.n
+        return len(self.tokens[slot])
+
+    def max_tokens(self) -> int:
+        return 10**9
+
+    def common_prefix(self, slot: int, tokens: list[int]) -> int:
+        return 0
+
+    def reuse_prefix(self, slot: int, tokens: list[int]) -> SimpleNamespace:
+        self.tokens[slot] = []
+        return SimpleNamespace(kept=0, note=None)
+
+    def fits(self, spans: list) -> bool:
+        return True
+
+    def prompt_fits(self, tokens: list[int], reserve: int = 0) -> bool:
+        return True
+
+    def truncate(self, slot: int, n: int) -> None:
+        del self.tokens[slot][n:]
+
+    def clear(self, slot: int) -> None:
+        self.tokens[slot] = []
 
 
 class ScriptedEngine:
@@ -38,6 +66,7 @@ class ScriptedEngine:
     def __init__(self, script: list[int], n_ctx: int = 100) -> None:
         self.script = script
         self.tokenizer = FakeTokenizer()
+        self.cfg = SimpleNamespace(n_vocab=V)
         self.n_ctx = n_ctx
         self.kv = FakeKV()
         self.n_batch = 1  # one row per step: nothing to draft into
@@ -49,13 +78,13 @@ class ScriptedEngine:
         self.i += 1
         return x
 
-    def prefill(self, tokens: list[int], slot: int = 0) -> Prefill:
-        self.kv.n = len(tokens)
-        return Prefill(self._next_logits()[None, :], len(tokens), 0)
-
-    def decode(self, token: int, slot: int = 0) -> np.ndarray:
-        self.kv.n += 1
-        return self._next_logits()
+    def step(self, batch: Batch) -> np.ndarray:
+        """Logits for the rows that want them; the cache's books record the rows."""
+        held = self.kv.tokens[int(batch.seq_ids[0])]
+        start = int(batch.positions[0])
+        held[start:] = batch.tokens.tolist()
+        return np.stack([self._next_logits() for _ in range(int(batch.want_logits.sum()))]
+                        or [np.zeros(V, np.float32)])[: int(batch.want_logits.sum())]
 
 
 def _run(script: list[int], **kw) -> tuple[list[str], object]:
@@ -108,7 +137,8 @@ def test_prompt_longer_than_context() -> None:
         list(generate(eng, [1, 2, 3, 4, 5], Sampler(SamplerConfig(temperature=0))))
     events = list(generate(eng, [1, 2, 3, 4, 5], Sampler(SamplerConfig(temperature=0)),
                            truncate=True, max_tokens=1))
-    assert events[-1].stats.prompt_tokens == 5
+    # the prompt used: its last n_ctx // 2 tokens, as every front door reports it
+    assert events[-1].stats.prompt_tokens == 2 and events[-1].prompt == [4, 5]
 
 
 def test_held_back() -> None:
@@ -118,7 +148,7 @@ def test_held_back() -> None:
 
 
 def test_text_stream_holds_back_stop_strings_and_flushes() -> None:
-    """The text layer alone (what generate() and the scheduler both use)."""
+    """The text layer alone (what every sequence of the token loop uses)."""
     from localllm.generation.text_stream import TextStream
 
     ts = TextStream(FakeTokenizer(), stop=["END"], eog={0})

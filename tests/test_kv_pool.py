@@ -40,7 +40,7 @@ def _toks(e: Engine, n: int, seed: int) -> list[int]:
 
 def _run(e: Engine, kv: KVCache, toks: list[int], slot: int, start: int = 0) -> np.ndarray:
     """Evaluate toks at start.. in chunks of 4 (the sliding layers' batch bound); all logits."""
-    out = [e.model.forward(Batch.for_sequence(toks[i : i + 4], start + i, slot, "all"), kv)
+    out = [e.step(Batch.for_sequence(toks[i : i + 4], start + i, slot, "all"), kv)
            for i in range(0, len(toks), 4)]
     return np.concatenate(out)
 

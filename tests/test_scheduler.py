@@ -221,3 +221,44 @@ def test_sliding_window_rings_batched_and_reused(tmp_path) -> None:
     # (at most 3: the first 32 tokens are also one whole block that the run alone above left
     # in the prefix index, so only the last token may need evaluating)
     assert again.tokens == want_follow and again.stats.prompt_eval_tokens <= 3
+
+
+def test_context_shift_through_the_server_loop_matches_generate(engine: Engine) -> None:
+    """Context shift lives in the one token loop: a request that fills the context goes on
+    through the scheduler exactly as through generate(), and the caller's request is left
+    as it was (the loop works on its own Sequence)."""
+    from dataclasses import FrozenInstanceError
+
+    prompt = engine.tokenizer.encode("once upon a time " * 20, add_special=True)
+    n = engine.n_ctx - len(prompt) + 40  # past the end of the context
+    engine.kv.clear(0)
+    want = list(generate(engine, prompt, Sampler(GREEDY), max_tokens=n, ignore_eos=True,
+                         context_shift=True, n_keep=4))[-1]
+    assert want.stats.context_shifts >= 1 and len(want.tokens) == n
+    for s in range(engine.kv.n_slots):
+        engine.kv.clear(s)
+    req = Request(list(prompt), GREEDY, max_tokens=n, ignore_eos=True, context_shift=True,
+                  n_keep=4)
+    sch = Scheduler(engine, prefill_chunk=8)
+    try:
+        got = sch.submit(req).result()
+    finally:
+        sch.close(timeout=30)
+    assert got.tokens == want.tokens and got.stats.context_shifts == want.stats.context_shifts
+    assert list(req.prompt) == prompt and got.prompt == prompt
+    with pytest.raises(FrozenInstanceError):
+        req.prompt = []  # type: ignore[misc]
+
+
+def test_truncated_prompt_is_reported_not_written_back(engine: Engine) -> None:
+    """truncate=True keeps the end of the prompt in the loop's Sequence; the final event
+    says which prompt was used (the server's Ollama `context` needs it)."""
+    long = [1] + [9] * 300
+    req = Request(long, GREEDY, max_tokens=1, truncate=True)
+    sch = Scheduler(engine)
+    try:
+        final = sch.submit(req).result()
+    finally:
+        sch.close(timeout=30)
+    assert list(req.prompt) == long
+    assert final.prompt == long[-(engine.n_ctx // 2):] and final.stats.prompt_tokens == 128

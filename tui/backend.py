@@ -2,21 +2,18 @@
 
 Numba's workqueue threading layer must not be entered from two Python threads at once, so
 one thread owns the Engine for its whole life: it loads the model, compiles the kernels,
-renders and tokenizes prompts, and runs `localllm.generation.generate.generate()`. The UI thread only
-puts jobs on a queue and reads events from a per-job `Handle`; it never waits on a kernel.
-
-This is the only module of the app that touches the engine. When the server's scheduler
-(one engine thread shared by the TUI and the HTTP API) lands, `ChatBackend` becomes a thin
-adapter over `scheduler.submit()` and nothing else in `tui/` changes: the app only sees
-`Loaded`, `Progress`, `ContextFull`, `Failed` and `localllm.generation.generate.Event` objects.
+renders and tokenizes prompts, and runs the token loop (`localllm.generation.batcher`, the
+same loop as the CLI's and the server's). The UI thread only puts jobs on a queue and reads
+events from a per-job `Handle`; it never waits on a kernel. The app only sees `Loaded`,
+`Progress`, `ContextFull`, `Failed` and `localllm.generation.text_stream.Event` objects.
 
 Turn 2 does not re-evaluate turn 1: every chat job renders the whole conversation with the
-model's template and sends it to the same slot, and the engine keeps the longest common
-prefix already in that slot's KV cache. The final event's stats say how many prompt tokens
-were evaluated and how many came from the cache.
+model's template and sends it to the same slot, and the KV cache keeps the longest common
+prefix already in that slot. The final event's stats say how many prompt tokens were
+evaluated and how many came from the cache.
 
-Cancellation is checked between prompt chunks and between generated tokens, so Esc stops
-both a long prefill (a pasted document) and a reply within one engine step.
+Cancellation is checked between engine steps (a long prompt takes PREFILL_CHUNK rows a
+step), so Esc stops both a long prefill (a pasted document) and a reply within one step.
 """
 
 from __future__ import annotations
@@ -29,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localllm.generation.generate import Event, GenerationStats
 from localllm.generation.sampling import SamplerConfig
 from localllm.generation.speculative import SpecOptions
+from localllm.generation.text_stream import Event
 
 SLOT = 0  # the chat uses one sequence slot: same slot every turn = prefix reuse
 PREFILL_CHUNK = 256  # tokens per progress/cancel checkpoint while a long prompt is evaluated
@@ -174,8 +171,7 @@ class ChatBackend:
                  **engine_opts: Any) -> None:
         self._engine_opts = engine_opts
         self._spec = spec or SpecOptions()
-        self._drafter: Any = None  # engine thread only
-        self._costs: Any = None
+        self._loop: Any = None  # the token loop (a Batcher): engine thread only
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._first_path = Path(model_path)
@@ -242,14 +238,20 @@ class ChatBackend:
 
     def _load(self, job: _Job) -> None:
         from localllm.engine import Engine
+        from localllm.generation.batcher import Batcher
         from localllm.generation.speculative import StepCosts, make_drafter
         from localllm.kernels.build.warmup import ensure_kernels_compiled
 
         t0 = time.perf_counter()
-        self.engine = self._drafter = None  # drop the old model (and its cache) first
+        self.engine = self._loop = None  # drop the old model (and its cache) first
         eng = Engine(job.args["path"], **self._engine_opts)
         ensure_kernels_compiled(eng, progress=False)
-        self._drafter, self._costs = make_drafter(self._spec, eng), StepCosts()
+        drafter = make_drafter(self._spec, eng)
+        spec = self._spec if drafter is not None else SpecOptions(mode="off")
+        # the token loop, run on this thread; a long prompt is evaluated PREFILL_CHUNK rows
+        # a step, so progress shows and Esc cancels between chunks
+        self._loop = Batcher(eng, prefill_chunk=PREFILL_CHUNK, spec=spec, costs=StepCosts(),
+                             drafter=drafter)
         template = eng.template.name
         # the file's name: general.name is often a training-run label ("Smollm2 135M 8k
         # Lc100K Mix1 Ep2") that says less than the file the user picked
@@ -277,7 +279,9 @@ class ChatBackend:
         return None
 
     def _chat(self, job: _Job) -> None:
-        from localllm.generation.generate import generate
+        """A thin adapter: one Request through the token loop, run on this thread; its
+        events become the app's (prefill progress included), Esc cancels between steps."""
+        from localllm.generation.request import Request
         from localllm.generation.sampling import Sampler
 
         h, a, eng = job.handle, job.args, self.engine
@@ -290,54 +294,18 @@ class ChatBackend:
         if n + reserve > eng.n_ctx:
             h.put(ContextFull(n, eng.n_ctx, reserve, self._fit(a["messages"], eng.n_ctx - reserve)))
             return
-        config: SamplerConfig = a["config"]
-        config.validate()
-        sampler = Sampler(config)
-
-        # Evaluate all but the last prompt token here, in chunks, so a long prompt shows
-        # progress and can be cancelled; generate() then evaluates only the last token.
-        t0 = time.perf_counter()
-        cached = eng.kv.common_prefix(SLOT, ids)
-        pre_evaluated = 0
-        todo = n - 1 - cached
-        if todo > 0:
-            chunk = max(1, min(PREFILL_CHUNK, eng.n_batch))
-            for end in range(cached + chunk, n - 1 + chunk, chunk):
-                end = min(end, n - 1)
-                if h.cancelled:
-                    h.put(self._cancelled(n, pre_evaluated, time.perf_counter() - t0, 0, 0.0))
-                    return
-                pre_evaluated += eng.prefill(ids[:end], SLOT).n_evaluated
-                if todo > chunk:
-                    h.put(Progress(end - cached, todo))
-        pre_s = time.perf_counter() - t0
-
-        gen = generate(eng, ids, sampler, max_tokens=a["max_tokens"], stop=a["stop"], slot=SLOT,
-                       spec=self._spec, drafter=self._drafter, step_costs=self._costs)
-        t_gen = time.perf_counter()
-        try:
-            for ev in gen:
-                if h.cancelled:
-                    # k tokens sampled so far: all but the last are in the cache
-                    n_tokens = max(0, eng.kv.n_past(SLOT) - n + 1)
-                    h.put(self._cancelled(n, pre_evaluated + 1, pre_s, n_tokens,
-                                          time.perf_counter() - t_gen))
-                    return
-                if ev.done:
-                    st = ev.stats
-                    st.prompt_eval_tokens += pre_evaluated
-                    st.prompt_eval_s += pre_s
-                    st.total_s += pre_s
-                h.put(ev)
-                if ev.done:
-                    return
-        finally:
-            gen.close()
-
-    @staticmethod
-    def _cancelled(n_prompt: int, n_eval: int, prompt_s: float, n_tokens: int,
-                   gen_s: float) -> Event:
-        st = GenerationStats(prompt_tokens=n_prompt, prompt_eval_tokens=n_eval,
-                             prompt_eval_s=prompt_s, eval_tokens=n_tokens, eval_s=gen_s,
-                             total_s=prompt_s + gen_s)
-        return Event(done=True, done_reason="cancelled", stats=st)
+        sampler = Sampler(a["config"])  # validates the settings
+        req = Request(ids, a["config"], max_tokens=a["max_tokens"], stop=a["stop"], slot=SLOT,
+                      progress=True)
+        handle = self._loop.submit(req, sampler=sampler)
+        while True:
+            for ev in handle.pending():
+                if ev.progress is None:
+                    h.put(ev)
+                elif ev.progress[1] > PREFILL_CHUNK:  # a prompt long enough to show
+                    h.put(Progress(*ev.progress))
+            if handle.finished.is_set():
+                return
+            if h.cancelled:
+                handle.cancel()  # retired at the next step, with its stats so far
+            self._loop.step()

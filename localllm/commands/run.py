@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localllm.commands.options import (
@@ -143,6 +144,9 @@ def cmd_run(ns: argparse.Namespace) -> int:
         if not prompt.strip():
             raise ValueError("no prompt: pass it as an argument or on standard input")
 
+    if interactive:  # `localllm run MODEL` on a terminal: the line chat, as `chat --no-tui`
+        return _line_chat(path, ns, cfg, spec)
+
     from localllm.engine import Engine
     from localllm.generation.speculative import StepCosts, make_drafter
     from localllm.kernels.build.warmup import ensure_kernels_compiled, start_compiling
@@ -170,8 +174,6 @@ def cmd_run(ns: argparse.Namespace) -> int:
         ids, rendered = _prompt_ids(engine, prompt or "", ns, history=[])
         sys.stdout.write((engine.tokenizer.decode(ids) if ns.raw else rendered) + "\n")
         return 0
-    if interactive:
-        return _chat_loop(session, cfg)
     ids, _ = _prompt_ids(engine, prompt, ns, history=[])
     return _one_shot(session, ids, cfg, load_s, str(path))
 
@@ -299,34 +301,12 @@ def verbose_report(engine: Engine, final: Event, load_s: float, total_s: float,
     return lines
 
 
-def _chat_loop(session: _Session, cfg: SamplerConfig) -> int:
-    """Plain line-based chat on a terminal: the conversation is re-rendered each turn and the
-    KV cache keeps the common prefix, so only the new turn is evaluated."""
-    sampler = Sampler(cfg)
-    history: list[dict] = []
-    print("Chatting with the model. Ctrl-D or /bye to quit.", file=sys.stderr)
-    while True:
-        try:
-            line = input(">>> ")
-        except EOFError:
-            print(file=sys.stderr)
-            return 0
-        except KeyboardInterrupt:
-            print(file=sys.stderr)
-            continue
-        if line.strip() in ("/bye", "/exit", "/quit"):
-            return 0
-        if not line.strip():
-            continue
-        ids, _ = _prompt_ids(session.engine, line, session.ns, history)
-        reply: list[str] = []
-        try:
-            for ev in session.events(ids, sampler, truncate=True):
-                if ev.text:
-                    reply.append(ev.text)
-                    sys.stdout.write(ev.text)
-                    sys.stdout.flush()
-        except KeyboardInterrupt:
-            pass
-        sys.stdout.write("\n\n")
-        history += [{"role": "user", "content": line}, {"role": "assistant", "content": "".join(reply)}]
+def _line_chat(path: Path, ns: argparse.Namespace, cfg: SamplerConfig, spec: SpecOptions) -> int:
+    """The one line chat (tui/line_chat.py): prefix reuse turn to turn, whole oldest turns
+    dropped when the context fills, the slash commands; Ctrl-D or /bye quits."""
+    from localllm.tui.backend import ChatBackend
+    from localllm.tui.conversation import Conversation
+    from localllm.tui.line_chat import line_chat
+
+    conversation = Conversation(system=ns.system or "", config=cfg, max_tokens=ns.num_predict)
+    return line_chat(ChatBackend(path, spec=spec, **engine_options(ns)), conversation)

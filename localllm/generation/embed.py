@@ -181,7 +181,7 @@ class EmbedJob:
             parts.append(b)
             taken.append((slot, len(chunk)))
         batch = Batch.concat(parts)
-        h = self.engine.model.forward(batch, self._kv, hidden=True)  # [rows wanted, D]
+        h = self.engine.step(batch, self._kv, hidden=True)  # [rows wanted, D]
         row = 0
         for b, (slot, n) in zip(parts, taken, strict=True):
             k = int(b.want_logits.sum())

@@ -16,8 +16,8 @@ gained for almost nothing. Three pieces, each small:
   uses one random draw per emitted token in the same order as plain decoding: the same seed
   gives the same text with and without speculation (greedy included). It relies on the
   engine giving a token the same logits in a (k+1)-row step as alone (batch invariance).
-- `Speculator` ties one sequence's drafter and policy together; the token loop
-  (`generate_tokens`) and the scheduler both drive it: start, draft, settle.
+- `Speculator` ties one sequence's drafter and policy together; the token loop's
+  `Sequence` (localllm/generation/sequence.py) drives it: start, draft, settle.
 - Adaptivity (`DraftPolicy`): the draft length that maximises expected tokens per unit of
   step cost, from the running acceptance rate and step times measured online on this
   machine; 0 (plain decoding) when no length pays. Drafts need a match of at least

@@ -1,6 +1,6 @@
 """The text layer of generation: sampled tokens in, text events out.
 
-Between the token loop (`generate.generate_tokens`, the scheduler) and the front doors sits
+Between the token loop (a `Sequence` in localllm/generation/sequence.py) and the front doors sits
 one small state machine per reply, `TextStream`:
 
 - the streaming detokenizer turns token ids into text without splitting a UTF-8 character;
@@ -11,9 +11,8 @@ one small state machine per reply, `TextStream`:
 - `finish()` flushes what was held back (an unfinished character becomes U+FFFD), still cut
   at a stop string.
 
-The one-sequence loop (`generate()`) and the scheduler feed the same class, so a request
-gives the same `Event`s through either path. Limits (max tokens, a full context, a
-completed structured-output value) are the token loop's business, not this layer's.
+Limits (max tokens, a full context, a completed structured-output value) are the token
+loop's business, not this layer's.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING
 from localllm.text.detokenizer import StreamDetokenizer
 
 if TYPE_CHECKING:
-    from localllm.generation.generate import GenerationStats
+    from localllm.generation.sequence import GenerationStats
     from localllm.text.tokenizer import Tokenizer
 
 
@@ -37,6 +36,10 @@ class Event:
     done_reason: str | None = None  # "stop" (EOS/EOT or stop string) or "length"
     stats: GenerationStats | None = None
     tokens: list[int] = field(default_factory=list)  # all generated ids, on the final event
+    prompt: list[int] = field(default_factory=list)  # the prompt used (after any truncation),
+    # on the final event
+    progress: tuple[int, int] | None = None  # (evaluated, to evaluate) prompt tokens, while a
+    # request that asked for progress is being prefilled
 
 
 def held_back(text: str, stops: Sequence[str]) -> int:

@@ -54,11 +54,15 @@ books (`n_past`, `common_prefix`) and never write them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from localllm.kernels.cpu import kv_quant, ops, poison
 from localllm.kv.pool import ROOT_KEY, BlockPool, PoolExhaustedError, chain_key
+
+if TYPE_CHECKING:
+    from localllm.kv.batch import Batch
 
 KV_TYPES = kv_quant.KV_TYPES
 EMPTY_POS = kv_quant.EMPTY_POS
@@ -250,6 +254,12 @@ class KVCache:
                 b = int(self.tables[w][slot, i])
                 if b >= 0:
                     self.pools[w].publish(b, key)
+
+    def commit_batch(self, batch: Batch) -> None:
+        """commit() every sequence of a batch the forward pass just stored (Engine.step
+        calls it: the model computes, the cache keeps its own books)."""
+        for sid, a, b in batch.segments():
+            self.commit(sid, int(batch.positions[a]), batch.tokens[a:b].tolist())
 
     def reuse_prefix(self, slot: int, tokens: list[int]) -> PrefixReuse:
         """Prepare a slot to hold `tokens`: keep the longest prefix it can resume after

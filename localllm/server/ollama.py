@@ -99,13 +99,12 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
     constraint = await format_constraint(state, body.get("format"))
     req = _request(state, ids, options, truncate, constraint)
     s = Stream(state, req)
-    prompt_ids = req.prompt  # after truncation, if it was asked for
 
     def final(ev: Event, text: str) -> dict[str, Any]:
         out = {"model": model, "created_at": rfc3339(), "response": text, "done": True,
                "done_reason": ev.done_reason, **_metrics(ev, s.t0)}
         if not raw:
-            out["context"] = prompt_ids + ev.tokens
+            out["context"] = ev.prompt + ev.tokens  # the prompt used (after any truncation)
         return out
 
     if not stream:

@@ -1,0 +1,276 @@
+"""One request being served: the only place where a sampled token becomes output.
+
+A `Sequence` holds everything per-request the token loop needs, and does every per-token
+job once for every front door: sampling (through the structured-output constraint when
+there is one), speculation (draft, verify, settle), stop strings and text (`TextStream`),
+limits (max tokens, a full context, context shift), and the reply's stats. The loop
+(`localllm.generation.batcher`) only decides which sequences run in a step and hands each
+its logits rows; it never looks inside a token.
+
+Its life is its `status`: WAITING (queued) -> PREFILLING (prompt chunks pending) ->
+DECODING (one token, plus drafts, per step) -> FINISHED; PREEMPTED (its KV memory given
+back; it re-evaluates its tokens when resumed) can interrupt PREFILLING or DECODING.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from localllm.errors import PromptTooLongError
+from localllm.generation.sampling import Sampler
+from localllm.generation.speculative import (
+    Drafter,
+    DraftPolicy,
+    NgramDrafter,
+    SpecOptions,
+    Speculator,
+    StepCosts,
+    sample_and_accept,
+)
+from localllm.generation.text_stream import Event, TextStream
+
+if TYPE_CHECKING:
+    from localllm.engine import Engine
+    from localllm.generation.request import Handle, Request
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0  # tokens in the prompt
+    prompt_eval_tokens: int = 0  # of those, evaluated (the rest came from the cache)
+    prompt_eval_s: float = 0.0
+    eval_tokens: int = 0  # generated tokens
+    eval_s: float = 0.0
+    total_s: float = 0.0
+    context_shifts: int = 0
+    draft_tokens: int = 0  # tokens proposed by the drafter and verified
+    draft_accepted: int = 0  # of those, accepted
+    steps: int = 0  # engine steps after the prompt
+    reuse_note: str | None = None  # why less of the cached prefix was reused than shared
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_eval_tokens / self.prompt_eval_s if self.prompt_eval_s > 0 else 0.0
+
+    @property
+    def eval_tps(self) -> float:
+        return self.eval_tokens / self.eval_s if self.eval_s > 0 else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.draft_accepted / self.draft_tokens if self.draft_tokens else 0.0
+
+
+@dataclass
+class TokenStep:
+    token: int
+    logits: np.ndarray  # [V] the target's logits the token was sampled from (no copy)
+    drafted: bool = False  # a draft token the target accepted
+
+    @property
+    def logprob(self) -> float:
+        """log p(token) under the model's distribution (the raw logits, before the sampler's
+        temperature and truncation), in float64."""
+        x = self.logits.astype(np.float64)
+        m = float(x.max())
+        return float(x[self.token] - m - np.log(np.exp(x - m).sum()))
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+def fit_prompt(prompt: list[int], n_ctx: int, truncate: bool) -> list[int]:
+    """The prompt, leaving room for at least one generated token: too long is an error, or
+    with truncate=True its last n_ctx // 2 tokens."""
+    if len(prompt) < n_ctx:
+        return prompt
+    if not truncate:
+        raise PromptTooLongError(len(prompt), n_ctx)
+    return prompt[-(n_ctx // 2) :]
+
+
+class Sequence:
+    """A request's state in the loop. Built at submit (where a bad request fails: the
+    prompt is fitted to the context, the sampler validates its settings)."""
+
+    def __init__(self, req: Request, handle: Handle, engine: Engine, spec: SpecOptions,
+                 costs: StepCosts, drafter: Drafter | None = None,
+                 sampler: Sampler | None = None) -> None:
+        self.req, self.handle, self.engine = req, handle, engine
+        self.prompt = fit_prompt(list(req.prompt), engine.n_ctx, req.truncate)
+        self.status = Status.WAITING
+        self.slot = -1
+        self.pos = 0  # next position to evaluate in the slot's cache
+        self.pending: list[int] = []  # tokens to evaluate before sampling (prompt chunks)
+        self.history: list[int] = list(self.prompt)  # everything sampled from, for penalties
+        if sampler is None:  # a caller's own continues its random state across requests
+            sampler = Sampler(req.sampling)  # here: a bad value (a negative seed) fails submit
+        eog = frozenset(engine.tokenizer.eog_ids)
+        if req.constraint is not None:
+            from localllm.generation.constraint import ConstrainedSampler
+
+            sampler = ConstrainedSampler(sampler, req.constraint, sorted(eog))
+        self.sampler = sampler
+        self.eog = frozenset() if req.ignore_eos else eog
+        self.text = TextStream(engine.tokenizer, req.stop, self.eog)
+        self.generated = self.text.tokens  # the generated ids that count
+        self.last: int | None = None  # last sampled token, not yet in the cache
+        self.stats = GenerationStats(prompt_tokens=len(self.prompt))  # as used
+        self.t_submit = time.perf_counter()
+        self.t_eval: float | None = None
+        draft_max = req.draft_max or spec.draft_max
+        if drafter is None and req.speculate and spec.enabled and draft_max > 0:
+            drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
+        use = drafter is not None and req.speculate and spec.enabled and draft_max > 0
+        self.spec = Speculator(drafter, DraftPolicy(draft_max, costs)) if use else None
+        self.draft: list[int] = []  # drafted rows in the current step
+        self.resume_decode = False  # re-evaluating (preemption, context shift): no sampling
+        self._progress_total = 0  # prompt tokens to evaluate, for progress events
+        self._prompt_left = 0  # of those, not yet evaluated (recomputed ones do not count)
+
+    # --- placement -----------------------------------------------------------------------
+
+    def place(self, slot: int, keep: int, note: str | None) -> None:
+        """Start in `slot`, whose cache already holds the first `keep` prompt tokens."""
+        self.slot, self.pos, self.pending = slot, keep, self.prompt[keep:]
+        self.status = Status.PREFILLING
+        self.stats.reuse_note = note
+        self._progress_total = self._prompt_left = len(self.pending)
+
+    def cached_tokens(self) -> list[int]:
+        """What the slot's cache must hold again when this sequence resumes: what it holds
+        now (context shifts make that differ from the history) and what was pending."""
+        return list(self.engine.kv.tokens[self.slot][: self.pos]) + self.pending
+
+    def preempt(self) -> None:
+        self.pending, self.pos = self.cached_tokens(), 0
+        self.resume_decode = self.resume_decode or self.last is not None
+        self.status = Status.PREEMPTED
+
+    def resume(self, slot: int, keep: int) -> int:
+        """Back in `slot` (holding `keep` of its tokens); returns the tokens to recompute."""
+        self.slot, self.pos, self.pending = slot, keep, self.pending[keep:]
+        self.status = Status.PREFILLING
+        return len(self.pending)
+
+    # --- one step ------------------------------------------------------------------------
+
+    def propose(self, other_rows: int) -> list[int]:
+        """Drafted tokens to verify after `last` this step ([] when none pays or fits)."""
+        self.draft = []
+        if self.spec is not None:
+            eng = self.engine
+            room = min(eng.n_ctx - self.pos - 1, eng.n_batch - 1)
+            if self.req.max_tokens >= 0:
+                room = min(room, self.req.max_tokens - len(self.generated) - 1)
+            self.draft = self.spec.draft(room, other_rows)
+        return self.draft
+
+    def take_prefill(self, n: int, rows: np.ndarray, dt: float) -> str | None:
+        """n pending tokens were evaluated (rows: the last one's logits when it was the
+        end of the prompt). Returns a done_reason when the sequence ends."""
+        self.pos += n
+        self.pending = self.pending[n:]
+        self.stats.prompt_eval_s += dt
+        counted = min(n, self._prompt_left)
+        self._prompt_left -= counted
+        self.stats.prompt_eval_tokens += counted
+        if self.req.progress and counted:
+            done = self._progress_total - self._prompt_left
+            self.handle.emit(Event(progress=(done, self._progress_total)))
+        if self.pending:
+            return None
+        self.status = Status.DECODING
+        if self.resume_decode:  # back where preemption / a context shift stopped: last is next
+            self.resume_decode = False
+            return None
+        token = self.sampler(rows[0], self.history)
+        self.history.append(token)
+        if self.spec is not None:
+            self.spec.start(self.history)
+        return self._emit([token])
+
+    def take_decode(self, rows: np.ndarray) -> str | None:
+        """`last` and this step's drafts were evaluated: rows [1 + len(draft), V]. Verify,
+        drop the rejected drafts' K/V, emit; returns a done_reason when the sequence ends."""
+        draft = self.draft
+        before = len(self.history)
+        accepted = sample_and_accept(self.sampler, rows, draft, self.history, self.eog)
+        self.stats.steps += 1
+        self.pos += 1 + accepted  # the cache holds last and the accepted drafts
+        if draft:
+            self.stats.draft_tokens += len(draft)
+            self.stats.draft_accepted += accepted
+            if accepted < len(draft):  # drop the rejected drafts' K/V (rings included)
+                self.engine.kv.truncate(self.slot, self.pos)
+        new = self.history[before:]
+        if self.spec is not None:
+            self.spec.settle(draft, accepted, new)
+        return self._emit(new)
+
+    def _emit(self, new: list[int]) -> str | None:
+        for tok in new:
+            reason = self._push(tok)
+            if reason is not None:
+                return reason
+        # only after the whole step: the constraint consumed every token of `new` when the
+        # drafts were verified, so asking it mid-way would drop the token that completed it
+        if self.req.constraint is not None and self.req.constraint.is_finished():
+            return "stop"
+        self.last = new[-1]
+        if self.pos >= self.engine.n_ctx:  # no room to evaluate the last token
+            return self._shift_context() if self.req.context_shift else "length"
+        return None
+
+    def _push(self, token: int) -> str | None:
+        if self.t_eval is None:
+            self.t_eval = time.perf_counter()
+        ev = self.text.push(token)
+        self.stats.eval_tokens = len(self.generated)
+        if ev is not None:
+            self.handle.emit(ev)
+        if self.text.stopped:
+            return "stop"
+        if 0 <= self.req.max_tokens <= len(self.generated):
+            return "length"
+        return None
+
+    def _shift_context(self) -> str | None:
+        """The context is full: keep BOS + n_keep tokens, drop half of the rest; the
+        survivors get new positions, so they are re-evaluated (prefix reuse keeps the first
+        n_keep where the cache layout allows) before `last`. The result is what a fresh run
+        on the shortened history computes."""
+        kv, add_bos = self.engine.kv, self.engine.tokenizer.add_bos
+        held = list(kv.tokens[self.slot])
+        keep = min(max(0, self.req.n_keep) + (1 if add_bos else 0), len(held) // 2)
+        n_discard = max(1, (len(held) - keep) // 2)
+        survivors = held[:keep] + held[keep + n_discard :]
+        kept = kv.reuse_prefix(self.slot, survivors).kept
+        self.pos, self.pending = kept, survivors[kept:]
+        self.resume_decode, self.status = True, Status.PREFILLING
+        self.stats.context_shifts += 1
+        return None
+
+    def finish(self, reason: str) -> None:
+        """Flush the held-back text and send the final event."""
+        tail = self.text.finish()
+        if tail is not None:
+            self.handle.emit(tail)
+        if self.text.stopped:  # a stop string in the held-back tail
+            reason = "stop"
+        now = time.perf_counter()
+        self.stats.eval_s = now - self.t_eval if self.t_eval is not None else 0.0
+        self.stats.total_s = now - self.t_submit
+        self.status = Status.FINISHED
+        self.handle.emit(Event(done=True, done_reason=reason, stats=self.stats,
+                               tokens=list(self.generated), prompt=self.prompt))
