@@ -6,8 +6,9 @@ modules (each owns its subcommands' parsers and entries; shared options are decl
 localllm/commands/options.py) and the one place that turns errors into a line.
 
 Every user mistake (missing or broken file, unknown architecture, prompt too long, bad
-option) ends as one `error: ...` line on stderr and a non-zero exit, never a traceback.
-Set LOCALLLM_DEBUG=1 to see the traceback of an unexpected failure.
+option) is a `localllm.errors.LocalLLMError` and ends as one `error: ...` line on stderr
+and exit status 1, never a traceback (LOCALLLM_DEBUG=1 shows where it was raised). Any other
+exception is a bug of ours and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+
+from localllm.errors import LocalLLMError
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -122,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError:
             pass
         return 0
-    except Exception as e:  # noqa: BLE001 - the one place that turns errors into a line
+    except LocalLLMError as e:  # the one place that turns a user's mistake into a line
         if os.environ.get("LOCALLLM_DEBUG"):
             raise
         msg = str(e) or e.__class__.__name__

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localllm.errors import PromptTooLongError
+from localllm.errors import InvalidValueError, LocalLLMError, PromptTooLongError
 from localllm.generation.generate import GenerationStats
 from localllm.generation.sampling import Sampler, SamplerConfig
 from localllm.generation.speculative import (
@@ -89,7 +89,7 @@ class SchedulerClosedError(RuntimeError):
     """The scheduler is shutting down and takes no new requests."""
 
 
-class KVMemoryError(ValueError):
+class KVMemoryError(LocalLLMError, ValueError):
     """A prompt the KV memory budget cannot hold even with no other sequence (HTTP 400)."""
 
 
@@ -250,7 +250,7 @@ class Scheduler:
         exception), instead of the handle's own queue; it must not block."""
         n_ctx = self.engine.n_ctx
         if not req.prompt:
-            raise ValueError("nothing to evaluate: the prompt is empty")
+            raise InvalidValueError("nothing to evaluate: the prompt is empty")
         if len(req.prompt) >= n_ctx:
             if not req.truncate:
                 raise PromptTooLongError(len(req.prompt), n_ctx)
@@ -263,7 +263,7 @@ class Scheduler:
                                          sorted(self.engine.tokenizer.eog_ids))
         vocab = self.engine.cfg.n_vocab
         if min(req.prompt) < 0 or max(req.prompt) >= vocab:
-            raise ValueError(f"token ids must be in 0..{vocab - 1}")
+            raise InvalidValueError(f"token ids must be in 0..{vocab - 1}")
         cap = self.engine.kv.max_tokens()
         if len(req.prompt) >= cap:
             raise KVMemoryError(

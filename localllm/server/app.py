@@ -19,6 +19,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from localllm.errors import InvalidValueError
 from localllm.server import embeddings, ollama, openai_api
 from localllm.server.common import ApiError, ClientGone, ServerState
 
@@ -159,9 +160,9 @@ def make_state(ns: argparse.Namespace) -> ServerState:
     from localllm.store.default import resolve_model
 
     if ns.parallel < 1:
-        raise ValueError(f"--parallel must be at least 1, got {ns.parallel}")
+        raise InvalidValueError(f"--parallel must be at least 1, got {ns.parallel}")
     if ns.max_queue < 0:
-        raise ValueError(f"--max-queue must be >= 0, got {ns.max_queue}")
+        raise InvalidValueError(f"--max-queue must be >= 0, got {ns.max_queue}")
     path = Path(resolve_model(ns.model))
     spec = spec_options(ns)
     engine = Engine(path, n_slots=ns.parallel, **engine_options(ns))
@@ -177,7 +178,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     import uvicorn
 
     if not 0 < ns.port < 65536:
-        raise ValueError(f"--port must be in 1..65535, got {ns.port}")
+        raise InvalidValueError(f"--port must be in 1..65535, got {ns.port}")
     if ns.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: listening on {ns.host}: other machines can reach this server"
               + ("" if ns.api_key else " (no --api-key set)"), file=sys.stderr)
