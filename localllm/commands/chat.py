@@ -53,7 +53,7 @@ def cmd_chat(ns: argparse.Namespace) -> int:
     tty = sys.stdin.isatty() and sys.stdout.isatty()  # the app needs a terminal both ways
     choice = choose_model(ns.model)
     if choice.path is None:
-        if choice.can_pull and tty and _ask_pull():
+        if tty and _ask_pull():
             choice.path = pull_chat_model()
         else:
             choice = fallback_to_base()
