@@ -55,6 +55,8 @@ def test_bad_values_raise_user_errors() -> None:
 
     with pytest.raises(LocalLLMError, match="min_p"):
         SamplerConfig(min_p=2.0).validate()
+    with pytest.raises(LocalLLMError, match="seed"):  # numpy's own error was a traceback
+        SamplerConfig(seed=-3).validate()
     with pytest.raises(LocalLLMError, match="memory size"):
         parse_memory("lots")
     with pytest.raises(ValueError, match="memory size"):  # what --kv-memory's parser catches

@@ -42,6 +42,8 @@ class SamplerConfig:
             raise InvalidValueError(f"typical_p must be > 0, got {self.typical_p}")
         if self.repeat_penalty <= 0.0:
             raise InvalidValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.seed is not None and self.seed < 0:
+            raise InvalidValueError(f"seed must be >= 0 (none: a random seed), got {self.seed}")
 
     @property
     def greedy(self) -> bool:
