@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from localllm.errors import LocalLLMError
 from localllm.formats.strings import StringArray
 
 __all__ = [
@@ -99,7 +100,7 @@ _QTYPES: dict[int, tuple[GGMLQuantizationType, int, int]] = {
 }
 
 
-class GGUFError(Exception):
+class GGUFError(LocalLLMError):
     """A file is not a GGUF file this reader accepts. The message names the file and the problem."""
 
 

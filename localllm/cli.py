@@ -6,8 +6,9 @@ modules (each owns its subcommands' parsers and entries; shared options are decl
 localllm/commands/options.py) and the one place that turns errors into a line.
 
 Every user mistake (missing or broken file, unknown architecture, prompt too long, bad
-option) ends as one `error: ...` line on stderr and a non-zero exit, never a traceback.
-Set LOCALLLM_DEBUG=1 to see the traceback of an unexpected failure.
+option) is a `localllm.errors.LocalLLMError` and ends as one `error: ...` line on stderr
+and exit status 1, never a traceback (LOCALLLM_DEBUG=1 shows where it was raised). Any other
+exception is a bug of ours and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+
+from localllm.errors import LocalLLMError
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -56,6 +59,11 @@ def _command_of(argv: Sequence[str] | None) -> str | None:
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The CLI parser; with `only` (a subcommand) just the module that registers it."""
+    return _build(only)[0]
+
+
+def _build(only: str | None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser and each subcommand's own parser, by name."""
     import importlib
 
     from localllm import __version__
@@ -69,10 +77,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES if only is None else (_MODULE_OF[only],):
         importlib.import_module(name).add_parsers(sub)
-    return parser
+    return parser, sub.choices
 
 
-def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+def _parse(parser: argparse.ArgumentParser, commands: dict[str, argparse.ArgumentParser],
+           argv: list[str]) -> argparse.Namespace:
     """parse_args, letting a command's options sit between its positionals as llama.cpp and
     Ollama users type them (`run MODEL -n 24 "prompt"`): argparse alone stops filling
     positionals at the first option, so a leftover prompt is re-read with the command's
@@ -81,8 +90,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     command = getattr(ns, "command", None)
     if not extra or command is None:
         return parser.parse_args(argv)  # no leftovers: the same result (or argparse's error)
-    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    sub = subs[0].choices.get(command) if subs else None
+    sub = commands.get(command)
     if sub is None or command not in argv:
         return parser.parse_args(argv)
     try:
@@ -95,8 +103,8 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser(_command_of(argv))
-    ns = _parse(parser, list(sys.argv[1:] if argv is None else argv))
+    parser, commands = _build(_command_of(argv))
+    ns = _parse(parser, commands, list(sys.argv[1:] if argv is None else argv))
     if ns.command is None:
         parser.print_help()
         return EXIT_ERROR
@@ -122,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError:
             pass
         return 0
-    except Exception as e:  # noqa: BLE001 - the one place that turns errors into a line
+    except LocalLLMError as e:  # the one place that turns a user's mistake into a line
         if os.environ.get("LOCALLLM_DEBUG"):
             raise
         msg = str(e) or e.__class__.__name__

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from localllm.errors import PromptTooLongError
+from localllm.errors import InvalidValueError, PromptTooLongError
 from localllm.formats import GGUFFile, read_gguf
 from localllm.kv.batch import Batch
 from localllm.kv.cache import KVCache
@@ -60,7 +60,7 @@ class Engine:
         device: str = "cpu",
     ) -> None:
         if device not in ("cpu", "cuda", "auto"):
-            raise ValueError(f"unknown device {device!r} (cpu, cuda or auto)")
+            raise InvalidValueError(f"unknown device {device!r} (cpu, cuda or auto)")
         self.path = Path(model_path)
         self.n_threads = set_threads(n_threads)
         self.gf: GGUFFile = read_gguf(self.path)
@@ -105,7 +105,7 @@ class Engine:
         cfg = model.cfg
         n_ctx = n_ctx or min(4096, cfg.n_ctx_train)
         if n_ctx <= 0:
-            raise ValueError(f"context size must be positive, got {n_ctx}")
+            raise InvalidValueError(f"context size must be positive, got {n_ctx}")
         kv = cache_class(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v,
                          layer_window=cfg.layer_window, **kv_opts)
         self.model, self.cfg, self.n_ctx, self.kv, self.device = model, cfg, n_ctx, kv, device

@@ -6,8 +6,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from localllm.errors import LocalLLMError
 
-class ModelError(ValueError):
+
+class ModelError(LocalLLMError, ValueError):
     """A model file that this runner cannot execute (unknown architecture, missing tensor,
     inconsistent shapes). The message says which and why."""
 

@@ -432,48 +432,53 @@ def test_text_merging_stats_line_and_code_blocks() -> None:
     assert code_blocks("text\n```py\nx = 1\n```\n\n    indented\n") == ["x = 1\n", "indented\n"]
 
 
-def test_model_choice_with_and_without_a_store(tmp_path: Path, monkeypatch) -> None:
+def test_model_choice_from_the_store(tmp_path: Path, monkeypatch, capsys) -> None:
     """With no MODEL: $LOCALLLM_CHAT_MODEL, else the store's chat model (SmolLM2 first, found
-    by its name even when the file is a hash), else nothing (and can_pull when the store can
-    fetch one); the base model comes with a note saying it is not a chat model."""
-    import sys
-    import types
-    from dataclasses import dataclass
-
+    by its name even when the file is a hash), else nothing (the caller offers a pull); a
+    pull goes through the store and finds the model it fetched; the base model comes with a
+    note saying it is not a chat model."""
+    from localllm.errors import LocalLLMError
+    from localllm.store import local
+    from localllm.store.local import ModelEntry
     from localllm.tui import model_choice as mc
 
     monkeypatch.delenv(mc.CHAT_MODEL_ENV, raising=False)
-    monkeypatch.setitem(sys.modules, "localllm.store.local", None)  # no store: ImportError
-    assert mc.choose_model(None) == mc.ModelChoice(None, can_pull=False)
-
-    @dataclass
-    class Entry:
-        path: Path
-        name: str
-        tag: str = "latest"
-        size: int = 0
-
     blobs = []
     for i in range(3):
         blobs.append(tmp_path / f"sha256-{i:064x}")
         blobs[-1].write_bytes(b"GGUF")
-    store = types.ModuleType("localllm.store.local")
-    listing: list[Entry] = [Entry(blobs[0], "gemma3-270m")]
-    store.list_models = lambda: list(listing)
-    store.pull = lambda name, progress=None: listing.append(Entry(blobs[2], name)) or listing[-1]
-    monkeypatch.setitem(sys.modules, "localllm.store.local", store)
-    assert mc.choose_model(None) == mc.ModelChoice(None, can_pull=True)
-    monkeypatch.setattr(mc, "_cli_has_pull", lambda: False)  # the store's own pull()
-    assert mc.pull_chat_model() == blobs[2] and listing[-1].name == "smollm2"
+
+    def entry(path: Path, name: str, tag: str = "latest") -> ModelEntry:
+        return ModelEntry(name=name, tag=tag, path=path, size=4)
+
+    listing = [entry(blobs[0], "gemma3-270m")]
+    pulled: list[str] = []
+
+    def pull(name: str, progress: object = None) -> ModelEntry:
+        pulled.append(name)
+        listing.append(entry(blobs[2], name))
+        return listing[-1]
+
+    monkeypatch.setattr(local, "list_models", lambda: list(listing))
+    monkeypatch.setattr(local, "pull", pull)
+    assert mc.choose_model(None) == mc.ModelChoice(None)  # a base model only: nothing chosen
+    assert mc.pull_chat_model() == blobs[2] and pulled == ["smollm2"]
+    assert "smollm2:latest" in capsys.readouterr().out
     del listing[1:]
-    listing.append(Entry(blobs[1], "qwen2.5-0.5b-instruct"))
+    listing.append(entry(blobs[1], "qwen2.5-0.5b-instruct"))
     assert mc.choose_model(None).path == blobs[1]
-    listing.append(Entry(blobs[2], "smollm2", "135m-instruct-q4_1"))
+    listing.append(entry(blobs[2], "smollm2", "135m-instruct-q4_1"))
     assert mc.choose_model(None).path == blobs[2]  # the small chat model first
 
     monkeypatch.setenv(mc.CHAT_MODEL_ENV, str(blobs[0]))
     assert mc.choose_model(None).path == blobs[0]
     assert mc.choose_model(str(blobs[1])) == mc.ModelChoice(blobs[1])
+
+    # a pull that lists no chat model afterwards is one error line, not a traceback
+    monkeypatch.setattr(local, "pull", lambda name, progress=None: entry(blobs[0], "odd"))
+    del listing[1:]
+    with pytest.raises(LocalLLMError, match="no chat model is listed"):
+        mc.pull_chat_model()
 
     note = mc.base_note(Path("gemma-3-270m.gguf"))
     assert "completion (base) model" in note and "localllm pull smollm2" in note

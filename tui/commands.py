@@ -12,6 +12,7 @@ import dataclasses
 import shlex
 from dataclasses import dataclass, fields
 
+from localllm.errors import LocalLLMError
 from localllm.generation.sampling import SamplerConfig
 
 HELP = """\
@@ -40,7 +41,7 @@ COMMANDS = ("system", "set", "model", "save", "load", "copy", "help", "new", "cl
 _ALIASES = {"temp": "temperature", "num_predict": "max_tokens", "n": "max_tokens"}
 
 
-class CommandError(ValueError):
+class CommandError(LocalLLMError, ValueError):
     """A slash command the user mistyped; shown as one line in the chat."""
 
 

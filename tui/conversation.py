@@ -18,13 +18,14 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from localllm.errors import LocalLLMError
 from localllm.generation.sampling import SamplerConfig
 
 FORMAT = "localllm-chat"
 VERSION = 1
 
 
-class ConversationFileError(ValueError):
+class ConversationFileError(LocalLLMError, ValueError):
     """A file that is not a conversation this app wrote (or one it cannot read)."""
 
 

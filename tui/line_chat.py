@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
+from localllm.errors import LocalLLMError
 from localllm.generation.generate import Event
 from localllm.tui import commands
 from localllm.tui.backend import (
@@ -92,7 +93,7 @@ def _load(backend: ChatBackend) -> ModelInfo:
     ev = next(iter(backend.start()))
     if isinstance(ev, Failed):
         backend.close()
-        raise RuntimeError(f"cannot load the model: {ev.message}")
+        raise LocalLLMError(f"cannot load the model: {ev.message}")
     assert isinstance(ev, Loaded)
     return ev.info
 

@@ -4,12 +4,10 @@ A chat app wants an instruct model: the embedded default (Gemma 3 270M) is a bas
 answers a question by continuing it. Order:
 1. the MODEL argument (a path, or a name resolve_model knows);
 2. $LOCALLLM_CHAT_MODEL (a path);
-3. a chat model in the model store (localllm.store.local, when installed), the small
-   SmolLM2-135M-Instruct preferred;
-4. otherwise the embedded base model, with a note that it completes text rather than chats
-   (and, when the store can fetch one, `can_pull` so the caller can offer `pull`).
-
-The store is optional here on purpose: everything that knows about it is in this module.
+3. a chat model in the model store (localllm.store.local), the small SmolLM2-135M-Instruct
+   preferred;
+4. otherwise nothing yet (`path` None): the caller offers to pull the small chat model, and
+   else opens the embedded base model, with a note that it completes text rather than chats.
 """
 
 from __future__ import annotations
@@ -18,7 +16,10 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from localllm.errors import LocalLLMError
+from localllm.store import local as store
+from localllm.store.local import ModelEntry
 
 CHAT_MODEL_ENV = "LOCALLLM_CHAT_MODEL"
 PULL_NAME = "smollm2"  # what `localllm pull` calls SmolLM2-135M-Instruct
@@ -30,56 +31,33 @@ _CHAT_NAME = re.compile(r"instruct|chat|(^|[-_.])it($|[-_.])", re.IGNORECASE)
 class ModelChoice:
     path: Path | None  # None: nothing chosen yet (pull first, or fall back)
     note: str | None = None  # shown in the chat (e.g. "a completion model")
-    can_pull: bool = False  # the store can fetch a chat model
 
 
 def looks_like_chat_model(name: str) -> bool:
     return bool(_CHAT_NAME.search(Path(name).name))
 
 
-def _store() -> Any | None:
-    import importlib
-
-    try:  # import_module consults sys.modules (a package attribute would not)
-        return importlib.import_module("localllm.store.local")
-    except ImportError:
-        return None
-
-
-def _entry_path(entry: Any) -> Path | None:
-    """A store listing entry (an object with .path, a dict, or a path) -> its file."""
-    if isinstance(entry, (str, os.PathLike)):
-        return Path(entry)
-    p = entry.get("path") if isinstance(entry, dict) else getattr(entry, "path", None)
-    return Path(p) if p else None
-
-
-def _entry_names(entry: Any) -> list[str]:
+def _entry_names(entry: ModelEntry) -> list[str]:
     """What an entry is called: name, tag and file name (a store may keep files as hashes)."""
-    if isinstance(entry, (str, os.PathLike)):
-        return [Path(entry).name]
-    get = entry.get if isinstance(entry, dict) else (lambda k: getattr(entry, k, None))
-    path = _entry_path(entry)
-    return [str(v) for v in (get("name"), get("tag")) if v] + ([path.name] if path else [])
+    return [v for v in (entry.name, entry.tag) if v] + [entry.path.name]
 
 
-def _is_chat_entry(entry: Any) -> bool:
+def _is_chat_entry(entry: ModelEntry) -> bool:
     return any(n.lower().startswith(PULL_NAME) or looks_like_chat_model(n)
                for n in _entry_names(entry))
 
 
-def _store_chat_model(store: Any) -> Path | None:
+def _store_chat_model() -> Path | None:
     """The store's chat model (SmolLM2 first), or None."""
     try:
-        entries = list(store.list_models())
+        entries = store.list_models()
     except Exception:  # noqa: BLE001 - a broken store must not stop the chat from opening
         return None
     found = []
     for e in entries:
-        path = _entry_path(e)
-        if path is not None and path.is_file() and _is_chat_entry(e):
+        if e.path.is_file() and _is_chat_entry(e):
             names = " ".join(_entry_names(e)).lower()
-            found.append((PULL_NAME not in names, names, path))
+            found.append((PULL_NAME not in names, names, e.path))
     return min(found)[2] if found else None
 
 
@@ -95,38 +73,18 @@ def choose_model(model: str | None) -> ModelChoice:
     env = os.environ.get(CHAT_MODEL_ENV)
     if env:
         return ModelChoice(resolve_model(env))
-    store = _store()
-    if store is not None:
-        found = _store_chat_model(store)
-        if found is not None:
-            return ModelChoice(found)
-    return ModelChoice(None, can_pull=store is not None and hasattr(store, "pull"))
+    return ModelChoice(_store_chat_model())
 
 
 def pull_chat_model() -> Path:
-    """Fetch the small chat model as `localllm pull smollm2` does (with its progress bar),
-    or through the store's pull() where this localllm has no such command."""
-    store = _store()
-    if store is None or not hasattr(store, "pull"):
-        raise RuntimeError("this localllm has no model store to pull from")
-    if _cli_has_pull():
-        from localllm.cli import main
-
-        if main(["pull", PULL_NAME]) != 0:
-            raise RuntimeError(f"`localllm pull {PULL_NAME}` failed (see above)")
-    else:
-        store.pull(PULL_NAME)
-    path = _store_chat_model(store)
+    """Fetch the small chat model as `localllm pull smollm2` does (a progress bar on stderr;
+    a store that cannot fetch it raises StoreError, one line in the CLI)."""
+    entry = store.pull(PULL_NAME)
+    print(f"{entry.ref}: {entry.path}")
+    path = _store_chat_model()
     if path is None:
-        raise RuntimeError(f"`localllm pull {PULL_NAME}` finished but no chat model is listed")
+        raise LocalLLMError(f"`localllm pull {PULL_NAME}` finished but no chat model is listed")
     return path
-
-
-def _cli_has_pull() -> bool:
-    from localllm.cli import build_parser
-
-    return any(isinstance(a.choices, dict) and "pull" in a.choices
-               for a in build_parser()._actions)  # noqa: SLF001 - argparse has no public list
 
 
 def fallback_to_base() -> ModelChoice:

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from localllm.errors import LocalLLMError
 from localllm.formats.qtypes import QK, QK_K
 
 SOURCES: tuple[str, ...] = ("quant_act", "mmv", "get_rows", "ops", "attention", "kv_store")
@@ -63,7 +64,7 @@ _BLOCKS: dict[int, tuple[int, int]] = {
 }
 
 
-class CudaUnavailable(RuntimeError):
+class CudaUnavailable(LocalLLMError, RuntimeError):
     """`--device cuda` was asked for but cannot be served (message is one user-facing line)."""
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from localllm.commands.options import add_model_opts, engine_options
+from localllm.errors import InvalidValueError
 from localllm.kv.batch import Batch
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     pps, tgs, depths = _ints(ns.n_prompt), _ints(ns.n_gen), _ints(ns.depth)
     steps = _ints(ns.steps) if ns.steps else []
     if any(v < 0 for v in pps + tgs + depths) or any(v <= 0 for v in steps) or ns.reps < 1:
-        raise ValueError("token counts must be >= 0, --steps > 0 and -r >= 1")
+        raise InvalidValueError("token counts must be >= 0, --steps > 0 and -r >= 1")
     need = max(depths) + max(pps + tgs + steps + [1]) + 1
     opts = engine_options(ns) | {"n_ctx": max(ns.ctx or 0, need)}
     engine = Engine(resolve_model(ns.model), n_batch=ns.batch, **opts)

@@ -18,6 +18,7 @@ from localllm.commands.options import (
     sampler_config,
     spec_options,
 )
+from localllm.errors import InvalidValueError
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +43,7 @@ def cmd_chat(ns: argparse.Namespace) -> int:
     from localllm.tui.model_choice import choose_model, fallback_to_base, pull_chat_model
 
     if ns.num_predict < -1 or ns.num_predict == 0:
-        raise ValueError("-n/--num-predict must be -1 (no limit) or a positive number")
+        raise InvalidValueError("-n/--num-predict must be -1 (no limit) or a positive number")
     config = sampler_config(ns)
     config.validate()
     spec = spec_options(ns)
@@ -52,7 +53,7 @@ def cmd_chat(ns: argparse.Namespace) -> int:
     tty = sys.stdin.isatty() and sys.stdout.isatty()  # the app needs a terminal both ways
     choice = choose_model(ns.model)
     if choice.path is None:
-        if choice.can_pull and tty and _ask_pull():
+        if tty and _ask_pull():
             choice.path = pull_chat_model()
         else:
             choice = fallback_to_base()

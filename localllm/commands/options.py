@@ -22,6 +22,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from localllm.errors import InvalidValueError
 from localllm.generation.sampling import SamplerConfig
 from localllm.generation.speculative import SPECULATE_MODES, SpecOptions
 from localllm.kv.cache import KV_TYPES
@@ -138,7 +139,7 @@ def split_model_arg(
     argument is optional (`is_model` given) and the word names a model. None: absent."""
     if len(args) >= 2:
         if not join_rest and len(args) > 2:
-            raise ValueError(f"expected [MODEL] and one argument, got {len(args)} words")
+            raise InvalidValueError(f"expected [MODEL] and one argument, got {len(args)} words")
         return args[0], " ".join(args[1:])
     if len(args) == 1:
         if is_model is not None and is_model(args[0]):

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from localllm.commands.options import add_model_opts, add_model_then, engine_options
+from localllm.errors import InvalidValueError
 from localllm.kv.batch import Batch
 
 
@@ -44,9 +45,9 @@ def log_softmax_at(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
 def perplexity(engine, tokens: list[int], n_ctx: int, n_batch: int = 512,
                max_chunks: int = -1, progress=None) -> PerplexityResult:
     if n_ctx < 4:
-        raise ValueError(f"context {n_ctx} is too small for perplexity")
+        raise InvalidValueError(f"context {n_ctx} is too small for perplexity")
     if len(tokens) < 2 * n_ctx:
-        raise ValueError(
+        raise InvalidValueError(
             f"the text has {len(tokens)} tokens; perplexity with a context of {n_ctx} "
             f"needs at least {2 * n_ctx}"
         )
@@ -111,7 +112,7 @@ def cmd_perplexity(ns: argparse.Namespace) -> int:
 
     text_path = Path(ns.file)
     if not text_path.is_file():
-        raise FileNotFoundError(f"{ns.file}: no such text file")
+        raise InvalidValueError(f"{ns.file}: no such text file")
     text = text_path.read_text(encoding="utf-8", errors="replace")
     n_ctx = ns.ctx or 512
     engine = Engine(resolve_model(ns.model), **(engine_options(ns) | {"n_ctx": n_ctx}),

@@ -28,6 +28,7 @@ from localllm.commands.options import (
     sampler_config,
     spec_options,
 )
+from localllm.errors import InvalidValueError
 from localllm.generation.sampling import Sampler, SamplerConfig
 from localllm.generation.speculative import SpecOptions
 from localllm.store.default import resolve_model
@@ -80,18 +81,18 @@ def output_format(ns: argparse.Namespace) -> object | None:
     fmt: object | None = getattr(ns, "format", None)
     schema_file = getattr(ns, "json_schema", None)
     if fmt is not None and schema_file is not None:
-        raise ValueError("use --format or --json-schema, not both")
+        raise InvalidValueError("use --format or --json-schema, not both")
     if schema_file is not None or (isinstance(fmt, str) and fmt.strip() not in ("", "json")
                                    and not fmt.lstrip().startswith("{")):
         path = Path(schema_file if schema_file is not None else fmt)
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
-            raise ValueError(f"cannot read JSON schema file {str(path)!r}: {exc.strerror}") from exc
+            raise InvalidValueError(f"cannot read JSON schema file {str(path)!r}: {exc.strerror}") from exc
         try:
             fmt = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not JSON: {exc}") from exc
+            raise InvalidValueError(f"{path} is not JSON: {exc}") from exc
     schema = schema_for_format(fmt)
     if schema is None:
         return None
@@ -136,13 +137,13 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if spec.draft_model:
         spec.draft_model = str(resolve_model(spec.draft_model))
     if ns.num_predict < -1:
-        raise ValueError("-n/--num-predict must be -1 (no limit) or >= 0")
+        raise InvalidValueError("-n/--num-predict must be -1 (no limit) or >= 0")
     path = resolve_model(ns.model)
     interactive = prompt is None and sys.stdin.isatty() and not ns.json
     if prompt is None and not interactive:
         prompt = sys.stdin.read()
         if not prompt.strip():
-            raise ValueError("no prompt: pass it as an argument or on standard input")
+            raise InvalidValueError("no prompt: pass it as an argument or on standard input")
 
     if interactive:  # `localllm run MODEL` on a terminal: the line chat, as `chat --no-tui`
         return _line_chat(path, ns, cfg, spec)

@@ -45,6 +45,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from localllm.errors import InvalidValueError
 from localllm.generation import policy
 from localllm.generation.request import (
     Handle,
@@ -112,12 +113,12 @@ class Batcher:
         sampler: a ready sampler to continue (its random state), instead of a fresh one
         from req.sampling."""
         if not req.prompt:
-            raise ValueError("nothing to evaluate: the prompt is empty")
+            raise InvalidValueError("nothing to evaluate: the prompt is empty")
         vocab = self.engine.cfg.n_vocab
         if min(req.prompt) < 0 or max(req.prompt) >= vocab:
-            raise ValueError(f"token ids must be in 0..{vocab - 1}")
+            raise InvalidValueError(f"token ids must be in 0..{vocab - 1}")
         if req.slot is not None and not 0 <= req.slot < self.n_slots:
-            raise ValueError(f"slot {req.slot} does not exist (the cache has {self.n_slots})")
+            raise InvalidValueError(f"slot {req.slot} does not exist (the cache has {self.n_slots})")
         handle = Handle(next(self._ids), sink)
         seq = Sequence(req, handle, self.engine, self.spec, self.costs, self.drafter,
                        sampler=sampler)

@@ -30,10 +30,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from localllm.errors import LocalLLMError
 from localllm.text.tokenizer import Tokenizer
 
 
-class ConstraintError(ValueError):
+class ConstraintError(LocalLLMError, ValueError):
     """A format / schema that cannot be enforced (invalid JSON schema, unsupported feature)."""
 
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from localllm.errors import InvalidValueError, LocalLLMError
 from localllm.kv.batch import Batch
 from localllm.kv.cache import KVCache
 
@@ -52,7 +53,7 @@ POOLINGS = ("mean", "last", "cls")
 _GGUF_POOLING = {1: "mean", 2: "cls", 3: "last"}
 
 
-class InputTooLongError(ValueError):
+class InputTooLongError(LocalLLMError, ValueError):
     """An input longer than the context, with truncation off."""
 
     def __init__(self, index: int, n_tokens: int, n_ctx: int) -> None:
@@ -94,7 +95,7 @@ def encode_inputs(engine: Engine, texts: Sequence[str], truncate: bool = True) -
     for i, text in enumerate(texts):
         ids = tok.encode(text, add_special=True, parse_special=False)
         if not ids:
-            raise ValueError(f"input {i} is empty: there is nothing to embed")
+            raise InvalidValueError(f"input {i} is empty: there is nothing to embed")
         eos = tok.eos_id if tok.add_eos else None
         out.append(fit_context(ids, engine.n_ctx, truncate, i, eos))
     return out
@@ -135,12 +136,12 @@ class EmbedJob:
         self.engine = engine
         self.pooling = pooling or model_pooling(engine.metadata, engine.cfg.arch)
         if self.pooling not in POOLINGS:
-            raise ValueError(f"unknown pooling {self.pooling!r} (one of {', '.join(POOLINGS)})")
+            raise InvalidValueError(f"unknown pooling {self.pooling!r} (one of {', '.join(POOLINGS)})")
         self.n_batch = max(1, n_batch or engine.n_batch)
         self.inputs = [list(t) for t in inputs]
         for i, t in enumerate(self.inputs):
             if not t:
-                raise ValueError(f"input {i} is empty: there is nothing to embed")
+                raise InvalidValueError(f"input {i} is empty: there is nothing to embed")
             if len(t) > engine.n_ctx:
                 raise InputTooLongError(i, len(t), engine.n_ctx)
         self.n_tokens = sum(len(t) for t in self.inputs)

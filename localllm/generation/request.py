@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from localllm.errors import LocalLLMError
 from localllm.generation.sampling import SamplerConfig
 from localllm.generation.text_stream import Event
 
@@ -29,7 +30,7 @@ class SchedulerClosedError(RuntimeError):
     """The scheduler is shutting down and takes no new requests."""
 
 
-class KVMemoryError(ValueError):
+class KVMemoryError(LocalLLMError, ValueError):
     """A prompt the KV memory budget cannot hold even with no other sequence (HTTP 400)."""
 
 

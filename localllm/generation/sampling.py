@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from localllm.errors import InvalidValueError
+
 
 @dataclass
 class SamplerConfig:
@@ -31,15 +33,17 @@ class SamplerConfig:
 
     def validate(self) -> None:
         if not np.isfinite(self.temperature):
-            raise ValueError("temperature must be a finite number")
+            raise InvalidValueError("temperature must be a finite number")
         if self.top_p < 0.0:
-            raise ValueError(f"top_p must be >= 0, got {self.top_p}")
+            raise InvalidValueError(f"top_p must be >= 0, got {self.top_p}")
         if self.min_p < 0.0 or self.min_p > 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise InvalidValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.typical_p <= 0.0:
-            raise ValueError(f"typical_p must be > 0, got {self.typical_p}")
+            raise InvalidValueError(f"typical_p must be > 0, got {self.typical_p}")
         if self.repeat_penalty <= 0.0:
-            raise ValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+            raise InvalidValueError(f"repeat_penalty must be > 0, got {self.repeat_penalty}")
+        if self.seed is not None and self.seed < 0:
+            raise InvalidValueError(f"seed must be >= 0 (none: a random seed), got {self.seed}")
 
     @property
     def greedy(self) -> bool:

@@ -32,13 +32,15 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from localllm.errors import LocalLLMError
+
 if TYPE_CHECKING:
     from localllm.engine import Engine
 
 SPECULATE_MODES = ("auto", "off")
 
 
-class SpeculationError(ValueError):
+class SpeculationError(LocalLLMError, ValueError):
     """Bad speculation options (a draft model that cannot serve this target, a bad k)."""
 
 

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from localllm.errors import InvalidValueError
 from localllm.kernels.cpu import kv_quant, ops, poison
 from localllm.kv.pool import ROOT_KEY, BlockPool, PoolExhaustedError, chain_key
 
@@ -172,13 +173,13 @@ class KVCache:
         if 0 not in self.kinds:  # every layer slides: its pools are the whole need
             need = sum(sizes[w] * self.block_bytes(w) for w in self.kinds)
             if kv_memory < need:
-                raise ValueError(f"--kv-memory {_mib(kv_memory)} is less than the "
+                raise InvalidValueError(f"--kv-memory {_mib(kv_memory)} is less than the "
                                  f"{_mib(need)} the sliding-window caches need")
             return sizes
         fixed = sum(sizes[w] * self.block_bytes(w) for w in self.kinds if w > 0)
         n_full = (kv_memory - fixed) // self.block_bytes(0)
         if n_full < 2:
-            raise ValueError(
+            raise InvalidValueError(
                 f"--kv-memory {_mib(kv_memory)} is too small for this model: the sliding-window "
                 f"layers take {_mib(fixed)} and a block of the full-attention layers "
                 f"{_mib(self.block_bytes(0))} ({self.block} tokens)")

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from localllm.errors import InvalidValueError
 from localllm.kernels.cpu.kv_quant import EMPTY_POS
 
 ROOT_KEY = 0  # the parent key of a sequence's first block
@@ -46,7 +47,7 @@ def parse_memory(text: str, total: int | None = None) -> int:
     (default: this machine's RAM) written as a number in (0, 1]."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot read {text!r} as a memory size (e.g. 2GiB, 512MiB, 0.25)")
+        raise InvalidValueError(f"cannot read {text!r} as a memory size (e.g. 2GiB, 512MiB, 0.25)")
     value, unit = float(m.group(1)), m.group(2).lower()
     if not unit and 0 < value <= 1:
         if total is None:
@@ -54,7 +55,7 @@ def parse_memory(text: str, total: int | None = None) -> int:
         return int(value * total)
     n = int(value * _UNITS[unit])
     if n <= 1:
-        raise ValueError(f"memory size {text!r} is not positive")
+        raise InvalidValueError(f"memory size {text!r} is not positive")
     return n
 
 

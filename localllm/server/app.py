@@ -1,9 +1,12 @@
 """The ASGI app (Starlette) and `localllm serve` (uvicorn).
 
-Handlers are plain async functions `(request, state) -> Response`; one wrapper per route turns
-`ApiError` into the route family's error shape (Ollama or OpenAI), checks the optional API
-key, and logs (never sends) the traceback of a real server bug. Unknown paths and wrong
-methods are JSON 404/405 too. Binding beyond loopback needs `--host` and prints a warning.
+Handlers are plain async functions `(request, state) -> Response`; one wrapper per route checks
+the optional API key and hands any exception to `error_response_for`, the one place that
+turns errors into HTTP: `ApiError` keeps the status it names, a `localllm.errors.LocalLLMError`
+(the client's mistake) is a 4xx, anything else is a bug of ours: its traceback is logged
+(never sent) and the answer is a bare 500. Each in the route family's error shape (Ollama or
+OpenAI). Unknown paths and wrong methods are JSON 404/405 too. Binding beyond loopback needs
+`--host` and prints a warning.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from localllm.errors import InvalidValueError, LocalLLMError, PromptTooLongError
 from localllm.server import embeddings, ollama, openai_api
 from localllm.server.common import ApiError, ClientGone, ServerState
 
@@ -39,6 +43,38 @@ def error_response(openai: bool, status: int, message: str,
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def client_error_status(e: LocalLLMError) -> int:
+    """The HTTP status of a client's mistake: 404 for a model name that names nothing, 400
+    for the rest (a prompt too long for the context included, as Ollama answers it)."""
+    from localllm.store.default import ModelNotFoundError
+    from localllm.store.resolve import ModelNameNotFound
+
+    return 404 if isinstance(e, (ModelNotFoundError, ModelNameNotFound)) else 400
+
+
+def client_error_message(e: LocalLLMError) -> str:
+    """The message of a client's mistake, in the server's words where the CLI's would
+    point at command-line flags."""
+    if isinstance(e, PromptTooLongError):
+        return (f"the prompt is {e.n_prompt} tokens but the context holds {e.n_ctx}: "
+                f"{e.n_prompt - e.n_ctx + 1} tokens too many (start the server with a larger "
+                "-c/--ctx, or send \"truncate\": true to keep only the end of the prompt)")
+    return str(e) or type(e).__name__
+
+
+def error_response_for(e: Exception, openai: bool) -> Response:
+    """The one place an exception raised while answering becomes an HTTP response."""
+    if isinstance(e, ApiError):
+        return error_response(openai, e.status, e.message, e.headers)
+    if isinstance(e, LocalLLMError):
+        return error_response(openai, client_error_status(e), client_error_message(e))
+    if isinstance(e, ClientGone):
+        return Response(status_code=499)  # nobody is listening
+    # a bug of ours: log it, answer without details
+    traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+    return error_response(openai, 500, f"internal server error: {type(e).__name__}")
+
+
 def _wrap(fn: Handler, state: ServerState, openai: bool) -> Callable[[HttpRequest], Awaitable[Response]]:
     async def endpoint(request: HttpRequest) -> Response:
         try:
@@ -46,13 +82,8 @@ def _wrap(fn: Handler, state: ServerState, openai: bool) -> Callable[[HttpReques
                 if request.headers.get("authorization", "") != f"Bearer {state.api_key}":
                     raise ApiError(401, "missing or wrong API key (Authorization: Bearer ...)")
             return await fn(request, state)
-        except ApiError as e:
-            return error_response(openai, e.status, e.message, e.headers)
-        except ClientGone:
-            return Response(status_code=499)  # nobody is listening
-        except Exception as e:  # noqa: BLE001 - a bug of ours: log it, answer without details
-            traceback.print_exc(file=sys.stderr)
-            return error_response(openai, 500, f"internal server error: {type(e).__name__}")
+        except Exception as e:  # noqa: BLE001 - every error is answered, by kind
+            return error_response_for(e, openai)
 
     return endpoint
 
@@ -159,9 +190,9 @@ def make_state(ns: argparse.Namespace) -> ServerState:
     from localllm.store.default import resolve_model
 
     if ns.parallel < 1:
-        raise ValueError(f"--parallel must be at least 1, got {ns.parallel}")
+        raise InvalidValueError(f"--parallel must be at least 1, got {ns.parallel}")
     if ns.max_queue < 0:
-        raise ValueError(f"--max-queue must be >= 0, got {ns.max_queue}")
+        raise InvalidValueError(f"--max-queue must be >= 0, got {ns.max_queue}")
     path = Path(resolve_model(ns.model))
     spec = spec_options(ns)
     engine = Engine(path, n_slots=ns.parallel, **engine_options(ns))
@@ -177,7 +208,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     import uvicorn
 
     if not 0 < ns.port < 65536:
-        raise ValueError(f"--port must be in 1..65535, got {ns.port}")
+        raise InvalidValueError(f"--port must be in 1..65535, got {ns.port}")
     if ns.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: listening on {ns.host}: other machines can reach this server"
               + ("" if ns.api_key else " (no --api-key set)"), file=sys.stderr)

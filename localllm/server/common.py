@@ -1,9 +1,11 @@
 """What both API dialects share: the loaded model, request validation, option mapping, prompt
 building, and the bridge from the scheduler's engine thread to an asyncio handler.
 
-Every check on client input raises `ApiError(status, message)`; the app turns it into the
-dialect's JSON error (Ollama `{"error": ...}`, OpenAI `{"error": {"message": ...}}`). Nothing
-a client sends may reach a 500: types are checked here before any value is used.
+Every check on client input here raises `ApiError(status, message)`; deeper layers raise a
+`localllm.errors.LocalLLMError` (prompt too long, bad sampling values, a template that cannot
+render the messages). The app (`app.error_response_for`) turns either into the dialect's JSON
+error (Ollama `{"error": ...}`, OpenAI `{"error": {"message": ...}}`). Nothing a client
+sends may reach a 500: types are checked here before any value is used.
 """
 
 from __future__ import annotations
@@ -245,14 +247,12 @@ def chat_prompt(engine: Engine, messages: list[dict[str, Any]], template: str | 
     """Token ids of a conversation rendered with the model's chat template (or `template`,
     a Jinja override) and an open assistant turn. tools: the request's tool definitions,
     passed to the template (or written into the system prompt where it has no tool support)."""
-    from localllm.text.chat_template import ChatTemplate, TemplateError, encode_chat
+    from localllm.text.chat_template import ChatTemplate, encode_chat
 
-    try:
-        tmpl = engine.template if template is None else ChatTemplate(template, engine.tokenizer)
-        kwargs = {"tools": tools} if tools else {}
-        text = tmpl.render(messages, add_generation_prompt=True, **kwargs)
-    except TemplateError as e:
-        raise ApiError(400, str(e)) from None
+    # a template that cannot render these messages raises TemplateError: the client's 400
+    tmpl = engine.template if template is None else ChatTemplate(template, engine.tokenizer)
+    kwargs = {"tools": tools} if tools else {}
+    text = tmpl.render(messages, add_generation_prompt=True, **kwargs)
     return encode_chat(engine.tokenizer, text)
 
 
@@ -407,8 +407,6 @@ class Stream:
             raise ApiError(503, str(e), {"Retry-After": "1"}) from None
         except SchedulerClosedError as e:
             raise ApiError(503, str(e), {"Retry-After": "5"}) from None
-        except ValueError as e:  # prompt too long, bad sampling values
-            raise ApiError(400, _http_message(e, state)) from None
 
     def cancel(self) -> None:
         self.handle.cancel()
@@ -447,12 +445,3 @@ class Stream:
 class ClientGone(Exception):
     """The client disconnected; nothing is sent."""
 
-
-def _http_message(e: ValueError, state: ServerState) -> str:
-    from localllm.errors import PromptTooLongError
-
-    if isinstance(e, PromptTooLongError):
-        return (f"the prompt is {e.n_prompt} tokens but the context holds {e.n_ctx}: "
-                f"{e.n_prompt - e.n_ctx + 1} tokens too many (start the server with a larger "
-                "-c/--ctx, or send \"truncate\": true to keep only the end of the prompt)")
-    return str(e)

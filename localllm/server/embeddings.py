@@ -43,19 +43,17 @@ from localllm.server.common import (
 async def run_embed(request: HttpRequest, state: ServerState,
                     inputs: list[str] | list[list[int]], truncate: bool) -> tuple[np.ndarray, int]:
     """Vectors [n, D] float32 (pooled, not normalised) and the tokens evaluated, for texts
-    or token-id lists. Client errors are ApiError 400; a client gone is ClientGone."""
+    or token-id lists. Client errors (an input too long with truncate off, an empty one) are
+    LocalLLMErrors, a 400; a client gone is ClientGone."""
     eng = state.engine
-    try:
-        if inputs and isinstance(inputs[0], str):
-            # tokenizing long texts takes a while: off the event loop
-            ids = await asyncio.to_thread(encode_inputs, eng, inputs, truncate)  # type: ignore[arg-type]
-        else:
-            eos = eng.tokenizer.eos_id if eng.tokenizer.add_eos else None
-            ids = [fit_context(list(t), eng.n_ctx, truncate, i, eos)  # type: ignore[arg-type]
-                   for i, t in enumerate(inputs)]
-        job = EmbedJob(eng, ids, n_batch=state.scheduler.prefill_chunk)
-    except ValueError as e:  # too long with truncate off (InputTooLongError), empty input
-        raise ApiError(400, str(e)) from None
+    if inputs and isinstance(inputs[0], str):
+        # tokenizing long texts takes a while: off the event loop
+        ids = await asyncio.to_thread(encode_inputs, eng, inputs, truncate)  # type: ignore[arg-type]
+    else:
+        eos = eng.tokenizer.eos_id if eng.tokenizer.add_eos else None
+        ids = [fit_context(list(t), eng.n_ctx, truncate, i, eos)  # type: ignore[arg-type]
+               for i, t in enumerate(inputs)]
+    job = EmbedJob(eng, ids, n_batch=state.scheduler.prefill_chunk)
     while not job.done:
         if await request.is_disconnected():
             raise ClientGone()

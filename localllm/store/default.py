@@ -13,11 +13,13 @@ import json
 import os
 from pathlib import Path
 
+from localllm.errors import LocalLLMError
+
 DEFAULT_MODEL_NAME = "gemma3-270m"
 ALIASES = {"gemma3-270m", "gemma3:270m", "gemma-3-270m", "default"}
 
 
-class ModelNotFoundError(FileNotFoundError):
+class ModelNotFoundError(LocalLLMError, FileNotFoundError):
     pass
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from localllm.errors import LocalLLMError
 from localllm.store.names import BadModelName, ModelName, check_part, parse_name
 
 # A pull reports (bytes done, bytes total or None, what) as it goes.
@@ -40,7 +41,7 @@ ProgressFn = Callable[[int, "int | None", str], None]
 MANIFEST_SCHEMA = 1
 
 
-class StoreError(RuntimeError):
+class StoreError(LocalLLMError, RuntimeError):
     pass
 
 

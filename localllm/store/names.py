@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from localllm.errors import LocalLLMError
+
 # One path component of a name: starts alphanumeric, then letters, digits, `.`, `_`, `-`.
 # `..` cannot match (it starts with a dot); nor can an empty string, `/` or `\`.
 _PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -19,7 +21,7 @@ HF_HOSTS = ("hf.co", "huggingface.co")
 DEFAULT_NAMESPACE = "library"
 
 
-class BadModelName(ValueError):
+class BadModelName(LocalLLMError, ValueError):
     pass
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
+from localllm.errors import LocalLLMError
 from localllm.store.names import BadModelName, ModelName, looks_like_name, parse_name
 
 
-class ModelNameNotFound(LookupError):
+class ModelNameNotFound(LocalLLMError, LookupError):
     pass
 
 

@@ -28,11 +28,12 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from localllm.errors import LocalLLMError
 from localllm.text.chat_caps import TemplateCaps, missing_messages, polyfill, probe
 from localllm.text.tokenizer import Tokenizer
 
 
-class TemplateError(ValueError):
+class TemplateError(LocalLLMError, ValueError):
     """A chat template could not be parsed or rendered."""
 
 

@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from localllm.errors import LocalLLMError
 from localllm.formats.strings import StringArray, StringIndex, pack
 
 
-class TokenizerError(ValueError):
+class TokenizerError(LocalLLMError, ValueError):
     """The GGUF tokenizer metadata is missing, malformed or of an unsupported kind."""
 
 
