@@ -46,6 +46,7 @@ class Scheduler:
         self.batcher = Batcher(engine, max_queue=max_queue, prefill_chunk=prefill_chunk,
                                spec=spec)
         self.n_slots = self.batcher.n_slots
+        self.prefill_chunk = self.batcher.prefill_chunk  # rows per step (embeddings use it too)
         self.counters = self.batcher.counters
         self._calls: deque[tuple[Callable[[], object], Future]] = deque()
         self._thread = threading.Thread(target=self._run, name="localllm-engine", daemon=True)
