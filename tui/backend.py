@@ -292,7 +292,7 @@ class ChatBackend:
             return
         config: SamplerConfig = a["config"]
         config.validate()
-        sampler = Sampler(config)
+        sampler = Sampler(config, eng.tokenizer)
 
         # Evaluate all but the last prompt token here, in chunks, so a long prompt shows
         # progress and can be cancelled; generate() then evaluates only the last token.

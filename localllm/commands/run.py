@@ -206,7 +206,8 @@ def _one_shot(session: _Session, ids: list[int], cfg: SamplerConfig, load_s: flo
     final = None
     t0 = time.perf_counter()
     try:
-        for ev in session.events(ids, Sampler(cfg), truncate=ns.truncate):
+        for ev in session.events(ids, Sampler(cfg, session.engine.tokenizer),
+                                  truncate=ns.truncate):
             if ev.done:
                 final = ev
                 break
@@ -302,7 +303,7 @@ def verbose_report(engine: Engine, final: Event, load_s: float, total_s: float,
 def _chat_loop(session: _Session, cfg: SamplerConfig) -> int:
     """Plain line-based chat on a terminal: the conversation is re-rendered each turn and the
     KV cache keeps the common prefix, so only the new turn is evaluated."""
-    sampler = Sampler(cfg)
+    sampler = Sampler(cfg, session.engine.tokenizer)
     history: list[dict] = []
     print("Chatting with the model. Ctrl-D or /bye to quit.", file=sys.stderr)
     while True:

@@ -135,7 +135,7 @@ class Declared:
 
     def help_text(self) -> str:
         d = self.default
-        shown = "none" if not d and self.kind is tuple else \
+        shown = "random" if d is None else "none" if not d and self.kind is tuple else \
             ",".join(map(repr, d)) if self.kind is tuple else d
         return f"{self.meta.help} (default {shown})"
 
@@ -157,6 +157,8 @@ class Declared:
             if not m.ge <= v <= m.le:
                 raise ValueError(f"{n} must be in [{_num(m.ge)}, {_num(m.le)}], got {v}")
         elif m.ge is not None and v < m.ge:
+            if self.kind is int and m.ge == 0:
+                raise ValueError(f"{n} must be a non-negative integer, got {v}")
             raise ValueError(f"{n} must be >= {_num(m.ge)}, got {v}")
         elif m.gt is not None and v <= m.gt:
             raise ValueError(f"{n} must be > {_num(m.gt)}, got {v}")

@@ -255,7 +255,8 @@ class Scheduler:
             if not req.truncate:
                 raise PromptTooLongError(len(req.prompt), n_ctx)
             req.prompt = req.prompt[-(n_ctx // 2):]
-        sampler: Sampler = Sampler(req.sampling)  # here: a bad value (a negative seed) is the caller's error
+        # here: a bad value is the caller's error; the tokenizer maps DRY's sequence breakers
+        sampler: Sampler = Sampler(req.sampling, self.engine.tokenizer)
         if req.constraint is not None:
             from localllm.generation.constraint import ConstrainedSampler
 
