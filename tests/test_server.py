@@ -178,6 +178,26 @@ def test_openai_chat_completions_and_models(server, ai) -> None:
         ai.completions.create(model=m, prompt="word " * 600, max_tokens=1)
 
 
+def test_dry_and_xtc_through_both_dialects(server, oc, ai) -> None:
+    """llama.cpp's DRY/XTC names as Ollama options and OpenAI extra fields: a greedy reply
+    that continues a repetition of the prompt no longer does with DRY on."""
+    m = _model(server)
+    prompt = "The cat sat on the mat. The cat sat on the mat. The cat sat on the"
+    plain = oc.generate(model=m, prompt=prompt, raw=True, options=GREEDY).response
+    assert plain.startswith(" mat")  # what the model does without DRY
+    dry = oc.generate(model=m, prompt=prompt, raw=True,
+                      options={**GREEDY, "dry_multiplier": 5.0, "dry_allowed_length": 2,
+                               "dry_sequence_breakers": ["\n"]}).response
+    assert dry and not dry.startswith(" mat")
+    comp = ai.completions.create(model=m, prompt=prompt, max_tokens=4, temperature=0,
+                                 extra_body={"dry_multiplier": 5.0, "dry_base": 1.75})
+    assert not comp.choices[0].text.startswith(" mat")
+    xtc = oc.generate(model=m, prompt=prompt, raw=True,
+                      options={"seed": 1, "num_predict": 4, "xtc_probability": 1.0,
+                               "xtc_threshold": 0.1}).response
+    assert xtc
+
+
 @pytest.mark.parametrize("path,body,status,needle", [
     ("/api/generate", b"{not json", 400, "invalid JSON"),
     ("/api/generate", b"", 400, "missing request body"),
@@ -189,6 +209,12 @@ def test_openai_chat_completions_and_models(server, ai) -> None:
     ("/api/generate", {"model": "M", "prompt": "x", "raw": True, "system": "s"}, 400, "raw mode"),
     ("/api/generate", {"model": "M", "prompt": "x", "options": {"repeat_penalty": -1}}, 400,
      "repeat_penalty"),
+    ("/api/generate", {"model": "M", "prompt": "x", "options": {"dry_base": 0.5}}, 400,
+     "dry_base must be >= 1"),
+    ("/v1/completions", {"model": "M", "prompt": "x", "xtc_probability": 2}, 400,
+     "xtc_probability must be in [0, 1]"),
+    ("/v1/completions", {"model": "M", "prompt": "x", "dry_sequence_breakers": "\n"}, 400,
+     "'dry_sequence_breakers' must be of type array of strings"),
     ("/api/chat", {"model": "M", "messages": "hi"}, 400, "array"),
     ("/api/chat", {"model": "M", "messages": [{"content": "x"}]}, 400, "role"),
     ("/api/chat", {"model": "M", "messages": [{"role": "user", "content": "x"}],

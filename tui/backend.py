@@ -294,7 +294,7 @@ class ChatBackend:
         if n + reserve > eng.n_ctx:
             h.put(ContextFull(n, eng.n_ctx, reserve, self._fit(a["messages"], eng.n_ctx - reserve)))
             return
-        sampler = Sampler(a["config"])  # validates the settings
+        sampler = Sampler(a["config"], eng.tokenizer)  # validates the settings
         req = Request(ids, a["config"], max_tokens=a["max_tokens"], stop=a["stop"], slot=SLOT,
                       progress=True)
         handle = self._loop.submit(req, sampler=sampler)

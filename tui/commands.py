@@ -1,21 +1,25 @@
 """Slash commands: parsing and the settings they change, kept apart from the widgets so they
 can be tested without a terminal.
 
-`/set KEY VALUE` takes any field of localllm.generation.sampling.SamplerConfig (with the CLI's spelling
-too: top-k or top_k, temp for temperature) plus max_tokens (num_predict); the value is
-parsed with the field's type and the whole config validated before it is kept.
+`/set KEY VALUE` takes every sampler setting declared in
+localllm/generation/sampler_settings.py (with the CLI's spellings too: top-k or top_k, temp
+for temperature) plus max_tokens (num_predict); the value is parsed as the CLI parses it
+and the whole config validated before it is kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import shlex
-from dataclasses import dataclass, fields
+import textwrap
+from dataclasses import dataclass
 
 from localllm.errors import LocalLLMError
-from localllm.generation.sampling import SamplerConfig
+from localllm.generation.sampler_settings import SamplerConfig, settings
 
-HELP = """\
+_SET_KEYS = textwrap.fill(", ".join([s.name for s in settings()] + ["max_tokens"]), 86,
+                          initial_indent=" " * 18, subsequent_indent="  ").lstrip()
+HELP = f"""\
 **Keys**
 
 - **Enter** send; **Ctrl+J** new line (also Shift+Enter where the terminal tells it apart)
@@ -27,8 +31,7 @@ HELP = """\
 **Commands**
 
 - `/system TEXT` set the system prompt (`/system` shows it, `/system -` removes it)
-- `/set KEY VALUE` temperature, top_k, top_p, min_p, typical_p, repeat_penalty,
-  repeat_last_n, presence_penalty, frequency_penalty, seed, max_tokens (`/set` lists them)
+- `/set KEY VALUE` {_SET_KEYS} (`/set` lists them)
 - `/model PATH` load another .gguf (the conversation stays)
 - `/save [FILE]`, `/load FILE` the conversation as JSON (bare names: the chats folder)
 - `/copy [code] [FILE]` the last reply (or its last code block) to the clipboard, and
@@ -38,7 +41,9 @@ HELP = """\
 
 COMMANDS = ("system", "set", "model", "save", "load", "copy", "help", "new", "clear")
 
-_ALIASES = {"temp": "temperature", "num_predict": "max_tokens", "n": "max_tokens"}
+_SETTINGS = {s.name: s for s in settings()}
+_ALIASES = {"num_predict": "max_tokens", "n": "max_tokens",
+            **{alias: s.name for s in settings() for alias in s.aliases}}
 
 
 class CommandError(LocalLLMError, ValueError):
@@ -65,7 +70,7 @@ def parse(line: str) -> Command | None:
 
 
 def setting_names() -> list[str]:
-    return [f.name for f in fields(SamplerConfig)] + ["max_tokens"]
+    return list(_SETTINGS) + ["max_tokens"]
 
 
 def apply_set(arg: str, config: SamplerConfig, max_tokens: int) -> tuple[SamplerConfig, int, str]:
@@ -81,21 +86,11 @@ def apply_set(arg: str, config: SamplerConfig, max_tokens: int) -> tuple[Sampler
         if value < -1 or value == 0:
             raise CommandError("max_tokens must be -1 (no limit) or a positive number")
         return config, value, f"max_tokens = {value}"
-    types = {f.name: f.type for f in fields(SamplerConfig)}
-    if key not in types:
+    if key not in _SETTINGS:
         raise CommandError(f"unknown setting {parts[0]!r}; one of: {', '.join(setting_names())}")
-    t = str(types[key])
-    if key == "seed":
-        value = None if raw.lower() in ("none", "random", "-") else _parse_int(key, raw)
-    elif "int" in t:
-        value = _parse_int(key, raw)
-    else:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise CommandError(f"{key} takes a number, not {raw!r}") from None
-    new = dataclasses.replace(config, **{key: value})
     try:
+        value = _SETTINGS[key].parse_text(raw)
+        new = dataclasses.replace(config, **{key: value})
         new.validate()
     except ValueError as e:
         raise CommandError(str(e)) from None
@@ -103,7 +98,7 @@ def apply_set(arg: str, config: SamplerConfig, max_tokens: int) -> tuple[Sampler
 
 
 def describe_settings(config: SamplerConfig, max_tokens: int) -> str:
-    items = [f"{f.name} = {getattr(config, f.name)}" for f in fields(SamplerConfig)]
+    items = [f"{name} = {getattr(config, name)}" for name in _SETTINGS]
     return ", ".join(items + [f"max_tokens = {max_tokens}"])
 
 

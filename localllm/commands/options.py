@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from localllm.errors import InvalidValueError
-from localllm.generation.sampling import SamplerConfig
+from localllm.generation.sampler_settings import Declared, SamplerConfig, settings
 from localllm.generation.speculative import SPECULATE_MODES, SpecOptions
 from localllm.kv.cache import KV_TYPES
 
@@ -74,33 +74,49 @@ def _kv_memory(text: str) -> int:
 
 
 def add_sampling_opts(p: argparse.ArgumentParser) -> None:
+    """One flag per sampler setting, generated from its declaration (sampler_settings.py)."""
     g = p.add_argument_group("sampling")
-    g.add_argument("--temperature", "--temp", type=float, default=0.8, help="0 = greedy (default 0.8)")
-    g.add_argument("--top-k", type=int, default=40, help="0 = off (default 40)")
-    g.add_argument("--top-p", type=float, default=0.95, help="1 = off (default 0.95)")
-    g.add_argument("--min-p", type=float, default=0.05, help="0 = off (default 0.05)")
-    g.add_argument("--typical-p", type=float, default=1.0, help="1 = off (default 1.0)")
-    g.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off (default 1.0)")
-    g.add_argument("--repeat-last-n", type=int, default=64, help="tokens the penalties look back over; -1 = all")
-    g.add_argument("--presence-penalty", type=float, default=0.0)
-    g.add_argument("--frequency-penalty", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=None, help="random seed (same seed + settings = same output)")
+    for s in settings():
+        if s.kind is tuple:  # repeatable; the first use replaces the default list
+            g.add_argument(*s.flags, dest=s.name, action=_ListSetting, setting=s,
+                           default=s.default, metavar="TEXT", help=s.help_text())
+        else:
+            g.add_argument(*s.flags, dest=s.name, type=_text_type(s), default=s.default,
+                           metavar=s.name.upper(), help=s.help_text())
+
+
+def _text_type(s: Declared) -> Callable[[str], object]:
+    """argparse type of a setting: its text parser (a bad value is argparse's one line)."""
+
+    def parse(text: str) -> object:
+        try:
+            return s.parse_text(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = s.name
+    return parse
+
+
+class _ListSetting(argparse.Action):
+    """A list of strings given one per flag (--dry-sequence-breaker '\n' ...), as llama.cpp:
+    the first use replaces the default; 'none' empties the list."""
+
+    def __init__(self, *args: Any, setting: Declared, **kwargs: Any) -> None:
+        self.setting = setting
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        current = getattr(ns, self.dest)
+        if current is self.default:  # the first use on this command line
+            current = ()
+        setattr(ns, self.dest, () if values == "none" else (*current, str(values)))
 
 
 def sampler_config(ns: argparse.Namespace) -> SamplerConfig:
     """The sampling options as a (not yet validated) SamplerConfig."""
-    return SamplerConfig(
-        temperature=ns.temperature,
-        top_k=ns.top_k,
-        top_p=ns.top_p,
-        min_p=ns.min_p,
-        typical_p=ns.typical_p,
-        repeat_penalty=ns.repeat_penalty,
-        presence_penalty=ns.presence_penalty,
-        frequency_penalty=ns.frequency_penalty,
-        repeat_last_n=ns.repeat_last_n,
-        seed=ns.seed,
-    )
+    return SamplerConfig(**{s.name: getattr(ns, s.name) for s in settings()})
 
 
 def add_spec_opts(p: argparse.ArgumentParser, draft_model: bool = True) -> None:

@@ -209,7 +209,7 @@ def _one_shot(session: _Session, ids: list[int], cfg: SamplerConfig, load_s: flo
     final = None
     t0 = time.perf_counter()
     try:
-        for ev in session.events(ids, Sampler(cfg), truncate=ns.truncate):
+        for ev in session.events(ids, Sampler(cfg, session.engine.tokenizer), truncate=ns.truncate):
             if ev.done:
                 final = ev
                 break

@@ -114,7 +114,8 @@ class Sequence:
         self.pending: list[int] = []  # tokens to evaluate before sampling (prompt chunks)
         self.history: list[int] = list(self.prompt)  # everything sampled from, for penalties
         if sampler is None:  # a caller's own continues its random state across requests
-            sampler = Sampler(req.sampling)  # here: a bad value (a negative seed) fails submit
+            # here: a bad value fails submit; the tokenizer maps DRY's sequence breakers
+            sampler = Sampler(req.sampling, engine.tokenizer)
         eog = frozenset(engine.tokenizer.eog_ids)
         if req.constraint is not None:
             from localllm.generation.constraint import ConstrainedSampler

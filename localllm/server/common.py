@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request as HttpRequest
 
 from localllm.generation.generate import Event
-from localllm.generation.sampling import SamplerConfig
+from localllm.generation.sampler_settings import SamplerConfig
+from localllm.generation.sampler_settings import defaults as sampler_defaults
+from localllm.generation.sampler_settings import from_json as sampler_from_json
 from localllm.generation.scheduler import (
     Handle,
     QueueFullError,
@@ -170,11 +172,10 @@ def get(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], default: 
 _TYPE_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array",
                dict: "object"}
 
-# Ollama option name -> (type, SamplerConfig field or request field)
-_FLOAT_OPTS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty",
-               "presence_penalty", "frequency_penalty")
-_INT_OPTS = ("top_k", "repeat_last_n", "seed", "num_predict", "num_ctx", "num_keep",
-             "num_batch", "num_thread", "num_gpu", "main_gpu", "draft_num_predict")
+# Ollama options that are not sampler settings (those come from sampler_settings.py): typed
+# here, num_predict / draft_num_predict / stop used, the rest accepted and ignored
+_INT_OPTS = ("num_predict", "num_ctx", "num_keep", "num_batch", "num_thread", "num_gpu",
+             "main_gpu", "draft_num_predict")
 
 
 @dataclass
@@ -187,35 +188,28 @@ class GenOptions:
 
 
 def ollama_defaults() -> SamplerConfig:
-    """Ollama's DefaultOptions(): temperature 0.8, top_k 40, top_p 0.9, no min_p."""
-    return SamplerConfig(temperature=0.8, top_k=40, top_p=0.9, min_p=0.0, typical_p=1.0,
-                         repeat_penalty=1.0, repeat_last_n=64)
+    """Ollama's DefaultOptions() where they differ from ours (top_p 0.9, no min_p), declared
+    with each setting (sampler_settings.py)."""
+    return sampler_defaults("ollama")
 
 
 def parse_options(options: Any, base: SamplerConfig, n_ctx: int) -> GenOptions:
     """Ollama `options` onto the sampler and limits. Unknown keys are ignored (as Ollama
-    does); known keys of the wrong type are a 400."""
+    does); known keys of the wrong type are a 400. A window of -1 (repeat_last_n,
+    dry_penalty_last_n) is the context, n_ctx."""
     if options is None:
         options = {}
     if not isinstance(options, dict):
         raise ApiError(400, "'options' must be a JSON object")
-    cfg = SamplerConfig(**vars(base))
-    out = GenOptions(cfg)
     w = "option "
-    for key in _FLOAT_OPTS:
-        if key in options and options[key] is not None:
-            setattr(cfg, key, float(get(options, key, float, where=w)))
+    try:
+        cfg = sampler_from_json(options, base, "ollama", where=w, n_ctx=n_ctx)
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+    out = GenOptions(cfg)
     for key in _INT_OPTS:
         if key in options and options[key] is not None:
             get(options, key, int, where=w)
-    if options.get("top_k") is not None:
-        cfg.top_k = int(options["top_k"])
-    if options.get("repeat_last_n") is not None:
-        n = int(options["repeat_last_n"])
-        cfg.repeat_last_n = n_ctx if n == -1 else n
-    if options.get("seed") is not None:
-        seed = int(options["seed"])
-        cfg.seed = None if seed < 0 else seed
     if options.get("num_predict") is not None:
         n = int(options["num_predict"])
         out.max_tokens = -1 if n < 0 else n

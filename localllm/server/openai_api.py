@@ -17,7 +17,9 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localllm.generation.generate import Event
-from localllm.generation.sampling import SamplerConfig
+from localllm.generation.sampler_settings import SamplerConfig
+from localllm.generation.sampler_settings import defaults as sampler_defaults
+from localllm.generation.sampler_settings import from_json as sampler_from_json
 from localllm.generation.scheduler import Request
 from localllm.server.common import (
     ApiError,
@@ -41,19 +43,11 @@ FINGERPRINT = "fp_localllm"
 
 
 def _sampling(body: dict[str, Any]) -> tuple[SamplerConfig, int, list[str]]:
-    cfg = SamplerConfig(temperature=float(get(body, "temperature", float, 1.0)),
-                        top_p=float(get(body, "top_p", float, 1.0)), top_k=40, min_p=0.0,
-                        presence_penalty=float(get(body, "presence_penalty", float, 0.0)),
-                        frequency_penalty=float(get(body, "frequency_penalty", float, 0.0)),
-                        seed=get(body, "seed", int))
-    if cfg.seed is not None and cfg.seed < 0:  # -1: random, as llama.cpp and Ollama read it
-        cfg.seed = None
-    # non-standard but common (llama.cpp, vLLM accept them)
-    if body.get("top_k") is not None:
-        cfg.top_k = int(get(body, "top_k", int))
-    if body.get("min_p") is not None:
-        cfg.min_p = float(get(body, "min_p", float))
+    # every sampler setting under its declared name (sampler_settings.py): the standard
+    # fields, with the API's defaults, and the common extensions (top_k, min_p, DRY, XTC...
+    # as llama.cpp's server and vLLM accept them)
     try:
+        cfg = sampler_from_json(body, sampler_defaults("openai"), "openai")
         cfg.validate()
     except ValueError as e:
         raise ApiError(400, str(e)) from None
