@@ -29,7 +29,6 @@ _FRAG_CACHE_SIZE = 2048
 _FRAG_CACHE_MAX_CHARS = 2048
 
 
-
 class SpmTokenizer(Tokenizer):
     """SentencePiece-style vocab, tokenized with llama.cpp's SPM merge loop."""
 
