@@ -282,3 +282,100 @@ def test_metadata_errors(md: dict, match: str) -> None:
     with pytest.raises(TokenizerError, match=match):
         Tokenizer.from_metadata(md)
     assert issubclass(TokenizerError, ValueError)
+
+
+# --- vocab classes, and model quirks keyed on the architecture, never on general.name ---------
+
+def test_from_metadata_picks_the_vocab_class() -> None:
+    from localllm.text.tokenizer_bpe import BpeTokenizer
+    from localllm.text.tokenizer_spm import SpmTokenizer
+
+    spm = Tokenizer.from_metadata(_tiny_spm_md())
+    bpe = Tokenizer.from_metadata({**BPE_DOC["metadata"], "tokenizer.ggml.pre": "qwen2"})
+    assert type(spm) is SpmTokenizer and type(bpe) is BpeTokenizer
+    assert isinstance(spm, Tokenizer) and (spm.model, bpe.model) == ("llama", "gpt2")
+    assert type(SpmTokenizer.from_metadata(_tiny_spm_md())) is SpmTokenizer
+    with pytest.raises(TokenizerError, match="SpmTokenizer cannot read a 'gpt2' vocabulary"):
+        SpmTokenizer.from_metadata(BPE_DOC["metadata"])
+    # the keyword constructor still picks the class from `model`
+    md = _tiny_spm_md()
+    direct = Tokenizer(model="llama", pre="default", tokens=md["tokenizer.ggml.tokens"],
+                       scores=md["tokenizer.ggml.scores"],
+                       token_types=md["tokenizer.ggml.token_type"], bos_id=1, eos_id=2,
+                       unk_id=0, add_bos=True, add_eos=False, add_space_prefix=True)
+    assert type(direct) is SpmTokenizer and direct.encode("abab A") == spm.encode("abab A")
+    with pytest.raises(TokenizerError, match="supported: llama, gpt2"):
+        Tokenizer(model="rwkv", pre="default", tokens=["a"], scores=np.zeros(1),
+                  token_types=np.ones(1), bos_id=None, eos_id=None, add_bos=False,
+                  add_eos=False, add_space_prefix=False)
+
+
+_PHI3_ADDED = ["<|user|>", "<|end|>", "<|assistant|>"]
+
+
+def _vocab_gguf_tokenizer(tmp_path: Path, vocab: str, arch: str, name: str | None) -> Tokenizer:
+    """Tokenizer of a vocab-only GGUF written with the tiny-model writer: a tiny SPM (llama
+    style, plus <|endoftext|>) or BPE vocab with Phi-3's chat tokens added as control tokens."""
+    from tiny_models import build_bpe_vocab, build_spm_vocab, write_gguf
+
+    from localllm.formats import read_gguf
+
+    v = build_spm_vocab("llama") if vocab == "spm" else build_bpe_vocab()
+    added = _PHI3_ADDED + (["<|endoftext|>"] if vocab == "spm" else [])  # BPE has it already
+    meta = {"general.architecture": arch,
+            "tokenizer.ggml.model": v["model"], "tokenizer.ggml.pre": v["pre"],
+            "tokenizer.ggml.tokens": v["tokens"] + added,
+            "tokenizer.ggml.token_type": v["token_type"] + [TOKEN_TYPE_CONTROL] * len(added)}
+    if v["scores"] is not None:
+        meta["tokenizer.ggml.scores"] = v["scores"] + [0.0] * len(added)
+    if v["merges"] is not None:
+        meta["tokenizer.ggml.merges"] = v["merges"]
+    meta.update({f"tokenizer.ggml.{k}_token_id": i for k, i in v["ids"].items()})
+    meta.update({f"tokenizer.ggml.{k}": f for k, f in v["flags"].items()})
+    if name is not None:
+        meta["general.name"] = name
+    path = tmp_path / "vocab.gguf"
+    write_gguf(path, meta, {})
+    gf = read_gguf(path)
+    md = dict(gf.metadata)
+    gf.close()
+    assert (md["general.architecture"], md.get("general.name")) == (arch, name)
+    return Tokenizer.from_metadata(md)
+
+
+def _ids(tok: Tokenizer, parts: list[str]) -> list[int]:
+    specials = {*_PHI3_ADDED, "<|endoftext|>", "</s>"}
+    out: list[int] = []
+    for p in parts:
+        out.extend([tok.token_to_id(p)] if p in specials else tok.encode(p, add_special=False))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("vocab", "arch", "name", "rstrip"),
+    [
+        ("spm", "phi3", "tiny model", True),  # Phi-3's SPM vocab, whatever the file is called
+        ("spm", "phi3", None, True),  # no general.name at all
+        ("spm", "llama", "Phi-3-mini-4k-instruct", False),  # a name that says phi is not enough
+        ("spm", "llama", "phi3", False),
+        ("bpe", "phi3", "Phi3", False),  # Phi-4: phi3 arch with a BPE vocab
+    ],
+)
+def test_phi3_rstrip_is_keyed_on_architecture_not_name(
+        tmp_path: Path, vocab: str, arch: str, name: str | None, rstrip: bool) -> None:
+    tok = _vocab_gguf_tokenizer(tmp_path, vocab, arch, name)
+    if vocab == "spm":
+        text = "<|user|>\n hi<|end|>\n<|assistant|>  ok</s> x<|endoftext|> y"
+        # llama.cpp's Phi-3 rule: every special token strips the whitespace after it, except
+        # <unk>, <s> and <|endoftext|>
+        stripped = ["<|user|>", "hi", "<|end|>", "<|assistant|>", "ok", "</s>", "x",
+                    "<|endoftext|>", " y"]
+        kept = ["<|user|>", "\n hi", "<|end|>", "\n", "<|assistant|>", "  ok", "</s>", " x",
+                "<|endoftext|>", " y"]
+    else:
+        text = "<|user|>\n hi<|end|>\n<|assistant|>  ok"
+        stripped = ["<|user|>", "hi", "<|end|>", "<|assistant|>", "ok"]
+        kept = ["<|user|>", "\n hi", "<|end|>", "\n", "<|assistant|>", "  ok"]
+    assert _ids(tok, stripped) != _ids(tok, kept)
+    got = tok.encode(text, add_special=False, parse_special=True)
+    assert got == _ids(tok, stripped if rstrip else kept)

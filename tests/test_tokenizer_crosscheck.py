@@ -1,7 +1,7 @@
 """Independent cross-checks of our tokenizers against the reference libraries.
 
 Our SPM-style tokenizer re-implements llama.cpp's merge loop in Python (see
-localllm/text/tokenizer.py for why not the sentencepiece library at run time). Here the
+localllm/text/tokenizer_spm.py for why not the sentencepiece library at run time). Here the
 `sentencepiece` library, given a model built from the same GGUF vocabulary, checks it
 independently on the texts where the two algorithms are defined to agree: text without
 runs of spaces or newlines (Gemma's multi-space pieces are where SentencePiece matches

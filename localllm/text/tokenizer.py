@@ -1,30 +1,26 @@
 """Tokenizers built from GGUF metadata that reproduce llama.cpp's token ids.
 
-Two vocab families are supported, chosen by ``tokenizer.ggml.model``:
+This module holds what every vocabulary shares -- the tokens and their attributes, the special
+and end-of-generation tokens, decoding and the public API -- and ``Tokenizer.from_metadata``,
+which picks the class for ``tokenizer.ggml.model``:
 
-* ``"llama"`` -- SentencePiece-style vocabularies (Llama 2, Mistral, Gemma ...). The merge loop
-  below is llama.cpp's ``llm_tokenizer_spm`` algorithm (repeatedly merge the adjacent pair
-  whose concatenation is the highest-scoring vocab entry, ties to the left, unknown characters
-  fall back to ``<0xXX>`` byte tokens). It deliberately does *not* go through the
-  ``sentencepiece`` library: SentencePiece matches user-defined pieces greedily inside the text,
-  never merges into control/byte pieces and re-segments unused ones, while llama.cpp does none
-  of that -- e.g. Gemma's multi-space and multi-newline pieces come out differently. Re-running
-  llama.cpp's algorithm is exact by construction, and building its lookup table (one dict) takes
-  ~0.1 s for a 262k vocab, against ~0.5 s to build and load a SentencePiece model proto.
-* ``"gpt2"`` -- byte-level BPE (Llama 3, Qwen 2, SmolLM, GPT-2 ...), run by the HuggingFace
-  ``tokenizers`` library with the pre-tokenizer regexes llama.cpp picks for
-  ``tokenizer.ggml.pre``.
+* ``"llama"`` -- SentencePiece-style vocabularies (Llama 2, Mistral, Gemma, Phi-3 ...):
+  ``SpmTokenizer`` in tokenizer_spm.py, llama.cpp's ``llm_tokenizer_spm`` merge loop.
+* ``"gpt2"`` -- byte-level BPE (Llama 3, Qwen 2, SmolLM, GPT-2 ...): ``BpeTokenizer`` in
+  tokenizer_bpe.py, the HuggingFace ``tokenizers`` library with the pre-tokenizer regexes
+  llama.cpp picks for ``tokenizer.ggml.pre``.
 
 Special tokens are split out of the raw text first, the way llama.cpp's
 ``tokenizer_st_partition`` does it: user-defined tokens always, control tokens only when
-``parse_special`` is true, longest token text first.
+``parse_special`` is true, longest token text first. Model-specific behaviour is keyed on
+``tokenizer.ggml.model``, ``tokenizer.ggml.pre`` or ``general.architecture``, never on the
+free-text ``general.name``.
 """
 
 from __future__ import annotations
 
-import heapq
 import re
-from array import array
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -69,8 +65,6 @@ _TYPE_TO_ATTR = {
 
 SUPPORTED_MODELS = ("llama", "gpt2")
 
-_SPM_SPACE = "\u2581"  # '▁', SentencePiece's visible space
-
 # Token texts llama.cpp recognises by name (llama-vocab.cpp, "auto-detect special tokens").
 _EOT_NAMES = (
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
@@ -87,139 +81,8 @@ _EOG_NAMES = (
     "<｜end▁of▁sentence｜>", "[e~[",
 )
 
-# --- byte-level BPE pre-tokenizers ------------------------------------------------------------
-# The regexes llama.cpp uses per ``tokenizer.ggml.pre`` (llm_tokenizer_bpe). Where llama.cpp
-# rewrote a HuggingFace regex for its own engine, the original tokenizer.json form is used here,
-# since the HF ``tokenizers`` (Oniguruma) engine is the one these regexes were written for.
-_CONTRACTIONS_CI = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
-_RE_LLAMA3 = (
-    _CONTRACTIONS_CI
-    + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_RE_QWEN2 = (
-    _CONTRACTIONS_CI
-    + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_RE_QWEN35 = (
-    _CONTRACTIONS_CI
-    + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
-    + r"|\s+(?!\S)|\s+"
-)
-_RE_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_RE_TEKKEN = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_RE_GPT4O = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-    + r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    + r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    + r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_RE_BLOOM = r" ?[^(\s|.,!?…。，、।۔،)]+"
-_CJK = "[一-龥ࠀ-一가-퟿]+"
-
-# pre name -> (regexes applied one after another, ignore_merges, add_bos default)
-_BPE_PRE: dict[str, tuple[tuple[str, ...], bool, bool]] = {}
-
-
-def _register_pre(names: Iterable[str], regexes: Sequence[str], ignore_merges: bool = False,
-                  add_bos: bool = False) -> None:
-    for name in names:
-        _BPE_PRE[name] = (tuple(regexes), ignore_merges, add_bos)
-
-
-_register_pre(["default"], [r"[\p{P}\$\+<=>\^~\|]+", _RE_GPT2, r"\p{N}+", "[0-9][0-9][0-9]"])
-_register_pre(
-    ["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"],
-    [_RE_LLAMA3], ignore_merges=True, add_bos=True,
-)
-_register_pre(["dbrx", "smaug-bpe", "chatglm-bpe", "glm4"], [_RE_LLAMA3])
-_register_pre(
-    ["deepseek-llm"],
-    ["[\r\n]",
-     r"\s?[" +
-     "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-"
-     "\u0293\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386"
-     "\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f"
-     "\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-"
-     "\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d"
-     "\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d"
-     "\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3"
-     "\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-"
-     "\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134"
-     "\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-"
-     "\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f"
-     "\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-"
-     "\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-"
-     "\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-"
-     "\U000118df\U0001e900-\U0001e943]+",
-     r"\s?[!-/:-~！-／：-～‘-‟　-。]+", r"\s+$", _CJK, r"\p{N}+"],
-)
-_register_pre(
-    ["deepseek-v3"],
-    [r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+",
-     r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-     r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
-)
-_register_pre(["deepseek-coder"], ["[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"])
-_register_pre(["falcon"], [r"[\p{P}\$\+<=>\^~\|`]+", _RE_GPT2, "[0-9][0-9][0-9]"])
-_register_pre(
-    ["starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"],
-    [r"\p{N}", _RE_GPT2],
-)
-_register_pre(
-    ["gpt-2", "phi-2", "jina-es", "jina-de", "jina-v1-en", "jina-v2-es", "jina-v2-de",
-     "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais", "exaone4", "trillion",
-     "granite-docling", "gigachat", "a.x-4.0", "mellum", "modern-bert"],
-    [_RE_GPT2],
-)
-_register_pre(
-    ["qwen2", "deepseek-r1-qwen", "stablelm2", "megrez", "hunyuan", "solar-open", "grok-2",
-     "kormo", "f2llmv2"],
-    [_RE_QWEN2],
-)
-_register_pre(["qwen35"], [_RE_QWEN35])
-_register_pre(["poro-chat", "bloom", "gpt3-finnish"], [_RE_BLOOM])
-_register_pre(["viking"], [_RE_BLOOM, r"\p{N}"])
-_register_pre(["tekken"], [_RE_TEKKEN], ignore_merges=True, add_bos=True)
-_register_pre(["gpt-4o", "llama4", "kanana2", "talkie"], [_RE_GPT4O])
-_register_pre(
-    ["seed-coder"],
-    [_CONTRACTIONS_CI + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+"
-     r"|\s+(?!\S)|\s+"],
-)
-_register_pre(
-    ["bailingmoe", "bailingmoe2", "llada-moe"],
-    [r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]"
-     r"|\s+(?!\S)|\s+"],
-)
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character table used by byte-level BPE vocabs."""
-    printable = (
-        list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    )
-    table = {b: chr(b) for b in printable}
-    n = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + n)
-            n += 1
-    return table
-
-
-_BYTE_TO_CHAR = _bytes_to_unicode()
-_CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
 
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
-
-# Bounds of the SPM fragment memo (see Tokenizer._spm_fragment).
-_FRAG_CACHE_SIZE = 2048
-_FRAG_CACHE_MAX_CHARS = 2048
 
 # C's isspace() in the "C" locale, which llama.cpp uses for lstrip/rstrip of special tokens.
 _C_SPACE = " \t\n\v\f\r"
@@ -255,13 +118,45 @@ def _opt_bool(md: Mapping[str, Any], key: str) -> bool | None:
         raise TokenizerError(f"metadata {key!r} is not a boolean: {value!r}") from exc
 
 
-class Tokenizer:
-    """Text <-> token ids for one GGUF vocabulary, with llama.cpp's exact tokenization."""
+def _tokenizer_class(model: Any) -> type[Tokenizer]:
+    """The Tokenizer subclass for a ``tokenizer.ggml.model`` value."""
+    # imported here: both modules build on this one
+    from localllm.text.tokenizer_bpe import BpeTokenizer
+    from localllm.text.tokenizer_spm import SpmTokenizer
+
+    for klass in (SpmTokenizer, BpeTokenizer):
+        if model == klass.MODEL:
+            return klass
+    raise TokenizerError(
+        f"unsupported tokenizer model {model!r}; supported: {', '.join(SUPPORTED_MODELS)}"
+    )
+
+
+class Tokenizer(ABC):
+    """Text <-> token ids for one GGUF vocabulary, with llama.cpp's exact tokenization.
+
+    This base holds what every vocab type shares: the vocabulary and token attributes, the
+    special and end-of-generation tokens, splitting special tokens out of the text, decoding
+    and the public API. A subclass per ``tokenizer.ggml.model`` turns the text between special
+    tokens into ids (SpmTokenizer in tokenizer_spm.py, BpeTokenizer in tokenizer_bpe.py).
+    ``Tokenizer.from_metadata(md)`` and ``Tokenizer(model=..., ...)`` pick the subclass.
+    """
+
+    MODEL = ""  # the tokenizer.ggml.model value a subclass reads
+    # general.architecture values whose special tokens strip whitespace to their right, and
+    # (token text, rstrip) exceptions to that (see SpmTokenizer)
+    RSTRIP_SPECIALS_ARCHS: frozenset[str] = frozenset()
+    RSTRIP_OVERRIDES: tuple[tuple[str, bool], ...] = ()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Tokenizer:
+        if cls is Tokenizer:
+            cls = _tokenizer_class(kwargs.get("model"))
+        return super().__new__(cls)
 
     def __init__(
         self,
         *,
-        model: str,
+        model: str | None = None,
         pre: str,
         tokens: Sequence[str],  # a list or a packed StringArray (what read_gguf gives)
         scores: np.ndarray,  # [n_vocab] float32
@@ -277,12 +172,11 @@ class Tokenizer:
         add_bos: bool,
         add_eos: bool,
         add_space_prefix: bool,
-        model_name: str = "",
+        architecture: str = "",
     ) -> None:
-        if model not in SUPPORTED_MODELS:
-            raise TokenizerError(
-                f"unsupported tokenizer model {model!r}; supported: {', '.join(SUPPORTED_MODELS)}"
-            )
+        if model is not None and model != self.MODEL:
+            raise TokenizerError(f"{type(self).__name__} reads {self.MODEL!r} vocabularies, "
+                                 f"not {model!r}")
         n = len(tokens)
         if n == 0:
             raise TokenizerError("tokenizer vocabulary (tokenizer.ggml.tokens) is empty")
@@ -291,7 +185,7 @@ class Tokenizer:
                 f"tokenizer metadata arrays are shorter than the vocabulary ({n} tokens): "
                 f"{scores.shape[0]} scores, {token_types.shape[0]} token types"
             )
-        self.model = model
+        self.model = self.MODEL
         self.pre = pre
         # The vocabulary stays packed (formats/strings.py): one UTF-8 buffer and a hash table
         # of int arrays instead of ~40 MB of str objects and a dict for Gemma's 262k tokens.
@@ -301,9 +195,6 @@ class Tokenizer:
             packed = StringArray.from_strings(
                 [t if t else f"[EMPTY_{i}]" for i, t in enumerate(packed)])
         self._tokens = packed
-        # array('f'): 1 MB instead of 8 MB of float objects, and indexing it is as fast as a
-        # list's in the merge loop (it returns Python floats)
-        self._scores = array("f", scores[:n].astype(np.float32).tobytes())
         self._types = token_types[:n].astype(np.int32)  # [n_vocab]
         # text -> id; later duplicates win, as in llama.cpp
         self._index = StringIndex(packed)
@@ -331,24 +222,48 @@ class Tokenizer:
         self.eot_id, self.eom_id, self._eog_ids = self._find_end_tokens(
             valid(eot_id), valid(eom_id), [valid(i) for i in fim_ids]
         )
-        if any(s in model_name.lower() for s in ("phi-3", "phi3")):
-            # llama.cpp strips whitespace to the right of Phi-3's special tokens.
-            for i in np.nonzero(attrs & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN))[0]:
-                attrs[i] |= ATTR_RSTRIP
-            for text, on in (("</s>", True), ("<unk>", False), ("<s>", False),
-                             ("<|endoftext|>", False)):
+        # model quirks llama.cpp applies to the token attributes, before the special-token
+        # index is built from them
+        self._vocab_quirks(architecture)
+
+        self._build_special_index()
+        self._pieces: dict[int, bytes] = {}  # rendered pieces, filled as tokens are seen
+        self._setup(scores, merges)
+
+    # --- what a vocab type adds ---------------------------------------------------------------
+
+    @classmethod
+    @abstractmethod
+    def _vocab_defaults(cls, md: Mapping[str, Any], pre: str) -> dict[str, Any]:
+        """Constructor defaults for this vocab type (bos_id, eos_id, unk_id, add_bos,
+        add_space_prefix, merges); the file's own keys override the ids and flags."""
+
+    @abstractmethod
+    def _setup(self, scores: np.ndarray, merges: list[str] | None) -> None:
+        """Build the text-to-ids machinery, once the vocabulary and specials are known."""
+
+    def _vocab_quirks(self, architecture: str) -> None:
+        """Token-attribute fixes for a model family, as llama.cpp makes them after loading.
+
+        Keyed on ``general.architecture`` within a vocab type (the subclass's tables), never on
+        the free-text ``general.name``.
+        """
+        if architecture in self.RSTRIP_SPECIALS_ARCHS:
+            # whitespace after a special token is dropped (tokenizer_st_partition)
+            attrs = self._attrs
+            attrs[(attrs & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)) != 0] |= ATTR_RSTRIP
+            for text, on in self.RSTRIP_OVERRIDES:
                 tid = self._index.get(text)
                 if tid is not None:
                     attrs[tid] = attrs[tid] | ATTR_RSTRIP if on else attrs[tid] & ~ATTR_RSTRIP
 
-        self._build_special_index()
-        self._pieces: dict[int, bytes] = {}  # rendered pieces, filled as tokens are seen
-        self._frag_cache: dict[str, tuple[int, ...]] = {}
+    @abstractmethod
+    def _encode_fragments(self, fragments: list[int | str], out: list[int]) -> None:
+        """Append the ids of ``fragments`` (special-token ids and raw text) to ``out``."""
 
-        self._bpe: Any = None
-        self._bpe_ignore_merges = False
-        if model == "gpt2":
-            self._bpe = self._build_bpe(merges)
+    @abstractmethod
+    def _render_normal(self, text: str) -> bytes:
+        """The bytes a NORMAL token of vocab text ``text`` renders to."""
 
     # --- construction -------------------------------------------------------------------------
 
@@ -361,10 +276,9 @@ class Tokenizer:
                 "the GGUF file has no tokenizer (metadata 'tokenizer.ggml.model' is missing)"
             )
         model = _as_str(model)
-        if model not in SUPPORTED_MODELS:
-            raise TokenizerError(
-                f"unsupported tokenizer model {model!r}; supported: {', '.join(SUPPORTED_MODELS)}"
-            )
+        klass = _tokenizer_class(model)
+        if not issubclass(klass, cls):
+            raise TokenizerError(f"{cls.__name__} cannot read a {model!r} vocabulary")
         raw_tokens = md.get("tokenizer.ggml.tokens")
         if raw_tokens is None:
             raise TokenizerError("the GGUF file has no vocabulary ('tokenizer.ggml.tokens')")
@@ -382,24 +296,7 @@ class Tokenizer:
         types = (np.full(n, TOKEN_TYPE_NORMAL, np.int32) if types_raw is None
                  else np.asarray(types_raw, dtype=np.int32).reshape(-1))
         pre = _as_str(md.get("tokenizer.ggml.pre", "default") or "default")
-
-        if model == "llama":
-            bos, eos, unk = 1, 2, 0
-            add_bos, add_space_prefix = True, True
-            merges = None
-        else:
-            bos, eos, unk = 11, 11, None
-            add_space_prefix = False
-            if pre not in _BPE_PRE:
-                raise TokenizerError(
-                    f"unsupported BPE pre-tokenizer {pre!r} (tokenizer.ggml.pre); supported: "
-                    + ", ".join(sorted(_BPE_PRE))
-                )
-            add_bos = _BPE_PRE[pre][2]
-            merges_raw = md.get("tokenizer.ggml.merges")
-            if merges_raw is None:
-                raise TokenizerError("BPE vocabulary without merges ('tokenizer.ggml.merges')")
-            merges = [_as_str(m) for m in merges_raw]
+        defaults = klass._vocab_defaults(md, pre)
 
         def override(key: str, default: int | None) -> int | None:
             # like llama.cpp: an out-of-range id in the file keeps the default
@@ -409,26 +306,27 @@ class Tokenizer:
         add_bos_md = _opt_bool(md, "tokenizer.ggml.add_bos_token")
         add_eos_md = _opt_bool(md, "tokenizer.ggml.add_eos_token")
         prefix_md = _opt_bool(md, "tokenizer.ggml.add_space_prefix")
-        return cls(
+        return klass(
             model=model,
             pre=pre,
             tokens=tokens,
             scores=scores,
             token_types=types,
-            merges=merges,
-            bos_id=override("tokenizer.ggml.bos_token_id", bos),
-            eos_id=override("tokenizer.ggml.eos_token_id", eos),
+            merges=defaults["merges"],
+            bos_id=override("tokenizer.ggml.bos_token_id", defaults["bos_id"]),
+            eos_id=override("tokenizer.ggml.eos_token_id", defaults["eos_id"]),
             eot_id=override("tokenizer.ggml.eot_token_id", None),
             eom_id=override("tokenizer.ggml.eom_token_id", None),
-            unk_id=override("tokenizer.ggml.unknown_token_id", unk),
+            unk_id=override("tokenizer.ggml.unknown_token_id", defaults["unk_id"]),
             pad_id=override("tokenizer.ggml.padding_token_id", None),
             fim_ids=(override("tokenizer.ggml.fim_pad_token_id", None),
                      override("tokenizer.ggml.fim_rep_token_id", None),
                      override("tokenizer.ggml.fim_sep_token_id", None)),
-            add_bos=add_bos if add_bos_md is None else add_bos_md,
+            add_bos=defaults["add_bos"] if add_bos_md is None else add_bos_md,
             add_eos=False if add_eos_md is None else add_eos_md,
-            add_space_prefix=add_space_prefix if prefix_md is None else prefix_md,
-            model_name=_as_str(md.get("general.name", "") or ""),
+            add_space_prefix=(defaults["add_space_prefix"] if prefix_md is None
+                              else prefix_md),
+            architecture=_as_str(md.get("general.architecture", "") or ""),
         )
 
     def _find_end_tokens(
@@ -501,32 +399,6 @@ class Tokenizer:
         self._finder_all = _SpecialFinder([e[0] for e in self._specials_all])
         self._finder_user = _SpecialFinder([e[0] for e in self._specials_user])
 
-    def _build_bpe(self, merges: list[str] | None) -> Any:
-        from tokenizers import Regex, decoders, models, pre_tokenizers
-        from tokenizers import Tokenizer as HFTokenizer
-
-        regexes, ignore_merges, _ = _BPE_PRE[self.pre]
-        pairs: list[tuple[str, str]] = []
-        for m in merges or []:
-            pos = m.find(" ", 1)  # llama.cpp splits at the first space after position 0
-            if pos < 0:
-                raise TokenizerError(f"malformed BPE merge {m!r} (expected 'left right')")
-            pairs.append((m[:pos], m[pos + 1:]))
-        try:
-            # later duplicates win, as in the index
-            vocab = dict(zip(self._tokens, range(len(self._tokens)), strict=True))
-            bpe = models.BPE(vocab=vocab, merges=pairs,
-                             ignore_merges=ignore_merges, fuse_unk=False, byte_fallback=False)
-        except Exception as exc:  # the Rust side raises plain Exceptions
-            raise TokenizerError(f"cannot build the BPE tokenizer: {exc}") from exc
-        hf = HFTokenizer(bpe)
-        hf.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
-            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-        )
-        hf.decoder = decoders.ByteLevel()
-        return hf
-
     # --- properties ---------------------------------------------------------------------------
 
     @property
@@ -581,24 +453,8 @@ class Tokenizer:
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self.bos_id)  # type: ignore[arg-type]  # checked in __init__
-        fragments = self._partition(text, parse_special) if text else []
-        if self.model == "llama":
-            prev_special = True  # llama.cpp: the first text fragment gets the space prefix
-            for frag in fragments:
-                if isinstance(frag, int):
-                    out.append(frag)
-                    prev_special = True
-                    continue
-                if self.add_space_prefix and prev_special:
-                    frag = " " + frag
-                out.extend(self._spm_fragment(frag.replace(" ", _SPM_SPACE)))
-                prev_special = False
-        else:
-            for frag in fragments:
-                if isinstance(frag, int):
-                    out.append(frag)
-                else:
-                    out.extend(self._bpe.encode(frag, add_special_tokens=False).ids)
+        if text:
+            self._encode_fragments(self._partition(text, parse_special), out)
         if add_special and self.add_eos:
             out.append(self.eos_id)  # type: ignore[arg-type]
         return out
@@ -645,87 +501,6 @@ class Tokenizer:
             frags = new
         return [f if isinstance(f, int) else text[f[0]:f[1]] for f in frags]
 
-    def _spm_fragment(self, text: str) -> tuple[int, ...]:
-        """Ids of one escaped fragment, memoised: chat front-ends re-encode the whole
-        conversation every turn, and its lines come back as the same fragments."""
-        ids = self._frag_cache.get(text)
-        if ids is None:
-            out: list[int] = []
-            self._spm_tokenize(text, out)
-            ids = tuple(out)
-            if len(text) <= _FRAG_CACHE_MAX_CHARS:
-                if len(self._frag_cache) >= _FRAG_CACHE_SIZE:
-                    self._frag_cache.clear()
-                self._frag_cache[text] = ids
-        return ids
-
-    def _spm_tokenize(self, text: str, out: list[int]) -> None:
-        """llama.cpp's SPM merge loop over one escaped text fragment."""
-        n = len(text)
-        if n == 0:
-            return
-        vocab = self._index
-        scores = self._scores
-        sym = list(text)  # current text of each symbol; '' once merged into its left neighbour
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        prv = list(range(-1, n - 1))
-        # heap entries: (-score, left, right, merged length); highest score first, then leftmost
-        heap: list[tuple[float, int, int, int]] = []
-        for i in range(n - 1):
-            tid = vocab.get(sym[i] + sym[i + 1])
-            if tid is not None:
-                heap.append((-scores[tid], i, i + 1, 2))
-        heapq.heapify(heap)
-        push, pop = heapq.heappush, heapq.heappop
-        while heap:
-            _, left, right, size = pop(heap)
-            s_left, s_right = sym[left], sym[right]
-            # stale entry: one side was merged away or has grown since the pair was queued
-            if not s_left or not s_right or len(s_left) + len(s_right) != size:
-                continue
-            merged = s_left + s_right
-            sym[left] = merged
-            sym[right] = ""
-            after = nxt[right]
-            nxt[left] = after
-            if after >= 0:
-                prv[after] = left
-            before = prv[left]
-            if before >= 0:
-                cand = sym[before] + merged
-                tid = vocab.get(cand)
-                if tid is not None:
-                    push(heap, (-scores[tid], before, left, len(cand)))
-            if after >= 0:
-                cand = merged + sym[after]
-                tid = vocab.get(cand)
-                if tid is not None:
-                    push(heap, (-scores[tid], left, after, len(cand)))
-        i = 0
-        while i != -1:
-            piece = sym[i]
-            tid = vocab.get(piece)
-            if tid is not None:
-                out.append(tid)
-            else:
-                # only single characters can be missing from the vocab: use byte tokens
-                for b in piece.encode("utf-8"):
-                    out.append(self._spm_byte_token(b))
-            i = nxt[i]
-
-    def _spm_byte_token(self, byte: int) -> int:
-        tid = self._index.get(f"<0x{byte:02X}>")
-        if tid is None:
-            tid = self._index.get(chr(byte)) if byte < 0x80 else None
-        if tid is None:
-            if self.unk_id is None:
-                raise TokenizerError(
-                    f"byte 0x{byte:02X} has no byte-fallback token and the vocab has no <unk>"
-                )
-            return self.unk_id
-        return tid
-
     # --- decoding -----------------------------------------------------------------------------
 
     def token_to_piece(self, token_id: int, special: bool = True) -> bytes:
@@ -749,14 +524,7 @@ class Tokenizer:
         if attr & (ATTR_CONTROL | ATTR_UNKNOWN | ATTR_USER_DEFINED):
             return text.encode("utf-8")
         if attr & ATTR_NORMAL:
-            if self.model == "llama":
-                return text.replace(_SPM_SPACE, " ").encode("utf-8")
-            # byte-level BPE: each character stands for one byte; characters outside the
-            # table (malformed vocab entries) are kept as their own UTF-8 text
-            return b"".join(
-                bytes((_CHAR_TO_BYTE[c],)) if c in _CHAR_TO_BYTE else c.encode("utf-8")
-                for c in text
-            )
+            return self._render_normal(text)
         if attr & ATTR_BYTE:
             try:
                 return bytes((int(text[3:5], 16),))
@@ -777,7 +545,7 @@ class Tokenizer:
         return self.decode_bytes(ids, skip_special).decode("utf-8", errors="replace")
 
     def __repr__(self) -> str:
-        return (f"Tokenizer(model={self.model!r}, pre={self.pre!r}, vocab_size={self.vocab_size}, "
+        return (f"{type(self).__name__}(model={self.model!r}, pre={self.pre!r}, vocab_size={self.vocab_size}, "
                 f"bos={self.bos_id}, eos={self.eos_id}, eog={sorted(self._eog_ids)})")
 
 
