@@ -60,6 +60,8 @@ async def loaded(pilot) -> None:
     # one that set app.info (under load the screenshot could catch "loading ...")
     while app.info is None or "loading" in str(app.query_one(StatusBar).render()):
         await pilot.pause(0.02)
+    # a blinking cursor is shown or not depending on when the picture is taken: keep it on
+    app.input.cursor_blink = False
     await pilot.pause()
 
 
