@@ -46,6 +46,7 @@ from numba import njit, prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
+from localllm.formats.qtypes import Q4_0_BYTES, Q8_0_BYTES, QK
 from localllm.kernels.cpu import poison
 from localllm.kernels.cpu.halfbits import f32_to_f16_bits as _f2h
 from localllm.kernels.cpu.halfbits import u32_as_f32 as _u32_as_f32
@@ -85,8 +86,10 @@ _KIND = {"f32": _F32, "f16": _F16, "q8_0": _Q8_0, "q4_0": _Q4_0}
 _DTYPE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.uint16),
           "q8_0": np.dtype(np.uint8), "q4_0": np.dtype(np.uint8)}
 _KERNEL_DTYPE = {**_DTYPE, "q4_0": np.dtype(np.int8)}
-_QK = 32  # elements per q8_0 / q4_0 block
-_BLOCK_BYTES = {"q8_0": 2 + 32, "q4_0": 2 + 16}
+_QK = QK  # elements per q8_0 / q4_0 block
+# Bytes per block: ggml's block_q8_0 / block_q4_0 (formats/qtypes.py). The codecs below read the
+# module-level ints, which Numba freezes as constants; one codec per kind (see _KIND above).
+_BLOCK_BYTES = {"q8_0": Q8_0_BYTES, "q4_0": Q4_0_BYTES}
 
 # The attention kernel takes no fast-math flags: every float operation is strict IEEE and the
 # vector work is written out (F32x8 loads, explicit FMAs, fixed-tree sums). With 'reassoc' LLVM
@@ -330,7 +333,7 @@ def _encode_f16(x, s16, t: int, h: int) -> None:
 def _encode_q8_0(x, s8, t: int, h: int) -> None:
     for b in range(x.shape[0] // _QK):
         xo = b * _QK
-        o = b * 34
+        o = b * Q8_0_BYTES
         amax = np.float32(0.0)
         for j in range(_QK):
             amax = max(amax, abs(x[xo + j]))
@@ -346,7 +349,7 @@ def _encode_q8_0(x, s8, t: int, h: int) -> None:
 def _encode_q4_0(x, s8, t: int, h: int) -> None:
     for b in range(x.shape[0] // _QK):
         xo = b * _QK
-        o = b * 18
+        o = b * Q4_0_BYTES
         amax = np.float32(0.0)
         vmax = np.float32(0.0)  # the signed value of largest magnitude (first one wins)
         for j in range(_QK):
@@ -393,7 +396,7 @@ def _decode_q8_0(s8, t: int, h: int, dst, drow: int) -> None:
     d0 = drow * dst.shape[1]
     base = (t * s8.shape[1] + h) * s8.shape[2]
     for b in range(dst.shape[1] // _QK):
-        o = b * 34
+        o = b * Q8_0_BYTES
         d = _h2f(np.uint32(s8[t, h, o]) | (np.uint32(s8[t, h, o + 1]) << np.uint32(8)))
         _dq8_0_block(s8, base + o + 2, d, dst, d0 + b * _QK)
 
@@ -404,7 +407,7 @@ def _decode_q4_0(s8, t: int, h: int, dst, drow: int) -> None:
     d0 = drow * dst.shape[1]
     base = (t * s8.shape[1] + h) * s8.shape[2]
     for b in range(dst.shape[1] // _QK):
-        o = b * 18
+        o = b * Q4_0_BYTES
         d = _h2f(np.uint32(np.uint8(s8[t, h, o]))
                  | (np.uint32(np.uint8(s8[t, h, o + 1])) << np.uint32(8)))
         _dq4_0_block(s8, base + o + 2, d, dst, d0 + b * _QK)
