@@ -86,9 +86,14 @@ BY_NAME: dict[str, QType] = {q.name: q for q in _ROWS}
 #: Names of every GGML type id gguf knows, so that one we cannot read is reported by name.
 GGML_NAMES: dict[int, str] = {int(t): t.name for t in GGMLQuantizationType}
 
-# Bytes per block of each type, as plain module-level ints for the Numba kernels: a global int
-# is frozen into the compiled code as a constant, exactly as the literal was (a dict or tuple
-# looked up inside a kernel may not be).
+# The id and the bytes per block of each type as plain module-level ints, for the Numba kernels:
+# a global int is frozen into the compiled code as a constant, exactly as a literal is (a dict
+# or tuple looked up inside a kernel may not be).
+F32, F16, BF16 = (BY_NAME[n].id for n in ("F32", "F16", "BF16"))
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = (
+    BY_NAME[n].id for n in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"))
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (
+    BY_NAME[n].id for n in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"))
 F32_BYTES, F16_BYTES, BF16_BYTES = (BY_NAME[n].nbytes for n in ("F32", "F16", "BF16"))
 Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_0_BYTES, IQ4_NL_BYTES = (
     BY_NAME[n].nbytes for n in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"))

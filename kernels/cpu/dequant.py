@@ -28,19 +28,33 @@ import numpy as np
 from numba import njit
 
 from localllm.formats.qtypes import (
-    BY_NAME,
+    BF16,
+    F16,
+    F32,
     GGML_NAMES,
+    IQ4_NL,
     IQ4_NL_BYTES,
+    IQ4_XS,
     IQ4_XS_BYTES,
+    Q2_K,
     Q2_K_BYTES,
+    Q3_K,
     Q3_K_BYTES,
+    Q4_0,
     Q4_0_BYTES,
+    Q4_1,
     Q4_1_BYTES,
+    Q4_K,
     Q4_K_BYTES,
+    Q5_0,
     Q5_0_BYTES,
+    Q5_1,
     Q5_1_BYTES,
+    Q5_K,
     Q5_K_BYTES,
+    Q6_K,
     Q6_K_BYTES,
+    Q8_0,
     Q8_0_BYTES,
     QK_K,
     layouts,
@@ -50,11 +64,6 @@ from localllm.kernels.cpu.halfbits import u32_as_f32 as _bitcast_u32_f32
 # GGML type ids, block layouts and names: the one table in formats/qtypes.py. The decoders
 # below are written one per type (Numba compiles only the types a model has) and read their
 # block size as a module-level int (Q4_K_BYTES ...), which Numba freezes as a constant.
-_ID = {name: q.id for name, q in BY_NAME.items()}
-F32, F16, BF16 = _ID["F32"], _ID["F16"], _ID["BF16"]
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = _ID["Q4_0"], _ID["Q4_1"], _ID["Q5_0"], _ID["Q5_1"], _ID["Q8_0"]
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = _ID["Q2_K"], _ID["Q3_K"], _ID["Q4_K"], _ID["Q5_K"], _ID["Q6_K"]
-IQ4_NL, IQ4_XS = _ID["IQ4_NL"], _ID["IQ4_XS"]
 
 # qtype -> (elements per block, bytes per block), for the types this module decodes.
 _LAYOUTS: dict[int, tuple[int, int]] = layouts()
