@@ -205,28 +205,25 @@ def train_tiny_bpe(vocab_size: int = 600) -> dict:
 
 def write_vocab_gguf(path: str, md: dict, pre: str) -> None:
     """A vocab-only GGUF (gpt2 arch with dummy hyper-parameters) for llama-tokenize."""
-    import gguf
-    import numpy as np
+    from gguf_files import write_model_gguf
 
-    w = gguf.GGUFWriter(path, arch="gpt2")
-    w.add_name("tiny-bpe")
-    w.add_block_count(1)
-    w.add_context_length(128)
-    w.add_embedding_length(8)
-    w.add_feed_forward_length(8)
-    w.add_head_count(1)
-    w.add_layer_norm_eps(1e-5)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(md["tokenizer.ggml.tokens"])
-    w.add_token_types(np.asarray(md["tokenizer.ggml.token_type"], dtype=np.int32).tolist())
-    w.add_token_merges(md["tokenizer.ggml.merges"])
-    w.add_bos_token_id(md["tokenizer.ggml.bos_token_id"])
-    w.add_eos_token_id(md["tokenizer.ggml.eos_token_id"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_model_gguf(path, {
+        "general.architecture": "gpt2",
+        "general.name": "tiny-bpe",
+        "gpt2.block_count": 1,
+        "gpt2.context_length": 128,
+        "gpt2.embedding_length": 8,
+        "gpt2.feed_forward_length": 8,
+        "gpt2.attention.head_count": 1,
+        "gpt2.attention.layer_norm_epsilon": 1e-5,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": md["tokenizer.ggml.tokens"],
+        "tokenizer.ggml.token_type": [int(t) for t in md["tokenizer.ggml.token_type"]],
+        "tokenizer.ggml.merges": md["tokenizer.ggml.merges"],
+        "tokenizer.ggml.bos_token_id": md["tokenizer.ggml.bos_token_id"],
+        "tokenizer.ggml.eos_token_id": md["tokenizer.ggml.eos_token_id"],
+    }, {})
 
 
 def regenerate_bpe(binary: str, workdir: str = "/tmp") -> None:

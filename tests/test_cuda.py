@@ -125,11 +125,21 @@ def test_mmv_multi_plan() -> None:
 
 
 def test_mmv_table_matches_formats() -> None:
-    from localllm.formats.qtypes import layouts
+    import re
 
-    lay = layouts()
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from localllm.formats.qtypes import QTYPES
+
     for qtype in loader.MMV_KERNELS:
-        assert loader._BLOCKS[qtype] == lay[qtype], qtype
+        assert loader._BLOCKS[qtype] == GGML_QUANT_SIZES[GGMLQuantizationType(qtype)], qtype
+    # the .cu sources name block sizes by the loader's #defines, never as numbers
+    sizes = "|".join(str(q.nbytes) for q in QTYPES.values() if not q.is_float)
+    for path in loader.source_files():
+        code = re.sub(r"//[^\n]*", "", path.read_text())
+        assert not re.search(rf"\*\s*({sizes})\b|\b({sizes})\s*\*", code), path.name
+    text = loader.source_text("mmv")
+    assert "#define Q4_K_BYTES 144\n" in text and text.index("Q4_K_BYTES") < text.index("h2f")
 
 
 def test_attention_plan_split() -> None:

@@ -137,7 +137,7 @@ def test_bad_batches_are_clear_errors(models: dict) -> None:
 
 
 def test_unknown_architecture_lists_supported(tmp_path) -> None:
-    from localllm.formats.writer import write_gguf
+    from gguf_files import write_gguf
 
     p = tmp_path / "x.gguf"
     write_gguf(p, "mamba", {"mamba.block_count": 1},
@@ -147,7 +147,7 @@ def test_unknown_architecture_lists_supported(tmp_path) -> None:
 
 
 def test_missing_tensor_is_named(tmp_path, models: dict) -> None:
-    from localllm.formats.writer import write_gguf
+    from gguf_files import write_gguf
 
     gf = read_gguf(models["llama", QT.F32])
     tensors = {name: (t.data.copy(), t.type, tuple(t.shape)) for name, t in gf.tensors.items()

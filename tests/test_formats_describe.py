@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from _formats_helpers import default_model_path
 from gguf import GGMLQuantizationType as T
+from gguf_files import write_gguf
 
 from localllm.formats import read_gguf
 from localllm.formats.describe import describe, file_type_name, format_description
-from localllm.formats.writer import write_gguf
 
 
 def test_file_type_names() -> None:

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _formats_helpers import arr, f32_tensor_file, gguf_bytes, gstr, kv, tinfo
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as V
+from gguf_files import arr, f32_tensor_file, gguf_bytes, gstr, kv, tinfo, write_gguf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localllm.formats import SUPPORTED_TYPES, GGUFError, dequantize, read_gguf
-from localllm.formats.writer import write_gguf
 
 FUZZ = settings(
     max_examples=1000,
@@ -237,7 +236,7 @@ def test_unsupported_version(tmp_path: Path, version: int) -> None:
 
 
 def test_big_endian_rejected(tmp_path: Path) -> None:
-    _err(tmp_path, b"GGUF" + struct.pack(">IQQ", 3, 0, 0), "big-endian")
+    _err(tmp_path, gguf_bytes(byteorder=">", alignment=8), "big-endian")
 
 
 @pytest.mark.parametrize("n", [0, 3, 4, 10, 23])

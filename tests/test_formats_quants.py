@@ -58,6 +58,18 @@ def test_layouts_match_ggml() -> None:
     for qtype in SUPPORTED_TYPES:
         assert block_size(qtype) == GGML_QUANT_SIZES[qtype], qtype.name
     assert row_nbytes(T.Q4_K, 1024) == 4 * 144
+
+
+def test_qtype_table_structs_add_up() -> None:
+    """formats/qtypes.py takes ids, names and sizes from gguf; the block structs it spells out
+    itself (the layout the decoders implement) must add up to gguf's block size."""
+    from localllm.formats import qtypes
+
+    for q in qtypes.QTYPES.values():
+        assert q.fields_nbytes() == q.nbytes == GGML_QUANT_SIZES[T(q.id)][1], q.name
+        assert q.name == T(q.id).name
+        assert getattr(qtypes, f"{q.name}_BYTES") == q.nbytes
+    assert qtypes.type_name(15) == "Q8_K" and qtypes.type_name(9999) == "type 9999"
     assert row_nbytes(T.Q8_0, 640) == 20 * 34
     assert row_nbytes(T.F16, 3) == 6
 

@@ -9,19 +9,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _formats_helpers import (
+from _formats_helpers import default_model_path
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFReader
+from gguf import GGUFValueType as V
+from gguf_files import (
     ALL_TYPES_METADATA,
     arr,
-    default_model_path,
     gguf_bytes,
     gstr,
     kv,
     small_tensors,
+    write_gguf,
     write_small_model,
 )
-from gguf import GGMLQuantizationType as T
-from gguf import GGUFReader
-from gguf import GGUFValueType as V
 
 from localllm.formats import GGUFError, GGUFFile, GGUFTensor, read_gguf
 from localllm.formats.quants import quantize
@@ -329,7 +330,6 @@ def test_release_pages_keeps_data_readable(tmp_path) -> None:
     from gguf import GGMLQuantizationType as QT
 
     from localllm.formats import read_gguf
-    from localllm.formats.writer import write_gguf
 
     x = np.arange(4096 * 8, dtype=np.float32).reshape(8, 4096)
     p = tmp_path / "pages.gguf"

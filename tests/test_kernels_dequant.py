@@ -69,6 +69,27 @@ def test_layouts_match_gguf() -> None:
         assert dq.block_layout(qtype) == GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
 
 
+def test_kernels_spell_no_block_size() -> None:
+    """Block byte sizes come from formats/qtypes.py (Q4_K_BYTES, ...): no kernel source
+    multiplies by one written as a number (`b * 144`, `210 * 16`)."""
+    import io
+    import tokenize
+    from pathlib import Path
+
+    from localllm.formats.qtypes import QTYPES
+
+    sizes = {str(q.nbytes) for q in QTYPES.values() if not q.is_float}
+    found = []
+    for path in sorted((Path(dq.__file__).parent).glob("*.py")):
+        toks = [t for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+                if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)]
+        for i, t in enumerate(toks):
+            if t.type == tokenize.NUMBER and t.string in sizes and any(
+                    0 <= j < len(toks) and toks[j].string == "*" for j in (i - 1, i + 1)):
+                found.append(f"{path.name}:{t.start[0]}: {t.line.strip()}")
+    assert not found, "\n".join(found)
+
+
 def test_half_to_float_all_bit_patterns() -> None:
     # through the F16 decoder, so that the float32 results never pass through Python floats
     # (which would quieten signalling NaNs)

@@ -15,6 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 from gguf import quants as gguf_quants
+from gguf_files import write_model_gguf
 from reference_model import (
     GGUFFile,
     ReferenceModel,
@@ -27,7 +28,6 @@ from tiny_models import (
     Q4_K_M_MIX,
     eog_token_ids,
     token_piece,
-    write_gguf,
     write_tiny_model,
 )
 from tiny_models_kquants import quantize_k
@@ -311,12 +311,12 @@ def test_gqa_equals_mha_with_repeated_kv_heads(tmp_path: Path, arch: str, n_head
 
     toks = np.arange(5, 25)
     gqa = reference_logits(path, toks)
-    write_gguf(tmp_path / "mha.gguf", mha_meta, expand("repeat"))
+    write_model_gguf(tmp_path / "mha.gguf", mha_meta, expand("repeat"))
     np.testing.assert_allclose(reference_logits(tmp_path / "mha.gguf", toks), gqa,
                                rtol=1e-10, atol=1e-10)
     if n_head_kv == 1:
         return  # one kv head: repeating and tiling are the same thing
-    write_gguf(tmp_path / "tiled.gguf", mha_meta, expand("tile"))
+    write_model_gguf(tmp_path / "tiled.gguf", mha_meta, expand("tile"))
     assert np.abs(reference_logits(tmp_path / "tiled.gguf", toks) - gqa).max() > 1e-3
 
 
@@ -325,7 +325,7 @@ def test_tied_head_equals_explicit_copy_of_the_embedding(tmp_path: Path) -> None
     tensors = _float_tensors(path)
     assert "output.weight" not in tensors
     tensors["output.weight"] = tensors["token_embd.weight"].copy()
-    write_gguf(tmp_path / "untied.gguf", meta, tensors)
+    write_model_gguf(tmp_path / "untied.gguf", meta, tensors)
     toks = np.arange(1, 15)
     np.testing.assert_array_equal(reference_logits(path, toks),
                                   reference_logits(tmp_path / "untied.gguf", toks))
@@ -395,7 +395,7 @@ def test_reference_rejects_bad_input(tmp_path: Path) -> None:
     # a tensor llama.cpp's arch would not load is refused, like llama.cpp does
     tensors = _float_tensors(path)
     tensors["blk.0.attn_q_norm.weight"] = np.ones(16, np.float32)
-    write_gguf(tmp_path / "extra.gguf", meta, tensors)
+    write_model_gguf(tmp_path / "extra.gguf", meta, tensors)
     with pytest.raises(ValueError, match="would not load"):
         ReferenceModel(tmp_path / "extra.gguf")
 

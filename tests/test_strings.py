@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _formats_helpers import arr, gguf_bytes, gstr, kv
 from gguf import GGUFValueType as V
+from gguf_files import arr, gguf_bytes, gstr, kv
 
 from localllm.formats import read_gguf
 from localllm.formats.gguf import PACK_MIN_STRINGS

@@ -26,11 +26,11 @@ import numpy as np
 from gguf import (
     GGML_QUANT_SIZES,
     GGMLQuantizationType,
-    GGUFWriter,
     LlamaFileType,
     TokenType,
 )
 from gguf import quants as gguf_quants
+from gguf_files import write_model_gguf
 from tiny_models_kquants import K_QUANT_TYPES, quantize_k
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
@@ -315,7 +315,7 @@ def _config(arch: str, qtype: GGMLQuantizationType, overrides: Mapping[str, Any]
 
 
 def _encode(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
-    """float32 [rows, cols] -> what GGUFWriter.add_tensor takes for qtype."""
+    """float32 [rows, cols] -> what write_model_gguf takes for qtype."""
     if qtype == GGMLQuantizationType.F32:
         return data.astype(np.float32)
     if qtype == GGMLQuantizationType.F16:
@@ -511,56 +511,9 @@ def write_tiny_model(
     template = {"llama": "llama", "mistral": "llama", "gemma3": "gemma"}.get(arch, "chatml")
     meta["tokenizer.chat_template"] = _CHAT_TEMPLATES[template]
 
-    write_gguf(path, meta, {name: _encode(arr, qtypes[name]) for name, arr in tensors.items()},
-               qtypes)
+    write_model_gguf(path, meta,
+                     {name: _encode(arr, qtypes[name]) for name, arr in tensors.items()}, qtypes)
     return meta
-
-
-def write_gguf(
-    path: str | os.PathLike[str],
-    meta: Mapping[str, Any],
-    data: Mapping[str, np.ndarray],
-    qtypes: Mapping[str, GGMLQuantizationType] | None = None,
-) -> None:
-    """Write a GGUF from a metadata dict (as write_tiny_model returns) and tensor data.
-
-    data[name] is float32 (F32), float16 (F16) or, for other types given in qtypes, the
-    [rows, row_bytes] uint8 blocks. Tests use this to build variants of a tiny model
-    (e.g. the same weights with duplicated K/V heads).
-    """
-    writer = GGUFWriter(os.fspath(path), meta["general.architecture"])  # writes the arch key
-    for key, value in meta.items():
-        if key != "general.architecture":
-            _add_kv(writer, key, value)
-    for name, arr in data.items():
-        t = (qtypes or {}).get(name, GGMLQuantizationType.F32)
-        if t in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-            writer.add_tensor(name, arr)
-        else:
-            writer.add_tensor(name, arr, raw_dtype=t)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
-_FLOAT_KEYS = ("epsilon", "freq_base", "freq_base_swa", "softcapping", "scaling.factor")
-
-
-def _add_kv(writer: GGUFWriter, key: str, value: Any) -> None:
-    """Add one metadata pair with the value type llama.cpp's converter uses for that key."""
-    if isinstance(value, bool):
-        writer.add_bool(key, value)
-    elif isinstance(value, str):
-        writer.add_string(key, value)
-    elif isinstance(value, list):
-        writer.add_array(key, value)  # str -> STRING, float -> FLOAT32, int -> INT32
-    elif isinstance(value, float) or key.endswith(_FLOAT_KEYS):
-        writer.add_float32(key, float(value))
-    elif isinstance(value, int):
-        writer.add_uint32(key, value)
-    else:
-        raise TypeError(f"cannot write metadata {key}={value!r}")
 
 
 # ----------------------------------------------------------------------------------------------

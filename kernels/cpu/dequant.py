@@ -27,15 +27,43 @@ import numba
 import numpy as np
 from numba import njit
 
-from localllm.formats.qtypes import BY_NAME, GGML_NAMES, QK_K, layouts
+from localllm.formats.qtypes import (
+    BF16,
+    F16,
+    F32,
+    GGML_NAMES,
+    IQ4_NL,
+    IQ4_NL_BYTES,
+    IQ4_XS,
+    IQ4_XS_BYTES,
+    Q2_K,
+    Q2_K_BYTES,
+    Q3_K,
+    Q3_K_BYTES,
+    Q4_0,
+    Q4_0_BYTES,
+    Q4_1,
+    Q4_1_BYTES,
+    Q4_K,
+    Q4_K_BYTES,
+    Q5_0,
+    Q5_0_BYTES,
+    Q5_1,
+    Q5_1_BYTES,
+    Q5_K,
+    Q5_K_BYTES,
+    Q6_K,
+    Q6_K_BYTES,
+    Q8_0,
+    Q8_0_BYTES,
+    QK_K,
+    layouts,
+)
 from localllm.kernels.cpu.halfbits import u32_as_f32 as _bitcast_u32_f32
 
-# GGML type ids, block layouts and names: the one table in formats/qtypes.py.
-_ID = {name: q.id for name, q in BY_NAME.items()}
-F32, F16, BF16 = _ID["F32"], _ID["F16"], _ID["BF16"]
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = _ID["Q4_0"], _ID["Q4_1"], _ID["Q5_0"], _ID["Q5_1"], _ID["Q8_0"]
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = _ID["Q2_K"], _ID["Q3_K"], _ID["Q4_K"], _ID["Q5_K"], _ID["Q6_K"]
-IQ4_NL, IQ4_XS = _ID["IQ4_NL"], _ID["IQ4_XS"]
+# GGML type ids, block layouts and names: the one table in formats/qtypes.py. The decoders
+# below are written one per type (Numba compiles only the types a model has) and read their
+# block size as a module-level int (Q4_K_BYTES ...), which Numba freezes as a constant.
 
 # qtype -> (elements per block, bytes per block), for the types this module decodes.
 _LAYOUTS: dict[int, tuple[int, int]] = layouts()
@@ -160,7 +188,7 @@ def _deq_bf16(src, dst, b0, b1):
 def _deq_q4_0(src, dst, b0, b1):
     # block: d f16 | qs[16]: element j in low nibble of qs[j], element j+16 in the high nibble
     for b in range(b0, b1):
-        o = b * 18
+        o = b * Q4_0_BYTES
         y = b * 32
         d = _f16_at(src, o)
         for j in range(16):
@@ -173,7 +201,7 @@ def _deq_q4_0(src, dst, b0, b1):
 def _deq_q4_1(src, dst, b0, b1):
     # block: d f16 | m f16 | qs[16];  x = d*q + m
     for b in range(b0, b1):
-        o = b * 20
+        o = b * Q4_1_BYTES
         y = b * 32
         d = _f16_at(src, o)
         m = _f16_at(src, o + 2)
@@ -187,7 +215,7 @@ def _deq_q4_1(src, dst, b0, b1):
 def _deq_q5_0(src, dst, b0, b1):
     # block: d f16 | qh u32 (bit j = 5th bit of element j) | qs[16] low nibbles as Q4_0
     for b in range(b0, b1):
-        o = b * 22
+        o = b * Q5_0_BYTES
         y = b * 32
         d = _f16_at(src, o)
         qh = np.int64(_u32_at(src, o + 2))
@@ -203,7 +231,7 @@ def _deq_q5_0(src, dst, b0, b1):
 def _deq_q5_1(src, dst, b0, b1):
     # block: d f16 | m f16 | qh u32 | qs[16];  x = d*q + m
     for b in range(b0, b1):
-        o = b * 24
+        o = b * Q5_1_BYTES
         y = b * 32
         d = _f16_at(src, o)
         m = _f16_at(src, o + 2)
@@ -220,7 +248,7 @@ def _deq_q5_1(src, dst, b0, b1):
 def _deq_q8_0(src, dst, b0, b1):
     # block: d f16 | qs[32] int8
     for b in range(b0, b1):
-        o = b * 34
+        o = b * Q8_0_BYTES
         y = b * 32
         d = _f16_at(src, o)
         for j in range(32):
@@ -234,7 +262,7 @@ def _deq_q2_k(src, dst, b0, b1):
     # block: scales[16] (lo nibble: scale, hi nibble: min) | qs[64] 2-bit | d f16 | dmin f16
     # element j = 128*half + 32*k + l: bits 2k..2k+1 of qs[32*half + l]; sub-block j // 16
     for b in range(b0, b1):
-        o = b * 84
+        o = b * Q2_K_BYTES
         y = b * QK_K
         d = _f16_at(src, o + 80)
         dmin = _f16_at(src, o + 82)
@@ -255,7 +283,7 @@ def _deq_q3_k(src, dst, b0, b1):
     # block: hmask[32] | qs[64] 2-bit | scales[12] (16 packed 6-bit) | d f16
     # element j = 128*half + 32*k + l: low bits as Q2_K; bit (j//32) of hmask[l] set = no -4
     for b in range(b0, b1):
-        o = b * 110
+        o = b * Q3_K_BYTES
         y = b * QK_K
         d = _f16_at(src, o + 108)
         for half in range(2):
@@ -294,7 +322,7 @@ def _deq_q4_k(src, dst, b0, b1):
     # block: d f16 | dmin f16 | scales[12] | qs[128]; 8 sub-blocks of 32;
     # chunk c of 32 bytes: low nibbles = sub-block 2c, high nibbles = sub-block 2c+1
     for b in range(b0, b1):
-        o = b * 144
+        o = b * Q4_K_BYTES
         y = b * QK_K
         d = _f16_at(src, o)
         dmin = _f16_at(src, o + 2)
@@ -313,7 +341,7 @@ def _deq_q5_k(src, dst, b0, b1):
     # block: d f16 | dmin f16 | scales[12] | qh[32] | qs[128]; as Q4_K plus a 5th bit:
     # bit s of qh[i] for element i of sub-block s
     for b in range(b0, b1):
-        o = b * 176
+        o = b * Q5_K_BYTES
         y = b * QK_K
         d = _f16_at(src, o)
         dmin = _f16_at(src, o + 2)
@@ -335,7 +363,7 @@ def _deq_q6_k(src, dst, b0, b1):
     # element 32k + l: low 4 bits from ql[64*half + 32*(k%2) + l] (nibble k//2),
     # high 2 bits from bits 2k..2k+1 of qh[32*half + l]; value q - 32; sub-block j // 16
     for b in range(b0, b1):
-        o = b * 210
+        o = b * Q6_K_BYTES
         y = b * QK_K
         d = _f16_at(src, o + 208)
         for half in range(2):
@@ -356,7 +384,7 @@ def _deq_q6_k(src, dst, b0, b1):
 def _deq_iq4_nl(src, dst, b0, b1, kv):
     # block: d f16 | qs[16] (indices into the kv codebook, nibble layout as Q4_0)
     for b in range(b0, b1):
-        o = b * 18
+        o = b * IQ4_NL_BYTES
         y = b * 32
         d = _f16_at(src, o)
         for j in range(16):
@@ -370,7 +398,7 @@ def _deq_iq4_xs(src, dst, b0, b1, kv):
     # block: d f16 | scales_h u16 | scales_l[4] | qs[128]; 8 sub-blocks of 32 with 6-bit
     # scales (low 4 bits: nibble s%2 of scales_l[s//2], high 2: bits 2s.. of scales_h) - 32
     for b in range(b0, b1):
-        o = b * 136
+        o = b * IQ4_XS_BYTES
         y = b * QK_K
         d = _f16_at(src, o)
         sh = np.int32(src[o + 2]) | (np.int32(src[o + 3]) << 8)

@@ -46,6 +46,7 @@ from numba import njit, prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
+from localllm.formats.qtypes import Q4_0_BYTES, Q8_0_BYTES, QK
 from localllm.kernels.cpu import poison
 from localllm.kernels.cpu.halfbits import f32_to_f16_bits as _f2h
 from localllm.kernels.cpu.halfbits import u32_as_f32 as _u32_as_f32
@@ -85,8 +86,10 @@ _KIND = {"f32": _F32, "f16": _F16, "q8_0": _Q8_0, "q4_0": _Q4_0}
 _DTYPE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.uint16),
           "q8_0": np.dtype(np.uint8), "q4_0": np.dtype(np.uint8)}
 _KERNEL_DTYPE = {**_DTYPE, "q4_0": np.dtype(np.int8)}
-_QK = 32  # elements per q8_0 / q4_0 block
-_BLOCK_BYTES = {"q8_0": 2 + 32, "q4_0": 2 + 16}
+_QK = QK  # elements per q8_0 / q4_0 block
+# Bytes per block: ggml's block_q8_0 / block_q4_0 (formats/qtypes.py). The codecs below read the
+# module-level ints, which Numba freezes as constants; one codec per kind (see _KIND above).
+_BLOCK_BYTES = {"q8_0": Q8_0_BYTES, "q4_0": Q4_0_BYTES}
 
 # The attention kernel takes no fast-math flags: every float operation is strict IEEE and the
 # vector work is written out (F32x8 loads, explicit FMAs, fixed-tree sums). With 'reassoc' LLVM
@@ -330,7 +333,7 @@ def _encode_f16(x, s16, t: int, h: int) -> None:
 def _encode_q8_0(x, s8, t: int, h: int) -> None:
     for b in range(x.shape[0] // _QK):
         xo = b * _QK
-        o = b * 34
+        o = b * Q8_0_BYTES
         amax = np.float32(0.0)
         for j in range(_QK):
             amax = max(amax, abs(x[xo + j]))
@@ -346,7 +349,7 @@ def _encode_q8_0(x, s8, t: int, h: int) -> None:
 def _encode_q4_0(x, s8, t: int, h: int) -> None:
     for b in range(x.shape[0] // _QK):
         xo = b * _QK
-        o = b * 18
+        o = b * Q4_0_BYTES
         amax = np.float32(0.0)
         vmax = np.float32(0.0)  # the signed value of largest magnitude (first one wins)
         for j in range(_QK):
@@ -393,7 +396,7 @@ def _decode_q8_0(s8, t: int, h: int, dst, drow: int) -> None:
     d0 = drow * dst.shape[1]
     base = (t * s8.shape[1] + h) * s8.shape[2]
     for b in range(dst.shape[1] // _QK):
-        o = b * 34
+        o = b * Q8_0_BYTES
         d = _h2f(np.uint32(s8[t, h, o]) | (np.uint32(s8[t, h, o + 1]) << np.uint32(8)))
         _dq8_0_block(s8, base + o + 2, d, dst, d0 + b * _QK)
 
@@ -404,7 +407,7 @@ def _decode_q4_0(s8, t: int, h: int, dst, drow: int) -> None:
     d0 = drow * dst.shape[1]
     base = (t * s8.shape[1] + h) * s8.shape[2]
     for b in range(dst.shape[1] // _QK):
-        o = b * 18
+        o = b * Q4_0_BYTES
         d = _h2f(np.uint32(np.uint8(s8[t, h, o]))
                  | (np.uint32(np.uint8(s8[t, h, o + 1])) << np.uint32(8)))
         _dq4_0_block(s8, base + o + 2, d, dst, d0 + b * _QK)
@@ -502,39 +505,20 @@ def _expf(x: np.float32) -> np.float32:
     return y * two_n if x > np.float32(-87.0) else np.float32(0.0)
 
 
-# strict IEEE (see the note above the constants); numpy's error model, as a parallel loop's body
-# has: an empty cache's zero block size must not raise inside a worker thread
-@njit(cache=True, error_model="numpy")
-def _attention_item(
-    it: int,  # the work item: (tile, kv head, chunk)
-    q,         # [N, Hq, Dh] float32
-    ks,        # K storage [E, Hkv, Wk] in its kind's kernel dtype (_KERNEL_DTYPE)
-    vs,        # V storage [E, Hkv, Wv], likewise
-    n_hkv: int,
-    q_pos,     # [N] int64
-    row_slot,  # [N] int64: the sequence whose keys row i reads
-    kv_pos,    # [E] int64: the position each storage entry holds (EMPTY_POS: none)
-    table,     # [S, NB] int64: sequence s's logical block i is storage block table[s, i] (<0: none)
-    blk: int,  # entries per block: position p of s at entry table[s, p // blk] * blk + p % blk
-    window: int, scale: np.float32, softcap: np.float32,
-    out,       # [N, Hq, Dv] float32
-    tiles,     # [n_tiles + 1] int64: row bounds of the tiles (one slot per tile)
-    rows_per_tile: int, c_lo: int, n_chunks: int,
-    part_m,    # [n_chunks, N, Hq] float32
-    part_l,    # [n_chunks, N, Hq] float32
-    part_acc,  # [n_chunks, N, Hq, Dv] float32
-) -> None:
-    """Work item `it` of _attention_kernel: one tile of rows, one kv head, one chunk of keys."""
-    n_rows, n_hq, dh = q.shape
-    dv = out.shape[2]
-    g = n_hq // n_hkv
-    rt = rows_per_tile
+# The attention kernel is cut into helpers, each one step of the recipe, inlined by Numba
+# (inline="always") into _attention_item: one function again for LLVM, as before the cut, and
+# compiled with its flags (strict IEEE, numpy's error model, no reference counting). The item
+# uses no reference counting (_nrt=False: it allocates nothing; the kernel's loop passes in the
+# buffers of _item_buffers): an inlined helper's array arguments would otherwise cost an atomic
+# increment and decrement each per call, which LLVM does not prune (~5% of a decode step's
+# attention). The helpers take whole arrays, never slices.
+
+
+@njit(cache=True, inline="always")
+def _item_at(it, tiles, n_hkv: int, n_chunks: int):
+    """Work item `it` -> (r0, nr, hk, c): its rows r0 .. r0 + nr - 1 (one tile), kv head hk,
+    chunk c."""
     n_tiles = tiles.shape[0] - 1
-    rg = rt * g
-    bk = _KEY_BLOCK
-    dh8 = dh - dh % 8  # the part of a head done in 8-lane vectors
-    dv8 = dv - dv % 8
-    neg_inf = np.float32(-np.inf)
     c = it % n_chunks
     rest = it // n_chunks
     hk = rest % n_hkv
@@ -543,182 +527,209 @@ def _attention_item(
     # last tiles evens out the contiguous blocks of items prange gives each thread.
     tile = z // 2 if z % 2 == 0 else n_tiles - 1 - z // 2
     r0 = tiles[tile]
-    nr = tiles[tile + 1] - r0
-    srow = row_slot[r0]  # the tile's sequence: its block table row
-    n_tb = table.shape[1]
-    whole = blk % bk == 0  # a key block never straddles two storage blocks
-    ni = nr * g  # (row, head) pairs of this item: i = r * g + head-in-group
-    m = np.full(rg, neg_inf, dtype=np.float32)  # running max logit
-    den = np.zeros(rg, dtype=np.float32)  # running sum of exp(logit - m)
-    acc = np.zeros((rg, dv), dtype=np.float32)  # running sum of exp(logit - m) * v
-    # the positions this tile can see inside the chunk
-    p_lo = (c_lo + c) * _CHUNK
-    p_hi = p_lo + _CHUNK
+    return r0, tiles[tile + 1] - r0, hk, c
+
+
+@njit(cache=True, inline="always")
+def _visible_span(q_pos, r0: int, nr: int, p_lo: int, window: int):
+    """[v_lo, v_hi): the positions of the chunk [p_lo, p_lo + _CHUNK) that some row of the
+    tile can see (empty when v_lo >= v_hi)."""
     q_min = q_pos[r0]
     q_max = q_pos[r0]
     for r in range(1, nr):
         q_min = min(q_min, q_pos[r0 + r])
         q_max = max(q_max, q_pos[r0 + r])
     v_lo = max(p_lo, q_min - window + 1) if window > 0 else p_lo
-    v_hi = min(p_hi, q_max + 1)
-    if v_lo < v_hi:
-        sc = np.empty((rg, bk), dtype=np.float32)  # logits of a key block (-inf: masked)
-        pr = np.empty((rg, bk), dtype=np.float32)  # their exp(logit - m)
-        vis = np.empty((rt, bk), dtype=np.bool_)
-        kvis = np.empty(bk, dtype=np.bool_)  # visible to some row of the tile
-        ent = np.empty(bk, dtype=np.int64)  # storage entry of each lane
-        kb = np.empty((bk, dh), dtype=np.float32)  # decoded key rows of the block
-        vb = np.empty((bk, dv), dtype=np.float32)  # decoded value rows of the block
-        for b0 in range(v_lo // bk * bk, v_hi, bk):
-            any_key = False
-            # the storage block of the whole key block, when blocks are whole key
-            # blocks (one table lookup per 32 keys); -2: look up lane by lane
-            t0 = -2
-            if whole:
-                t0 = -1
-                lb = b0 // blk
-                if lb < n_tb:
-                    pb = table[srow, lb]
-                    if pb >= 0:
-                        t0 = pb * blk + (b0 - lb * blk)
-            for j in range(bk):
-                p = b0 + j
-                # where position p lives: a lookup in the block table; the lane (and
-                # so the arithmetic) stays p % _KEY_BLOCK wherever that is
-                t = 0
-                present = False
-                if t0 >= 0:
-                    t = t0 + j
+    return v_lo, min(p_lo + _CHUNK, q_max + 1)
+
+
+@njit(cache=True, inline="always")
+def _block_entry(b0: int, table, blk: int, srow: int) -> int:
+    """The storage entry of position b0 (a key block's first) when storage blocks are whole
+    key blocks, so one table lookup serves the key block (-1: not stored); -2 when they are
+    not (look up lane by lane)."""
+    t0 = -2
+    if blk % _KEY_BLOCK == 0:
+        t0 = -1
+        lb = b0 // blk
+        if lb < table.shape[1]:
+            pb = table[srow, lb]
+            if pb >= 0:
+                t0 = pb * blk + (b0 - lb * blk)
+    return t0
+
+
+@njit(cache=True, inline="always")
+def _block_lanes(b0: int, keys, srow: int, q_pos, r0: int, nr: int, window: int, ent, vis,
+                 kvis) -> bool:
+    """For the key block of positions b0 .. b0 + 31: where each lives (ent), which rows of
+    the tile see it (vis [rows, 32]) and whether any does (kvis [32]). keys: (kv_pos, table,
+    blk). Returns whether any row sees any key of the block."""
+    kv_pos, table, blk = keys
+    n_tb = table.shape[1]
+    t0 = _block_entry(b0, table, blk, srow)
+    any_key = False
+    for j in range(_KEY_BLOCK):
+        p = b0 + j
+        # where position p lives: a lookup in the block table; the lane (and so the
+        # arithmetic) stays p % _KEY_BLOCK wherever that is
+        t = 0
+        present = False
+        if t0 >= 0:
+            t = t0 + j
+            present = kv_pos[t] == p
+        elif t0 == -2:
+            lb = p // blk
+            if lb < n_tb:
+                pb = table[srow, lb]
+                if pb >= 0:
+                    t = pb * blk + (p - lb * blk)
                     present = kv_pos[t] == p
-                elif t0 == -2:
-                    lb = p // blk
-                    if lb < n_tb:
-                        pb = table[srow, lb]
-                        if pb >= 0:
-                            t = pb * blk + (p - lb * blk)
-                            present = kv_pos[t] == p
-                ent[j] = t
-                seen = False
-                for r in range(nr):
-                    qp = q_pos[r0 + r]
-                    ok = present and p <= qp and (window <= 0 or qp - p < window)
-                    vis[r, j] = ok
-                    seen = seen or ok
-                kvis[j] = seen
-                any_key = any_key or seen
-            if not any_key:
-                continue
-            # logits: the block's key rows decoded once (zeros for masked rows), then four
-            # keys per pass over a query row (q loaded once for four dot products)
-            for j in range(bk):
-                if kvis[j]:
-                    _decode_row(ks, ent[j], hk, kb, j)
-                else:
-                    for e in range(dh):
-                        kb[j, e] = np.float32(0.0)
-            for i in range(ni):
-                r = i // g
-                rq = r0 + r
-                hq = hk * g + (i - r * g)
-                qo = (rq * n_hq + hq) * dh * 4  # byte offset of the query row
-                for j in range(0, bk, 4):
-                    a0 = zerof()
-                    a1 = zerof()
-                    a2 = zerof()
-                    a3 = zerof()
-                    ko = j * dh * 4
-                    for e in range(0, dh8, 8):
-                        qv = ld_f32x8(q, qo + e * 4)
-                        a0 = fma_f(a0, qv, ld_f32x8(kb, ko + e * 4))
-                        a1 = fma_f(a1, qv, ld_f32x8(kb, ko + (dh + e) * 4))
-                        a2 = fma_f(a2, qv, ld_f32x8(kb, ko + (2 * dh + e) * 4))
-                        a3 = fma_f(a3, qv, ld_f32x8(kb, ko + (3 * dh + e) * 4))
-                    s0 = hsumf(a0)
-                    s1 = hsumf(a1)
-                    s2 = hsumf(a2)
-                    s3 = hsumf(a3)
-                    for e in range(dh8, dh):  # head sizes that are not a multiple of 8
-                        qe = q[rq, hq, e]
-                        s0 = _fmaf(qe, kb[j, e], s0)
-                        s1 = _fmaf(qe, kb[j + 1, e], s1)
-                        s2 = _fmaf(qe, kb[j + 2, e], s2)
-                        s3 = _fmaf(qe, kb[j + 3, e], s3)
-                    sc[i, j] = s0
-                    sc[i, j + 1] = s1
-                    sc[i, j + 2] = s2
-                    sc[i, j + 3] = s3
-                for j in range(bk):
-                    if vis[r, j]:
-                        s = sc[i, j] * scale
-                        if softcap > np.float32(0.0):
-                            s = softcap * np.float32(math.tanh(s / softcap))
-                        sc[i, j] = s
-                    else:
-                        sc[i, j] = neg_inf
-            # streaming softmax: one rescale per block when the max grows
-            for i in range(ni):
-                bmax = neg_inf
-                for j in range(bk):
-                    bmax = max(bmax, sc[i, j])
-                if bmax == neg_inf:  # nothing visible to this row in the block
-                    for j in range(bk):
-                        pr[i, j] = np.float32(0.0)
-                    continue
-                if bmax > m[i]:
-                    alpha = _expf(m[i] - bmax)  # 0 while m is -inf
-                    den[i] *= alpha
-                    for e in range(dv):
-                        acc[i, e] *= alpha
-                    m[i] = bmax
-                mi = m[i]
-                for j in range(bk):
-                    pr[i, j] = _expf(sc[i, j] - mi)  # exactly 0 where masked (-inf)
-                po = i * bk * 4  # the block's 32 weights summed in one fixed tree
-                t01 = _addf(ld_f32x8(pr, po), ld_f32x8(pr, po + 32))
-                t23 = _addf(ld_f32x8(pr, po + 64), ld_f32x8(pr, po + 96))
-                den[i] += hsumf(_addf(t01, t23))
-            # values: the block's visible rows decoded into vb (zeros elsewhere: an empty
-            # or masked entry may hold anything, and 0 * nan is nan)
-            for j in range(bk):
-                if kvis[j]:
-                    _decode_row(vs, ent[j], hk, vb, j)
-                else:
-                    for e in range(dv):
-                        vb[j, e] = np.float32(0.0)
-            # acc += p @ vb, four keys per pass over an accumulator row (a quarter of the
-            # load/store traffic of one axpy per key)
-            for i in range(ni):
-                for j in range(0, bk, 4):
-                    w0 = pr[i, j]
-                    w1 = pr[i, j + 1]
-                    w2 = pr[i, j + 2]
-                    w3 = pr[i, j + 3]
-                    if (w0 == np.float32(0.0) and w1 == np.float32(0.0)
-                            and w2 == np.float32(0.0) and w3 == np.float32(0.0)):
-                        continue
-                    v0 = splatf(w0)
-                    v1 = splatf(w1)
-                    v2 = splatf(w2)
-                    v3 = splatf(w3)
-                    ao = i * dv * 4
-                    vo = j * dv * 4
-                    for e in range(0, dv8, 8):
-                        t = fma_f(mulf(v0, ld_f32x8(vb, vo + e * 4)), v1,
-                                  ld_f32x8(vb, vo + (dv + e) * 4))
-                        u = fma_f(mulf(v2, ld_f32x8(vb, vo + (2 * dv + e) * 4)), v3,
-                                  ld_f32x8(vb, vo + (3 * dv + e) * 4))
-                        _st_f32x8(acc, ao + e * 4,
-                                  _addf(ld_f32x8(acc, ao + e * 4), _addf(t, u)))
-                    for e in range(dv8, dv):  # the same arithmetic, one lane at a time
-                        t1 = _fmaf(w1, vb[j + 1, e], w0 * vb[j, e])
-                        u1 = _fmaf(w3, vb[j + 3, e], w2 * vb[j + 2, e])
-                        acc[i, e] = acc[i, e] + (t1 + u1)
-    for i in range(ni):
+        ent[j] = t
+        seen = False
+        for r in range(nr):
+            qp = q_pos[r0 + r]
+            ok = present and p <= qp and (window <= 0 or qp - p < window)
+            vis[r, j] = ok
+            seen = seen or ok
+        kvis[j] = seen
+        any_key = any_key or seen
+    return any_key
+
+
+@njit(cache=True, inline="always")
+def _decode_block(s, hk: int, ent, kvis, buf) -> None:
+    """The key block's visible rows of head hk of storage s decoded into buf [32, D], zeros
+    for the others (an empty or masked entry may hold anything, and 0 * nan is nan)."""
+    for j in range(_KEY_BLOCK):
+        if kvis[j]:
+            _decode_row(s, ent[j], hk, buf, j)
+        else:
+            for e in range(buf.shape[1]):
+                buf[j, e] = np.float32(0.0)
+
+
+@njit(cache=True, inline="always")
+def _logits_row(q, rq: int, hq: int, kb, sc, i: int) -> None:
+    """sc[i, :] = the dot products of query row q[rq, hq] with the 32 decoded keys kb, four
+    keys per pass over the query row (q loaded once for four dot products)."""
+    n_hq, dh = q.shape[1], q.shape[2]
+    dh8 = dh - dh % 8  # the part of a head done in 8-lane vectors
+    qo = (rq * n_hq + hq) * dh * 4  # byte offset of the query row
+    for j in range(0, _KEY_BLOCK, 4):
+        a0 = zerof()
+        a1 = zerof()
+        a2 = zerof()
+        a3 = zerof()
+        ko = j * dh * 4
+        for e in range(0, dh8, 8):
+            qv = ld_f32x8(q, qo + e * 4)
+            a0 = fma_f(a0, qv, ld_f32x8(kb, ko + e * 4))
+            a1 = fma_f(a1, qv, ld_f32x8(kb, ko + (dh + e) * 4))
+            a2 = fma_f(a2, qv, ld_f32x8(kb, ko + (2 * dh + e) * 4))
+            a3 = fma_f(a3, qv, ld_f32x8(kb, ko + (3 * dh + e) * 4))
+        s0 = hsumf(a0)
+        s1 = hsumf(a1)
+        s2 = hsumf(a2)
+        s3 = hsumf(a3)
+        for e in range(dh8, dh):  # head sizes that are not a multiple of 8
+            qe = q[rq, hq, e]
+            s0 = _fmaf(qe, kb[j, e], s0)
+            s1 = _fmaf(qe, kb[j + 1, e], s1)
+            s2 = _fmaf(qe, kb[j + 2, e], s2)
+            s3 = _fmaf(qe, kb[j + 3, e], s3)
+        sc[i, j] = s0
+        sc[i, j + 1] = s1
+        sc[i, j + 2] = s2
+        sc[i, j + 3] = s3
+
+
+@njit(cache=True, inline="always")
+def _scale_mask_row(sc, i: int, vis, r: int, scale: np.float32, softcap: np.float32) -> None:
+    """Logits sc[i, :] scaled (and soft-capped); -inf where tile row r does not see the key."""
+    for j in range(_KEY_BLOCK):
+        if vis[r, j]:
+            s = sc[i, j] * scale
+            if softcap > np.float32(0.0):
+                s = softcap * np.float32(math.tanh(s / softcap))
+            sc[i, j] = s
+        else:
+            sc[i, j] = np.float32(-np.inf)
+
+
+@njit(cache=True, inline="always")
+def _softmax_block(sc, pr, m, den, acc, i: int) -> None:
+    """One key block of the streaming softmax of (row, head) pair i: pr[i, :] = exp(logit -
+    m[i]) after the running max m, denominator den and V sum acc are rescaled (at most once
+    per block, when the max grows)."""
+    neg_inf = np.float32(-np.inf)
+    bmax = neg_inf
+    for j in range(_KEY_BLOCK):
+        bmax = max(bmax, sc[i, j])
+    if bmax == neg_inf:  # nothing visible to this row in the block
+        for j in range(_KEY_BLOCK):
+            pr[i, j] = np.float32(0.0)
+    else:
+        if bmax > m[i]:
+            alpha = _expf(m[i] - bmax)  # 0 while m is -inf
+            den[i] *= alpha
+            for e in range(acc.shape[1]):
+                acc[i, e] *= alpha
+            m[i] = bmax
+        mi = m[i]
+        for j in range(_KEY_BLOCK):
+            pr[i, j] = _expf(sc[i, j] - mi)  # exactly 0 where masked (-inf)
+        po = i * _KEY_BLOCK * 4  # the block's 32 weights summed in one fixed tree
+        t01 = _addf(ld_f32x8(pr, po), ld_f32x8(pr, po + 32))
+        t23 = _addf(ld_f32x8(pr, po + 64), ld_f32x8(pr, po + 96))
+        den[i] += hsumf(_addf(t01, t23))
+
+
+@njit(cache=True, inline="always")
+def _accumulate_row(pr, vb, acc, i: int) -> None:
+    """acc[i] += pr[i] @ vb, four keys per pass over the accumulator row (a quarter of the
+    load/store traffic of one axpy per key); keys of weight 0 four at a time are skipped."""
+    dv = acc.shape[1]
+    dv8 = dv - dv % 8
+    for j in range(0, _KEY_BLOCK, 4):
+        w0 = pr[i, j]
+        w1 = pr[i, j + 1]
+        w2 = pr[i, j + 2]
+        w3 = pr[i, j + 3]
+        if (w0 == np.float32(0.0) and w1 == np.float32(0.0)
+                and w2 == np.float32(0.0) and w3 == np.float32(0.0)):
+            continue
+        v0 = splatf(w0)
+        v1 = splatf(w1)
+        v2 = splatf(w2)
+        v3 = splatf(w3)
+        ao = i * dv * 4
+        vo = j * dv * 4
+        for e in range(0, dv8, 8):
+            t = fma_f(mulf(v0, ld_f32x8(vb, vo + e * 4)), v1, ld_f32x8(vb, vo + (dv + e) * 4))
+            u = fma_f(mulf(v2, ld_f32x8(vb, vo + (2 * dv + e) * 4)), v3,
+                      ld_f32x8(vb, vo + (3 * dv + e) * 4))
+            _st_f32x8(acc, ao + e * 4, _addf(ld_f32x8(acc, ao + e * 4), _addf(t, u)))
+        for e in range(dv8, dv):  # the same arithmetic, one lane at a time
+            t1 = _fmaf(w1, vb[j + 1, e], w0 * vb[j, e])
+            u1 = _fmaf(w3, vb[j + 3, e], w2 * vb[j + 2, e])
+            acc[i, e] = acc[i, e] + (t1 + u1)
+
+
+@njit(cache=True, inline="always")
+def _write_item(item, g: int, n_chunks: int, m, den, acc, dst) -> None:
+    """The item's (row, head) results: out = acc / den with one chunk, else its partial
+    softmax (m, den, acc) into (part_m, part_l, part_acc) for the merge; dst: (out, part_m,
+    part_l, part_acc)."""
+    r0, nr, hk, c = item
+    out, part_m, part_l, part_acc = dst
+    dv = acc.shape[1]
+    for i in range(nr * g):
         r = r0 + i // g
         h = hk * g + i % g
         if n_chunks == 1:
-            # the merge below with one chunk: exp(0) = 1 and 0 + acc * 1 = acc exactly,
-            # so writing acc / den here gives its bits without a second parallel region
+            # the merge with one chunk: exp(0) = 1 and 0 + acc * 1 = acc exactly, so writing
+            # acc / den here gives its bits without a second parallel region
             inv = np.float32(1.0) / den[i] if den[i] > np.float32(0.0) else np.float32(0.0)
             for e in range(dv):
                 out[r, h, e] = acc[i, e] * inv
@@ -728,6 +739,97 @@ def _attention_item(
         if den[i] > np.float32(0.0):  # the merge reads acc only where den > 0
             for e in range(dv):
                 part_acc[c, r, h, e] = acc[i, e]
+
+
+@njit(cache=True)
+def _item_buffers(q, out, rows_per_tile: int, n_hkv: int):
+    """A work item's buffers, allocated by the calling loop (_attention_item allocates
+    nothing): the running softmax state of its (row, head) pairs and one key block's scratch."""
+    rg = rows_per_tile * (q.shape[1] // n_hkv)  # (row, head) pairs of a tile
+    dv = out.shape[2]
+    bk = _KEY_BLOCK
+    return (
+        np.full(rg, np.float32(-np.inf), dtype=np.float32),  # m: running max logit
+        np.zeros(rg, dtype=np.float32),  # den: running sum of exp(logit - m)
+        np.zeros((rg, dv), dtype=np.float32),  # acc: running sum of exp(logit - m) * v
+        np.empty((rg, bk), dtype=np.float32),  # sc: logits of a key block (-inf: masked)
+        np.empty((rg, bk), dtype=np.float32),  # pr: their exp(logit - m)
+        np.empty((rows_per_tile, bk), dtype=np.bool_),  # vis: which row sees which key
+        np.empty(bk, dtype=np.bool_),  # kvis: visible to some row of the tile
+        np.empty(bk, dtype=np.int64),  # ent: storage entry of each lane
+        np.empty((bk, q.shape[2]), dtype=np.float32),  # kb: decoded key rows of the block
+        np.empty((bk, dv), dtype=np.float32),  # vb: decoded value rows of the block
+    )
+
+
+# strict IEEE (see the note above the constants); numpy's error model, as a parallel loop's body
+# has: an empty cache's zero block size must not raise inside a worker thread
+@njit(cache=True, error_model="numpy", _nrt=False)
+def _attention_item(
+    it: int,  # the work item: (tile, kv head, chunk)
+    q,     # [N, Hq, Dh] float32
+    ks,    # K storage [E, Hkv, Wk] in its kind's kernel dtype (_KERNEL_DTYPE)
+    vs,    # V storage [E, Hkv, Wv], likewise
+    rows,  # (q_pos, row_slot): each row's position and the sequence whose keys it reads
+    keys,  # (kv_pos, table, blk): where the keys live (see _attention_kernel)
+    opts,  # (window, scale, softcap)
+    work,  # (tiles, rows_per_tile, n_hkv, c_lo, n_chunks): how the call is cut into items
+    dst,   # (out, part_m, part_l, part_acc): the results, and the partial ones of a call of
+           # several chunks
+    bufs,  # _item_buffers: (m, den, acc, sc, pr, vis, kvis, ent, kb, vb)
+) -> None:
+    """Work item `it` of _attention_kernel: one tile of rows, one kv head, one chunk of keys."""
+    q_pos, row_slot = rows
+    window, scale, softcap = opts
+    tiles, rows_per_tile, n_hkv, c_lo, n_chunks = work
+    m, den, acc, sc, pr, vis, kvis, ent, kb, vb = bufs
+    g = q.shape[1] // n_hkv
+    item = _item_at(it, tiles, n_hkv, n_chunks)
+    r0, nr, hk, c = item
+    ni = nr * g  # (row, head) pairs of this item: i = r * g + head-in-group
+    bk = _KEY_BLOCK
+    v_lo, v_hi = _visible_span(q_pos, r0, nr, (c_lo + c) * _CHUNK, window)
+    srow = row_slot[r0]  # the tile's sequence: its block table row
+    for b0 in range(v_lo // bk * bk, v_hi, bk):  # none when v_lo >= v_hi
+        if not _block_lanes(b0, keys, srow, q_pos, r0, nr, window, ent, vis, kvis):
+            continue
+        _decode_block(ks, hk, ent, kvis, kb)
+        for i in range(ni):
+            r = i // g
+            _logits_row(q, r0 + r, hk * g + (i - r * g), kb, sc, i)
+            _scale_mask_row(sc, i, vis, r, scale, softcap)
+        for i in range(ni):
+            _softmax_block(sc, pr, m, den, acc, i)
+        _decode_block(vs, hk, ent, kvis, vb)
+        for i in range(ni):
+            _accumulate_row(pr, vb, acc, i)
+    _write_item(item, g, n_chunks, m, den, acc, dst)
+
+
+@njit(cache=True, inline="always")
+def _merge_chunks(rh: int, n_chunks: int, part_m, part_l, part_acc, out) -> None:
+    """Flash-decoding merge of (row, head) pair rh's per-chunk partial softmaxes into out,
+    always in chunk order."""
+    n_hq, dv = out.shape[1], out.shape[2]
+    r = rh // n_hq
+    h = rh % n_hq
+    mx = np.float32(-np.inf)
+    for c in range(n_chunks):
+        if part_l[c, r, h] > np.float32(0.0):
+            mx = max(mx, part_m[c, r, h])
+    for e in range(dv):
+        out[r, h, e] = np.float32(0.0)
+    if mx != np.float32(-np.inf):  # else no visible key in any chunk: zeros
+        total = np.float32(0.0)
+        for c in range(n_chunks):
+            if part_l[c, r, h] > np.float32(0.0):
+                f = _expf(part_m[c, r, h] - mx)
+                total += part_l[c, r, h] * f
+                for e in range(dv):
+                    out[r, h, e] += part_acc[c, r, h, e] * f
+        inv = np.float32(1.0) / total
+        for e in range(dv):
+            out[r, h, e] *= inv
 
 
 @njit(cache=True, parallel=True)  # strict IEEE (see the note above the constants)
@@ -758,42 +860,20 @@ def _attention_kernel(
     on where the keys live in storage (ring or flat, its capacity), not on the thread count.
     Work items are (row tile, kv head, chunk); every row's chunks are merged in chunk order.
     """
-    n_rows, n_hq = q.shape[0], q.shape[1]
-    dv = out.shape[2]
     n_items = (tiles.shape[0] - 1) * n_hkv * n_chunks
-    neg_inf = np.float32(-np.inf)
     # one work item per iteration, compiled as its own function: Numba's parallel passes then
     # see a loop of one call instead of the whole body (most of the compile time before)
     for it in prange(n_items):
         # (prange's index is unsigned inside the parallel region: int64 keeps it to one
         # compiled signature of the item)
-        _attention_item(np.int64(it), q, ks, vs, n_hkv, q_pos, row_slot, kv_pos, table, blk,
-                        window, scale, softcap, out, tiles, rows_per_tile, c_lo, n_chunks,
-                        part_m, part_l, part_acc)
+        _attention_item(np.int64(it), q, ks, vs, (q_pos, row_slot), (kv_pos, table, blk),
+                        (window, scale, softcap), (tiles, rows_per_tile, n_hkv, c_lo, n_chunks),
+                        (out, part_m, part_l, part_acc),
+                        _item_buffers(q, out, rows_per_tile, n_hkv))
     if n_chunks == 1:
         return
-    # flash-decoding merge of the per-chunk partial softmaxes, always in chunk order
-    for rh in prange(n_rows * n_hq):
-        r = rh // n_hq
-        h = rh % n_hq
-        mx = neg_inf
-        for c in range(n_chunks):
-            if part_l[c, r, h] > np.float32(0.0):
-                mx = max(mx, part_m[c, r, h])
-        for e in range(dv):
-            out[r, h, e] = np.float32(0.0)
-        if mx == neg_inf:  # no visible key in any chunk
-            continue
-        total = np.float32(0.0)
-        for c in range(n_chunks):
-            if part_l[c, r, h] > np.float32(0.0):
-                f = _expf(part_m[c, r, h] - mx)
-                total += part_l[c, r, h] * f
-                for e in range(dv):
-                    out[r, h, e] += part_acc[c, r, h, e] * f
-        inv = np.float32(1.0) / total
-        for e in range(dv):
-            out[r, h, e] *= inv
+    for rh in prange(q.shape[0] * q.shape[1]):
+        _merge_chunks(rh, n_chunks, part_m, part_l, part_acc, out)
 
 
 # --------------------------------------------------------------------------------------------

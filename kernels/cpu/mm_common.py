@@ -13,18 +13,30 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from localllm.formats.qtypes import BY_NAME, QK, QTYPES
+from localllm.formats.qtypes import (  # noqa: F401 - the ids, re-exported to the kernels
+    BF16,
+    F16,
+    F32,
+    IQ4_NL,
+    IQ4_XS,
+    Q2_K,
+    Q3_K,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    QK,
+    QTYPES,
+)
 from localllm.kernels.cpu.cpu_features import FEATURES, simd_disabled_by_env
 from localllm.kernels.cpu.simd import lanef16, st_f32x16
 
-# GGML type ids, block shapes and activation formats come from the one table of weight types
-# (formats/qtypes.py); the names below are the ids the kernels branch on.
-_Q = BY_NAME
-F32, F16, BF16 = _Q["F32"].id, _Q["F16"].id, _Q["BF16"].id
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = (_Q[n].id for n in
-                                         ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"))
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (_Q[n].id for n in
-                                         ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"))
+# GGML type ids (F32 ... IQ4_XS, the ids the kernels branch on), block shapes and activation
+# formats come from the one table of weight types (formats/qtypes.py, ids from gguf).
 
 # Activation formats ("vec_dot_type"), as codes the kernels branch on.
 ACT_Q8_0, ACT_Q8_K, ACT_F32, ACT_F16, ACT_BF16 = 0, 1, 2, 3, 4

@@ -1,11 +1,24 @@
 """Row kernels of the 256-weight super-block types (Q2_K..Q6_K, IQ4_XS) against Q8_K
-activations (int8 quants, one f32 scale per 256, int16 sums per 16 and per 32)."""
+activations (int8 quants, one f32 scale per 256, int16 sums per 16 and per 32).
+
+Block sizes are formats/qtypes.py's module-level ints (Q4_K_BYTES ...), which Numba freezes
+into the code as constants; the kernels are per type (or per pair of types, chosen by the
+compile-time constant qt) because each block layout is decoded by its own vector code.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
+from localllm.formats.qtypes import (
+    IQ4_XS_BYTES,
+    Q2_K_BYTES,
+    Q3_K_BYTES,
+    Q4_K_BYTES,
+    Q5_K_BYTES,
+    Q6_K_BYTES,
+)
 from localllm.kernels.cpu.mm_common import (
     PREFETCH_BYTES,
     Q2_K,
@@ -94,7 +107,7 @@ def _dot1_k45(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
         o = r * rb
         for po in range(0, rb, 64):  # the row PREFETCH_BYTES ahead, line by line
             prefetch(w, o + PREFETCH_BYTES + po)
-        bb = 144 if qt == Q4_K else 176
+        bb = Q4_K_BYTES if qt == Q4_K else Q5_K_BYTES
         k = nb * 256
         xo = n * k
         x2 = n * (k // 32) * 2
@@ -122,7 +135,7 @@ def _dot4_k45(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_
     rb = w.shape[1]
     for r in range(r0, r1):
         o = r * rb
-        bb = 144 if qt == Q4_K else 176
+        bb = Q4_K_BYTES if qt == Q4_K else Q5_K_BYTES
         k = nb * 256
         x0 = n0 * k
         x2 = n0 * (k // 32) * 2
@@ -221,7 +234,7 @@ def _dot1_q6k(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
         xbo = n * (k // 16) * 2
         acc = zerof()
         for b in range(nb):
-            p = o + 210 * b
+            p = o + Q6_K_BYTES * b
             isum = zero32()
             for h in range(2):
                 c0, c1, c2, c3 = _q6_chunks(w, p, h)
@@ -249,7 +262,7 @@ def _dot4_q6k(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_
         acc2 = zerof()
         acc3 = zerof()
         for b in range(nb):
-            p = o + 210 * b
+            p = o + Q6_K_BYTES * b
             i0 = zero32()
             i1 = zero32()
             i2 = zero32()
@@ -338,7 +351,7 @@ def _dot1_k23(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
     rb = w.shape[1]
     for r in range(r0, r1):
         o = r * rb
-        bb = 84 if qt == Q2_K else 110
+        bb = Q2_K_BYTES if qt == Q2_K else Q3_K_BYTES
         k = nb * 256
         xo = n * k
         xbo = n * (k // 16) * 2
@@ -367,7 +380,7 @@ def _dot4_k23(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_
     rb = w.shape[1]
     for r in range(r0, r1):
         o = r * rb
-        bb = 84 if qt == Q2_K else 110
+        bb = Q2_K_BYTES if qt == Q2_K else Q3_K_BYTES
         k = nb * 256
         x0 = n0 * k
         sbs = (k // 16) * 2
@@ -439,7 +452,7 @@ def _dot1_iq4xs(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
         acc = zerof()
         tab = iq4nl_table()
         for b in range(nb):
-            p = o + 136 * b
+            p = o + IQ4_XS_BYTES * b
             isum = zero32()
             for s in range(8):
                 q = lut16(tab, ld_nib16(w, p + 8 + 16 * s))
@@ -462,7 +475,7 @@ def _dot4_iq4xs(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, 
         acc3 = zerof()
         tab = iq4nl_table()
         for b in range(nb):
-            p = o + 136 * b
+            p = o + IQ4_XS_BYTES * b
             i0 = zero32()
             i1 = zero32()
             i2 = zero32()

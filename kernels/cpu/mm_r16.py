@@ -13,6 +13,7 @@ from localllm.kernels.cpu import dequant
 from localllm.kernels.cpu.cpu_features import FEATURES, simd_disabled_by_env
 from localllm.kernels.cpu.mm_b32 import _b32_bytes, _b32_cmul, _b32_mode
 from localllm.kernels.cpu.mm_common import (
+    _B32_BYTES,
     PREFETCH_BYTES,
     Q4_0,
     Q4_1,
@@ -61,8 +62,9 @@ from localllm.kernels.cpu.simd import (
 # decode is ~1.6x cheaper than the row-major one (measured on Zen 5). Numerics are those of
 # the row-major kernels (same integer dots and scale products; float summation order differs).
 
-_R16_BYTES = {Q4_0: 18 * 16, Q4_1: 20 * 16, Q5_0: 22 * 16, Q5_1: 24 * 16, Q8_0: 34 * 16,
-              **R16K_BYTES}  # and the K-quants Q4_K / Q5_K / Q6_K (layout and kernels: mm_r16k)
+# bytes of a record (16 blocks), by type: and the K-quants Q4_K / Q5_K / Q6_K (layout and
+# kernels: mm_r16k)
+_R16_BYTES = {**{t: _B32_BYTES[t] * 16 for t in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)}, **R16K_BYTES}
 
 
 @njit

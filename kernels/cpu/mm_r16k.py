@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from numba import carray, njit
 
+from localllm.formats.qtypes import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES
 from localllm.kernels.cpu.mm_common import (
     PREFETCH_BYTES,
     Q4_K,
@@ -78,7 +79,7 @@ from localllm.kernels.cpu.simd import (
 )
 
 # bytes of a record (16 super-blocks)
-R16K_BYTES = {Q4_K: 144 * 16, Q5_K: 176 * 16, Q6_K: 210 * 16}
+R16K_BYTES = {Q4_K: Q4_K_BYTES * 16, Q5_K: Q5_K_BYTES * 16, Q6_K: Q6_K_BYTES * 16}
 
 # Record offsets. Q4_K: d, dmin, 3 scale vectors, 32 quant vectors.
 _K4_DMIN, _K4_SC, _K4_QS = 32, 64, 256
@@ -162,7 +163,7 @@ def _k4_lane(acc, isum, mn, bsum, dv, dmv):
 @njit
 def _dot1_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf):
     # Q4_K or Q5_K (qt): the same sums, Q5_K's quants with a 5th bit
-    rec = 176 * 16 if qt == Q5_K else 144 * 16
+    rec = Q5_K_BYTES * 16 if qt == Q5_K else Q4_K_BYTES * 16
     k = nb * 256
     xo = n * k
     a0 = zerof16()
@@ -268,7 +269,7 @@ def _k4_lane2(qt, a, c, w, q, h, pos, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7
 def _dot2_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1):
     """_dot1_q4k_r16 for activation rows n and n + 1 (a padding row when n + 1 = N: computed,
     not stored), each weight vector decoded once for both."""
-    rec = 176 * 16 if qt == Q5_K else 144 * 16
+    rec = Q5_K_BYTES * 16 if qt == Q5_K else Q4_K_BYTES * 16
     k = nb * 256
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zerof16()
     c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zerof16()
@@ -369,7 +370,7 @@ def _w(v):
 
 @njit
 def _dot1_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1, pf):
-    rec = 210 * 16
+    rec = Q6_K_BYTES * 16
     k = nb * 256
     xo = n * k
     a0 = zerof16()
@@ -475,7 +476,7 @@ def _k6_lane2(a, c, w, p, pos, xq, xb, xc, sa, sb, t0, t1, t2, t3, t4, t5, t6, t
 @njit
 def _dot2_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1):
     """_dot1_q6k_r16 for activation rows n and n + 1, each chunk decoded once for both."""
-    rec = 210 * 16
+    rec = Q6_K_BYTES * 16
     k = nb * 256
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zerof16()
     c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zerof16()
@@ -594,20 +595,20 @@ def _repack_r16k(qt, w, dst) -> None:
             for r in range(min(16, rows - 16 * g)):
                 row = 16 * g + r
                 if qt == Q4_K:
-                    s = b * 144
+                    s = b * Q4_K_BYTES
                     _interleave(w, row, s, dst, g, b, r, 0, 2, 0, 2)  # d
                     _interleave(w, row, s, dst, g, b, r, 2, 2, _K4_DMIN, 2)
                     _interleave(w, row, s, dst, g, b, r, 4, 12, _K4_SC, 4)
                     _interleave(w, row, s, dst, g, b, r, 16, 128, _K4_QS, 4)
                 elif qt == Q5_K:
-                    s = b * 176
+                    s = b * Q5_K_BYTES
                     _interleave(w, row, s, dst, g, b, r, 0, 2, 0, 2)  # d
                     _interleave(w, row, s, dst, g, b, r, 2, 2, _K4_DMIN, 2)
                     _interleave(w, row, s, dst, g, b, r, 4, 12, _K4_SC, 4)
                     _interleave(w, row, s, dst, g, b, r, 16, 32, _K5_QH, 4)
                     _interleave(w, row, s, dst, g, b, r, 48, 128, _K5_QS, 4)
                 else:
-                    s = b * 210
+                    s = b * Q6_K_BYTES
                     _interleave(w, row, s, dst, g, b, r, 208, 2, 0, 2)  # d
                     _interleave(w, row, s, dst, g, b, r, 192, 16, _K6_SC, 4)
                     _interleave(w, row, s, dst, g, b, r, 0, 128, _K6_QL, 4)

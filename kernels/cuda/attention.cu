@@ -42,10 +42,10 @@ __device__ __forceinline__ float kv_elem(const u8* row, int i) {
     if (KIND == KV_F32) return reinterpret_cast<const float*>(row)[i];
     if (KIND == KV_F16) return h2f(reinterpret_cast<const u16*>(row)[i]);
     if (KIND == KV_Q8_0) {
-        const u8* b = row + (i / QK) * 34;
+        const u8* b = row + (i / QK) * Q8_0_BYTES;
         return load_f16(b) * (float)reinterpret_cast<const i8*>(b + 2)[i % QK];
     }
-    const u8* b = row + (i / QK) * 18;
+    const u8* b = row + (i / QK) * Q4_0_BYTES;
     const int j = i % QK;
     const int q = j < 16 ? (b[2 + j] & 0x0F) : (b[2 + j - 16] >> 4);
     return load_f16(b) * (float)(q - 8);

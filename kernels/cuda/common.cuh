@@ -14,8 +14,12 @@ typedef unsigned int u32;
 typedef long long i64;
 
 #define WARP 32
-#define QK 32     // weights per block of the 32-weight types
-#define QK_K 256  // weights per K-quant super-block
+// QK (weights per block of the 32-weight types), QK_K (per K-quant super-block) and the bytes
+// per block of each type (Q4_0_BYTES, ..., Q6_K_BYTES) are #defined ahead of this header by
+// the loader (loader.block_defines) from formats/qtypes.py.
+#if !defined(QK) || !defined(QK_K) || !defined(Q8_0_BYTES)
+#error "compile loader.source_text(name): it #defines the block shapes from formats/qtypes.py"
+#endif
 #define EMPTY_POS (-(1LL << 40))  // kv_quant.EMPTY_POS: a cache entry that holds nothing
 #define NEG_INF (__uint_as_float(0xFF800000u))  // math.h's INFINITY is not there under NVRTC
 

@@ -12,28 +12,28 @@ __device__ __forceinline__ int nib(const u8* qs, int j) {  // element j of a 16-
 }
 
 __device__ __forceinline__ float de_q4_0(const u8* row, int i) {
-    const u8* b = row + (i / QK) * 18;
+    const u8* b = row + (i / QK) * Q4_0_BYTES;
     return load_f16(b) * (float)(nib(b + 2, i % QK) - 8);
 }
 __device__ __forceinline__ float de_q4_1(const u8* row, int i) {
-    const u8* b = row + (i / QK) * 20;
+    const u8* b = row + (i / QK) * Q4_1_BYTES;
     return load_f16(b) * (float)nib(b + 4, i % QK) + load_f16(b + 2);
 }
 __device__ __forceinline__ float de_q5_0(const u8* row, int i) {
-    const u8* b = row + (i / QK) * 22;
+    const u8* b = row + (i / QK) * Q5_0_BYTES;
     const int j = i % QK;
     const u32 qh = (u32)load_i32_a2(b + 2, 0);
     // (int): qh's bit is unsigned, and q - 16 must not wrap around
     return load_f16(b) * (float)((nib(b + 6, j) | (int)(((qh >> j) & 1u) << 4)) - 16);
 }
 __device__ __forceinline__ float de_q5_1(const u8* row, int i) {
-    const u8* b = row + (i / QK) * 24;
+    const u8* b = row + (i / QK) * Q5_1_BYTES;
     const int j = i % QK;
     const u32 qh = (u32)load_i32_a2(b + 4, 0);
     return load_f16(b) * (float)(nib(b + 8, j) | (((qh >> j) & 1u) << 4)) + load_f16(b + 2);
 }
 __device__ __forceinline__ float de_q8_0(const u8* row, int i) {
-    const u8* b = row + (i / QK) * 34;
+    const u8* b = row + (i / QK) * Q8_0_BYTES;
     return load_f16(b) * (float)reinterpret_cast<const i8*>(b + 2)[i % QK];
 }
 
@@ -47,7 +47,7 @@ __device__ __forceinline__ void k4_sm(const u8* s, int j, int* sc, int* m) {
     }
 }
 __device__ __forceinline__ float de_q4_k(const u8* row, int i) {
-    const u8* b = row + (i / QK_K) * 144;
+    const u8* b = row + (i / QK_K) * Q4_K_BYTES;
     const int e = i % QK_K, j = e / 32, l = e % 32;
     const int q = (b[16 + (j / 2) * 32 + l] >> (4 * (j % 2))) & 0x0F;
     int sc, m;
@@ -55,7 +55,7 @@ __device__ __forceinline__ float de_q4_k(const u8* row, int i) {
     return load_f16(b) * (float)sc * (float)q - load_f16(b + 2) * (float)m;
 }
 __device__ __forceinline__ float de_q5_k(const u8* row, int i) {
-    const u8* b = row + (i / QK_K) * 176;
+    const u8* b = row + (i / QK_K) * Q5_K_BYTES;
     const int e = i % QK_K, j = e / 32, l = e % 32;
     const int q = ((b[48 + (j / 2) * 32 + l] >> (4 * (j % 2))) & 0x0F) | (((b[16 + l] >> j) & 1) << 4);
     int sc, m;
@@ -63,7 +63,7 @@ __device__ __forceinline__ float de_q5_k(const u8* row, int i) {
     return load_f16(b) * (float)sc * (float)q - load_f16(b + 2) * (float)m;
 }
 __device__ __forceinline__ float de_q6_k(const u8* row, int i) {
-    const u8* b = row + (i / QK_K) * 210;
+    const u8* b = row + (i / QK_K) * Q6_K_BYTES;
     const int e = i % QK_K, h = e / 128, k = (e % 128) / 32, l = e % 32;
     const int lo = (b[h * 64 + (k % 2) * 32 + l] >> (4 * (k / 2))) & 0x0F;
     const int hi = (b[128 + h * 32 + l] >> (2 * k)) & 3;

@@ -42,7 +42,7 @@ extern "C" __global__ void kv_store_q8_0(const float* __restrict__ x, u8* __rest
         const float amax = warp_max(fabsf(v));
         const float d = __fdiv_rn(amax, 127.0f);
         const float inv = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-        u8* blk = dst + b * 34;
+        u8* blk = dst + b * Q8_0_BYTES;
         if (j == 0) put_f16(blk, d);
         blk[2 + j] = (u8)(i8)(int)roundf(__fmul_rn(v, inv));
     }
@@ -71,7 +71,7 @@ extern "C" __global__ void kv_store_q4_0(const float* __restrict__ x, u8* __rest
         const float inv = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
         const int q = min(15, (int)__fadd_rn(__fmul_rn(v, inv), 8.5f));
         const int q_hi = __shfl_down_sync(0xFFFFFFFFu, q, 16);
-        u8* blk = dst + b * 18;
+        u8* blk = dst + b * Q4_0_BYTES;
         if (j == 0) put_f16(blk, d);
         if (j < 16) blk[2 + j] = (u8)(q | (q_hi << 4));
     }

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from localllm.errors import LocalLLMError
-from localllm.formats.qtypes import QK, QK_K
+from localllm.formats.qtypes import BY_NAME, QK, QK_K, QTYPES
 
 SOURCES: tuple[str, ...] = ("quant_act", "mmv", "get_rows", "ops", "attention", "kv_store")
 _DIR = Path(__file__).resolve().parent
@@ -43,25 +43,23 @@ ATT_CHUNK = 128  # positions per attention block (a constant: a row's split is i
 # GGML type id -> (mmv kernel, activation format). Activations: "q8_1" (Q8_0/Q8_1 blocks of
 # 32: xq, xd, xs), "q8_k" (blocks of 256: xq, xd, xbs), "f32" (floats; the kernel rounds them
 # to the weight's float type as the CPU does).
-MMV_KERNELS: dict[int, tuple[str, str]] = {
-    0: ("mmv_f32", "f32"),
-    1: ("mmv_f16", "f32"),
-    30: ("mmv_bf16", "f32"),
-    2: ("mmv_q4_0", "q8_1"),
-    3: ("mmv_q4_1", "q8_1"),
-    6: ("mmv_q5_0", "q8_1"),
-    7: ("mmv_q5_1", "q8_1"),
-    8: ("mmv_q8_0", "q8_1"),
-    12: ("mmv_q4_k", "q8_k"),
-    13: ("mmv_q5_k", "q8_k"),
-    14: ("mmv_q6_k", "q8_k"),
-}
+# (Type names and ids: gguf's GGMLQuantizationType, through formats/qtypes.py.)
+MMV_KERNELS: dict[int, tuple[str, str]] = {BY_NAME[name].id: (kernel, act) for name, kernel, act in (
+    ("F32", "mmv_f32", "f32"),
+    ("F16", "mmv_f16", "f32"),
+    ("BF16", "mmv_bf16", "f32"),
+    ("Q4_0", "mmv_q4_0", "q8_1"),
+    ("Q4_1", "mmv_q4_1", "q8_1"),
+    ("Q5_0", "mmv_q5_0", "q8_1"),
+    ("Q5_1", "mmv_q5_1", "q8_1"),
+    ("Q8_0", "mmv_q8_0", "q8_1"),
+    ("Q4_K", "mmv_q4_k", "q8_k"),
+    ("Q5_K", "mmv_q5_k", "q8_k"),
+    ("Q6_K", "mmv_q6_k", "q8_k"),
+)}
 
 # GGML type id -> (weights per block, bytes per block) of the types above
-_BLOCKS: dict[int, tuple[int, int]] = {
-    0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (QK, 18), 3: (QK, 20), 6: (QK, 22), 7: (QK, 24),
-    8: (QK, 34), 12: (QK_K, 144), 13: (QK_K, 176), 14: (QK_K, 210),
-}
+_BLOCKS: dict[int, tuple[int, int]] = {t: (QTYPES[t].block, QTYPES[t].nbytes) for t in MMV_KERNELS}
 
 
 class CudaUnavailable(LocalLLMError, RuntimeError):
@@ -136,11 +134,21 @@ def source_files() -> list[Path]:
     return [_DIR / f"{name}.cu" for name in SOURCES]
 
 
+def block_defines() -> str:
+    """The #defines of the block shapes the .cu sources use, from formats/qtypes.py (QK, QK_K
+    and <TYPE>_BYTES for every type we read): spliced in ahead of common.cuh, so the kernels
+    never spell a block size themselves."""
+    lines = [f"#define QK {QK}", f"#define QK_K {QK_K}"]
+    lines += [f"#define {q.name}_BYTES {q.nbytes}" for q in QTYPES.values()]
+    return "// block shapes from formats/qtypes.py (loader.block_defines)\n" + "\n".join(lines) + "\n"
+
+
 def source_text(name: str) -> str:
-    """The source of kernel file `name` with common.cuh spliced in (what NVRTC compiles)."""
+    """The source of kernel file `name` with the block #defines and common.cuh spliced in
+    (what NVRTC compiles)."""
     if name not in SOURCES:
         raise ValueError(f"unknown CUDA source {name!r} (have {', '.join(SOURCES)})")
-    header = (_DIR / _HEADER).read_text()
+    header = block_defines() + (_DIR / _HEADER).read_text()
     text = (_DIR / f"{name}.cu").read_text()
     include = f'#include "{_HEADER}"'
     if include not in text:
@@ -236,7 +244,7 @@ def kv_row_bytes(kv_type: str, d: int) -> int:
         raise ValueError(f"unknown KV cache type {kv_type!r} (have {', '.join(KV_TYPES)})")
     if d % QK:
         raise ValueError(f"{kv_type} needs a head size that is a multiple of {QK}, got {d}")
-    return d // QK * (34 if kv_type == "q8_0" else 18)
+    return d // QK * BY_NAME[kv_type.upper()].nbytes
 
 
 def plan_attention(n: int, hq: int, hkv: int, dh: int, dv: int, n_pos: int,

@@ -40,7 +40,7 @@ __device__ __forceinline__ int sum_q32(const int* u) {
 
 __device__ __forceinline__ float dot_q8_0(const u8* row, int u, const i8* xq, const float* xd,
                                           const float*, const i16*) {
-    const u8* b = row + u * 34;
+    const u8* b = row + u * Q8_0_BYTES;
     const int* x = reinterpret_cast<const int*>(xq + u * QK);
     int s = 0;
 #pragma unroll
@@ -50,7 +50,7 @@ __device__ __forceinline__ float dot_q8_0(const u8* row, int u, const i8* xq, co
 
 __device__ __forceinline__ float dot_q4_0(const u8* row, int u, const i8* xq, const float* xd,
                                           const float*, const i16*) {
-    const u8* b = row + u * 18;
+    const u8* b = row + u * Q4_0_BYTES;
     const int* x = reinterpret_cast<const int*>(xq + u * QK);
     int s = 0;
 #pragma unroll
@@ -64,7 +64,7 @@ __device__ __forceinline__ float dot_q4_0(const u8* row, int u, const i8* xq, co
 
 __device__ __forceinline__ float dot_q4_1(const u8* row, int u, const i8* xq, const float* xd,
                                           const float* xs, const i16*) {
-    const u8* b = row + u * 20;
+    const u8* b = row + u * Q4_1_BYTES;
     const int* x = reinterpret_cast<const int*>(xq + u * QK);
     int s = 0;
 #pragma unroll
@@ -89,7 +89,7 @@ __device__ __forceinline__ int q5_sumi(const u8* qs, u32 qh, const int* x) {
 
 __device__ __forceinline__ float dot_q5_0(const u8* row, int u, const i8* xq, const float* xd,
                                           const float*, const i16*) {
-    const u8* b = row + u * 22;
+    const u8* b = row + u * Q5_0_BYTES;
     const int* x = reinterpret_cast<const int*>(xq + u * QK);
     const int s = q5_sumi(b + 6, (u32)load_i32_a2(b + 2, 0), x);
     return load_f16(b) * xd[u] * (float)(s - 16 * sum_q32(x));
@@ -97,7 +97,7 @@ __device__ __forceinline__ float dot_q5_0(const u8* row, int u, const i8* xq, co
 
 __device__ __forceinline__ float dot_q5_1(const u8* row, int u, const i8* xq, const float* xd,
                                           const float* xs, const i16*) {
-    const u8* b = row + u * 24;
+    const u8* b = row + u * Q5_1_BYTES;
     const int* x = reinterpret_cast<const int*>(xq + u * QK);
     const int s = q5_sumi(b + 8, (u32)load_i32_a2(b + 4, 0), x);
     return load_f16(b) * xd[u] * (float)s + load_f16(b + 2) * xs[u];
@@ -119,7 +119,7 @@ __device__ __forceinline__ void k4_scale_min(const u8* s, int j, int* sc, int* m
 __device__ __forceinline__ float dot_q4_k(const u8* row, int u, const i8* xq, const float* xd,
                                           const float*, const i16* xbs) {
     const int sb = u / 8, j = u % 8;
-    const u8* b = row + sb * 144;
+    const u8* b = row + sb * Q4_K_BYTES;
     const int* x = reinterpret_cast<const int*>(xq + u * QK);
     const u8* qs = b + 16 + (j / 2) * 32;
     const int shift = 4 * (j % 2);
@@ -135,7 +135,7 @@ __device__ __forceinline__ float dot_q4_k(const u8* row, int u, const i8* xq, co
 __device__ __forceinline__ float dot_q5_k(const u8* row, int u, const i8* xq, const float* xd,
                                           const float*, const i16* xbs) {
     const int sb = u / 8, j = u % 8;
-    const u8* b = row + sb * 176;
+    const u8* b = row + sb * Q5_K_BYTES;
     const int* x = reinterpret_cast<const int*>(xq + u * QK);
     const u8* qs = b + 48 + (j / 2) * 32;
     const int shift = 4 * (j % 2);
@@ -155,7 +155,7 @@ __device__ __forceinline__ float dot_q5_k(const u8* row, int u, const i8* xq, co
 __device__ __forceinline__ float dot_q6_k(const u8* row, int u, const i8* xq, const float* xd,
                                           const float*, const i16* xbs) {
     const int sb = u / 8, j = u % 8, h = j / 4, k = j % 4;
-    const u8* b = row + sb * 210;
+    const u8* b = row + sb * Q6_K_BYTES;
     const int* x = reinterpret_cast<const int*>(xq + u * QK);
     const u8* ql = b + h * 64 + (k % 2) * 32;
     const u8* qh = b + 128 + h * 32;
