@@ -356,7 +356,7 @@ class Batcher:
         parts = self._plan(seqs)
         if parts is None:
             return
-        batch = Batch.concat([p.batch for p in parts])
+        batch = parts[0].batch if len(parts) == 1 else Batch.concat([p.batch for p in parts])
         t = time.perf_counter()
         logits = self.engine.step(batch)  # [rows wanted, V]
         dt = time.perf_counter() - t
