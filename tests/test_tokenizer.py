@@ -316,7 +316,8 @@ _PHI3_ADDED = ["<|user|>", "<|end|>", "<|assistant|>"]
 def _vocab_gguf_tokenizer(tmp_path: Path, vocab: str, arch: str, name: str | None) -> Tokenizer:
     """Tokenizer of a vocab-only GGUF written with the tiny-model writer: a tiny SPM (llama
     style, plus <|endoftext|>) or BPE vocab with Phi-3's chat tokens added as control tokens."""
-    from tiny_models import build_bpe_vocab, build_spm_vocab, write_gguf
+    from gguf_files import write_model_gguf
+    from tiny_models import build_bpe_vocab, build_spm_vocab
 
     from localllm.formats import read_gguf
 
@@ -335,7 +336,7 @@ def _vocab_gguf_tokenizer(tmp_path: Path, vocab: str, arch: str, name: str | Non
     if name is not None:
         meta["general.name"] = name
     path = tmp_path / "vocab.gguf"
-    write_gguf(path, meta, {})
+    write_model_gguf(path, meta, {})
     gf = read_gguf(path)
     md = dict(gf.metadata)
     gf.close()

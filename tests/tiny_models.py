@@ -33,6 +33,8 @@ from gguf import quants as gguf_quants
 from gguf_files import write_model_gguf
 from tiny_models_kquants import K_QUANT_TYPES, quantize_k
 
+from localllm.text.tokenizer_bpe import bytes_to_unicode  # GPT-2 byte table
+
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 
 # Types `gguf.quants.quantize` implements (checked against gguf 0.19) plus our K-quant encoders.
@@ -166,19 +168,6 @@ def build_spm_vocab(style: str) -> dict[str, Any]:
         flags = {"add_bos_token": True, "add_eos_token": False, "add_space_prefix": False}
     return {"model": "llama", "pre": "default", "tokens": tokens, "scores": scores,
             "token_type": types, "merges": None, "ids": meta_ids, "flags": flags}
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable unicode character map used by byte-level BPE."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
-    mapping = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return mapping
 
 
 def _train_bpe(text: str, n_merges: int) -> list[tuple[str, str]]:

@@ -123,7 +123,7 @@ _register_pre(
 )
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character table used by byte-level BPE vocabs."""
     printable = (
         list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
@@ -137,7 +137,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-_BYTE_TO_CHAR = _bytes_to_unicode()
+_BYTE_TO_CHAR = bytes_to_unicode()
 _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
 
 
