@@ -51,7 +51,7 @@ def test_split_at_every_position(text: str, opened: bool, thinking: str, content
         pieces = [text[:i], text[i:j], text[j:]]
         t, c, outs = _stream(pieces, opened)
         assert (t, c) == (thinking, content), pieces
-        for pt, pc in outs[:-1]:
+        for pt, _pc in outs[:-1]:
             assert "<think>" not in pt and "</think>" not in pt, pieces
 
 
