@@ -12,6 +12,7 @@ from test_cli import _one_line_error, cli
 
 from localllm.commands.run import ThinkingView
 from localllm.generation.reasoning import ThinkingSplitter
+from localllm.generation.text_stream import Event
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 
@@ -66,3 +67,78 @@ def test_run_think_flags(models) -> None:
     assert shown.stdout == "\n" and j["thinking"] in shown.stderr
     hidden = cli(*args, "--no-think")
     assert hidden.returncode == 0 and hidden.stdout == "\n" and j["thinking"] not in hidden.stderr
+
+
+# --- the chat: line chat and app on the same backend ----------------------------------------
+
+
+def test_chat_backend_splits_events() -> None:
+    """The backend's split of the token loop's events: pieces cut anywhere, the held-back
+    tail flushed with the final event, nothing empty put on the queue."""
+    from localllm.tui.backend import _split_event
+
+    reply = "<think>\nplan</think>\n\nanswer <"
+    for k in (1, 2, 3, 5):
+        split = ThinkingSplitter()
+        events = [Event(text=reply[i:i + k]) for i in range(0, len(reply), k)] + [
+            Event(done=True, done_reason="stop")]
+        out = [e for e in (_split_event(split, ev) for ev in events) if e is not None]
+        assert "".join(e.thinking for e in out) == "plan"
+        assert "".join(e.text for e in out) == "answer <"
+        assert out[-1].done and all(e.text or e.thinking for e in out[:-1])
+
+
+def test_line_chat_shows_thinking_on_stderr(models, tmp_path, capsys, monkeypatch) -> None:
+    import io
+
+    from localllm.cli import main
+    from localllm.tui.conversation import Conversation
+
+    r1, plain = models["deepseek_r1_style"], models["plain"]
+    saved = tmp_path / "c.json"
+    args = ["chat", str(r1), "-n", "8", "--temp", "0", "-c", "256"]
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"hi\n/save {saved}\n"))
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    # the prompt opened <think> and the random reply never closes it: all thinking
+    assert out == "\n\n" and Conversation.load(saved).messages[-1]["content"] == ""
+    thinking = err.split("\n")[0]
+    assert thinking.strip()
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    assert main([*args, "--no-think"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "\n\n" and thinking not in err
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    assert main(["chat", str(plain), "--think"]) == 1
+    assert "does not support thinking" in capsys.readouterr().err
+
+
+def test_app_shows_thinking_dimmed_and_folded(models) -> None:
+    import asyncio
+
+    from textual.widgets import Collapsible
+
+    from localllm.generation.sampling import SamplerConfig
+    from localllm.tui.app import ChatApp
+    from localllm.tui.conversation import Conversation
+    from localllm.tui.widgets import AssistantMessage
+
+    async def scenario() -> None:
+        conv = Conversation(config=SamplerConfig(temperature=0.0), max_tokens=8)
+        app = ChatApp(models["deepseek_r1_style"], conversation=conv, engine_opts={"n_ctx": 256})
+        async with app.run_test(size=(80, 24)) as pilot:
+            while app.info is None:
+                await pilot.pause(0.02)
+            app.input.load_text("hi")
+            await pilot.press("enter")
+            while app.turn is None or "stats" not in app.turn.message:
+                await pilot.pause(0.02)
+            w = app.view.query(AssistantMessage).last()
+            box = w.query_one(".thinking", Collapsible)
+            assert w.thinking.strip() and box.display and w.source == ""
+            assert app.conversation.messages[-1]["content"] == ""  # reasoning not kept
+            # the answer starting folds the thinking away
+            await w.append("x")
+            assert box.collapsed
+
+    asyncio.run(scenario())

@@ -375,4 +375,5 @@ def _line_chat(path: Path, ns: argparse.Namespace, cfg: SamplerConfig, spec: Spe
     from localllm.tui.line_chat import line_chat
 
     conversation = Conversation(system=ns.system or "", config=cfg, max_tokens=ns.num_predict)
-    return line_chat(ChatBackend(path, spec=spec, **engine_options(ns)), conversation)
+    return line_chat(ChatBackend(path, spec=spec, think=getattr(ns, "think", None),
+                                 **engine_options(ns)), conversation)
