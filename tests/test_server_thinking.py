@@ -202,3 +202,11 @@ def test_openai_reasoning_content(server, ai) -> None:
     c = ai.chat.completions.create(model="tiny-think", messages=MSGS)
     assert c.choices[0].message.reasoning_content == "First, recall the map.\n"
     assert c.choices[0].message.content == "Paris."
+
+
+def test_earlier_thinking_reaches_the_template(server, oc) -> None:
+    """An assistant message's `thinking` (Ollama) is the template's reasoning_content."""
+    sched = use(server, "qwen3_thinking_style", QWEN_REPLY)
+    msgs = [*MSGS, {"role": "assistant", "content": "Paris.", "thinking": "Recall the map."}]
+    oc.chat(model="tiny-think", messages=msgs)
+    assert "<think>\nRecall the map.\n</think>\n\nParis." in sched.prompts[-1]

@@ -299,6 +299,11 @@ def check_messages(messages: Any, where: str = "messages") -> list[dict[str, Any
         for key in ("tool_call_id", "tool_name", "name"):  # which call a tool result answers
             if m.get(key) is not None:
                 msg[key] = get(m, key, str, where=f"{where}[{i}].")
+        # an earlier reply's reasoning (Ollama's `thinking`, OpenAI-style `reasoning_content`):
+        # templates that show it (Qwen 3, in a tool-call turn) read `reasoning_content`
+        for key in ("thinking", "reasoning_content"):
+            if m.get(key):
+                msg["reasoning_content"] = get(m, key, str, where=f"{where}[{i}].")
         out.append(msg)
     return out
 
