@@ -266,7 +266,7 @@ _COMMON_DEFAULTS: dict[str, Any] = dict(
     n_embd=64, head_dim=16, n_ff=128, context_length=256, rms_eps=1e-6, rope_freq_base=10000.0,
     sliding_window=None, sliding_window_pattern=None, rope_freq_base_swa=None,
     final_logit_softcapping=None, rope_scaling_factor=None, rope_freqs=False,
-    tensor_qtypes=None, name=None,
+    tensor_qtypes=None, name=None, chat_template=None,
 )
 
 # With a 256-block K-quant every matrix row (n_embd, n_ff, n_head*head_dim) must be a multiple
@@ -427,7 +427,8 @@ def write_tiny_model(
     rope_freq_base, rope_freq_base_swa, sliding_window, sliding_window_pattern (gemma3; 0 makes
     every layer local), final_logit_softcapping, rope_scaling_factor (writes linear rope
     scaling), rope_freqs (True: llama3-style rope_freqs.weight), tie_embeddings,
-    tensor_qtypes ({'attn_q': GGMLQuantizationType.Q5_0, ...} by short tensor name), name.
+    tensor_qtypes ({'attn_q': GGMLQuantizationType.Q5_0, ...} by short tensor name), name,
+    chat_template (Jinja source; default: a plain one for the family).
     """
     qtype = GGMLQuantizationType(qtype)
     cfg = _config(arch, qtype, overrides)
@@ -498,7 +499,7 @@ def write_tiny_model(
     for key, flag in vocab["flags"].items():
         meta[f"tokenizer.ggml.{key}"] = flag
     template = {"llama": "llama", "mistral": "llama", "gemma3": "gemma"}.get(arch, "chatml")
-    meta["tokenizer.chat_template"] = _CHAT_TEMPLATES[template]
+    meta["tokenizer.chat_template"] = cfg["chat_template"] or _CHAT_TEMPLATES[template]
 
     write_model_gguf(path, meta,
                      {name: _encode(arr, qtypes[name]) for name, arr in tensors.items()}, qtypes)

@@ -65,6 +65,8 @@ Screen { layout: vertical; }
 .msg.user .body { padding: 0 0 0 2; }
 .msg.assistant Markdown { margin: 0; padding: 0 0 0 2; }
 .msg.assistant .stats { color: $text-muted; padding: 0 0 0 2; }
+.msg.assistant .thinking { border: none; padding: 0 0 0 1; margin: 0; background: $surface 0%; }
+.msg.assistant .thinking-text { color: $text-muted; text-style: italic; }
 .msg.assistant.stopped .stats { color: $warning; }
 .msg.dropped { opacity: 60%; }
 .note { color: $text-muted; margin: 0 0 1 0; }
@@ -108,7 +110,8 @@ def merge_text(events: list[BackendEvent]) -> list[BackendEvent]:
         prev = out[-1] if out else None
         if (isinstance(ev, Event) and not ev.done and isinstance(prev, Event)
                 and not prev.done):
-            out[-1] = Event(text=prev.text + ev.text, token=ev.token)
+            out[-1] = Event(text=prev.text + ev.text, thinking=prev.thinking + ev.thinking,
+                            token=ev.token)
         else:
             out.append(ev)
     return out
@@ -262,11 +265,12 @@ class ChatApp(App[int]):
             self._show_progress(ev)
             self.update_status()  # the context fills as the prompt is evaluated
         elif isinstance(ev, Event):
-            if not ev.done:
-                if not turn.stopped:
-                    self._show_progress(None)
-                    await turn.widget.append(ev.text)
-            else:
+            if not turn.stopped and (ev.text or ev.thinking):
+                self._show_progress(None)
+                if self.backend.think is not False:  # --no-think: reasoning hidden
+                    turn.widget.append_thinking(ev.thinking)
+                await turn.widget.append(ev.text)
+            if ev.done:
                 await self._finish_turn(turn, ev)
         elif isinstance(ev, ContextFull):
             await self._context_full(turn, ev)
@@ -280,6 +284,9 @@ class ChatApp(App[int]):
             self.conversation.model = ev.info.name
             await self.say(f"{ev.info.name} ready ({ev.info.load_s:.1f} s)" if self.show_rates
                            else f"{ev.info.name} ready")
+            if self.backend.think and not ev.info.thinking:
+                await self.say(f"{ev.info.name} does not support thinking: --think has no "
+                               "effect", "warn")
         elif isinstance(ev, Failed):
             await self.say(f"error: cannot load the model: {ev.message}. /model PATH loads "
                            "another.", "error")

@@ -44,6 +44,7 @@ class ModelInfo:
     v_type: str
     template: str  # "gguf" (the file's own chat template) or a built-in one's name
     load_s: float
+    thinking: bool = False  # the chat template can think (<think>, enable_thinking)
 
 
 @dataclass
@@ -86,6 +87,19 @@ def is_final(ev: BackendEvent) -> bool:
     if isinstance(ev, Progress):
         return False
     return not isinstance(ev, Event) or ev.done
+
+
+def _split_event(split: Any, ev: Event) -> Event | None:
+    """`ev` with its text split into reasoning and reply (None: nothing to show yet)."""
+    from dataclasses import replace
+
+    thinking, text = split.push(ev.text)
+    if ev.done:
+        t, c = split.finish()
+        thinking, text = thinking + t, text + c
+    elif not thinking and not text:
+        return None
+    return replace(ev, text=text, thinking=thinking)
 
 
 class Handle:
@@ -168,7 +182,10 @@ class ChatBackend:
     """
 
     def __init__(self, model_path: str | Path, spec: SpecOptions | None = None,
-                 **engine_opts: Any) -> None:
+                 think: bool | None = None, **engine_opts: Any) -> None:
+        # think: the template's enable_thinking (None: its default); a thinking model's
+        # reasoning always comes apart from the reply, in Event.thinking
+        self.think = think
         self._engine_opts = engine_opts
         self._spec = spec or SpecOptions()
         self._loop: Any = None  # the token loop (a Batcher): engine thread only
@@ -260,15 +277,22 @@ class ChatBackend:
         self.info = ModelInfo(
             path=Path(job.args["path"]), name=name, n_ctx=eng.n_ctx, kv_bytes=eng.kv.nbytes(),
             k_type=eng.kv.k_type, v_type=eng.kv.v_type, template=template,
-            load_s=time.perf_counter() - t0,
+            load_s=time.perf_counter() - t0, thinking=eng.template.caps.thinking,
         )
         job.handle.put(Loaded(self.info))
 
     def _encode(self, messages: Sequence[dict]) -> list[int]:
+        return self._render(messages)[0]
+
+    def _render(self, messages: Sequence[dict]) -> tuple[list[int], str]:
         from localllm.text.chat_template import encode_chat
 
         eng = self.engine
-        return encode_chat(eng.tokenizer, eng.template.render(messages, add_generation_prompt=True))
+        kwargs = {}
+        if self.think is not None and eng.template.caps.thinking:
+            kwargs["enable_thinking"] = self.think
+        text = eng.template.render(messages, add_generation_prompt=True, **kwargs)
+        return encode_chat(eng.tokenizer, text), text
 
     def _fit(self, messages: Sequence[dict], limit: int) -> int | None:
         """Fewest oldest turns to drop so the prompt is at most `limit` tokens (None: never)."""
@@ -281,6 +305,7 @@ class ChatBackend:
     def _chat(self, job: _Job) -> None:
         """A thin adapter: one Request through the token loop, run on this thread; its
         events become the app's (prefill progress included), Esc cancels between steps."""
+        from localllm.generation.reasoning import ThinkingSplitter, prompt_opens_thinking
         from localllm.generation.request import Request
         from localllm.generation.sampling import Sampler
 
@@ -288,7 +313,7 @@ class ChatBackend:
         if eng is None:
             h.put(Failed("no model loaded"))
             return
-        ids = self._encode(a["messages"])
+        ids, text = self._render(a["messages"])
         n = len(ids)
         reserve = reply_reserve(eng.n_ctx, a["max_tokens"])
         if n + reserve > eng.n_ctx:
@@ -298,10 +323,15 @@ class ChatBackend:
         req = Request(ids, a["config"], max_tokens=a["max_tokens"], stop=a["stop"], slot=SLOT,
                       progress=True)
         handle = self._loop.submit(req, sampler=sampler)
+        split = ThinkingSplitter(prompt_opens_thinking(text)) if eng.template.caps.thinking \
+            else None
         while True:
             for ev in handle.pending():
                 if ev.progress is None:
-                    h.put(ev)
+                    if split is not None:
+                        ev = _split_event(split, ev)
+                    if ev is not None:
+                        h.put(ev)
                 elif ev.progress[1] > PREFILL_CHUNK:  # a prompt long enough to show
                     h.put(Progress(*ev.progress))
             if handle.finished.is_set():

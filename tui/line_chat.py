@@ -59,6 +59,10 @@ def line_chat(backend: ChatBackend, conversation: Conversation, note: str | None
     if note:
         print(f"note: {note}", file=sys.stderr)
     info = _load(backend)
+    if backend.think and not info.thinking:
+        backend.close()
+        raise LocalLLMError(f"{info.name} does not support thinking (its chat template knows "
+                            "no <think> / enable_thinking)")
     conversation.model = info.name
     if interactive:
         print(f"Chatting with {info.name}. /help for commands, Ctrl-D or /bye to quit.",
@@ -98,9 +102,33 @@ def _load(backend: ChatBackend) -> ModelInfo:
     return ev.info
 
 
+class _Thinking:
+    """A reasoning model's thinking on stderr, dimmed on a terminal (hidden with
+    --no-think); a blank line between it and the reply."""
+
+    def __init__(self, show: bool) -> None:
+        self.show, self.open = show, False
+        self.dim = sys.stderr.isatty()
+
+    def write(self, thinking: str) -> None:
+        if thinking and self.show:
+            sys.stderr.write(f"\x1b[2m{thinking}\x1b[0m" if self.dim else thinking)
+            sys.stderr.flush()
+            self.open = True
+
+    def end(self) -> None:
+        if self.open:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self.open = False
+
+
 def _reply(backend: ChatBackend, conv: Conversation, out: TextIO) -> None:
     """Stream one reply to `out` and record it; on ContextFull drop the oldest turns (with a
-    note) and try again, or take the message back when it cannot fit at all."""
+    note) and try again, or take the message back when it cannot fit at all. A reasoning
+    model's thinking goes to stderr and is not kept in the conversation (templates drop
+    old reasoning anyway)."""
+    thinking = _Thinking(getattr(backend, "think", None) is not False)
     while True:
         handle = backend.submit(conv.prompt_messages(), conv.config, conv.max_tokens)
         parts: list[str] = []
@@ -108,12 +136,14 @@ def _reply(backend: ChatBackend, conv: Conversation, out: TextIO) -> None:
         try:
             for ev in handle:
                 if isinstance(ev, Event):
-                    if ev.done:
-                        final = ev
-                    elif ev.text:
+                    thinking.write(ev.thinking)
+                    if ev.text:
+                        thinking.end()
                         parts.append(ev.text)
                         out.write(ev.text)
                         out.flush()
+                    if ev.done:
+                        final = ev
                 elif isinstance(ev, ContextFull):
                     if ev.drop_turns is None:
                         conv.messages.pop()
@@ -139,6 +169,7 @@ def _reply(backend: ChatBackend, conv: Conversation, out: TextIO) -> None:
             final = Event(done=True, done_reason="cancelled")
         if final is None:
             continue  # turns were dropped: ask again
+        thinking.end()
         out.write("\n\n")
         out.flush()
         message = {"role": "assistant", "content": "".join(parts)}

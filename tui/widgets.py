@@ -16,7 +16,7 @@ from textual.binding import Binding
 from textual.containers import Grid, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label, Markdown, Static, TextArea
+from textual.widgets import Button, Collapsible, Label, Markdown, Static, TextArea
 from textual.widgets.markdown import MarkdownFence, MarkdownStream
 
 
@@ -102,17 +102,23 @@ class Note(Static):
 
 
 class AssistantMessage(Vertical):
-    """A reply: Markdown that grows as deltas arrive, then a stats line."""
+    """A reply: a reasoning model's thinking (dimmed, collapsed once the answer starts,
+    hidden when there is none), Markdown that grows as deltas arrive, then a stats line."""
 
     def __init__(self, who: str, message: dict | None = None) -> None:
         super().__init__(classes="msg assistant")
         self.who = who
         self.message = message  # the conversation's dict once the reply is final
         self.source = "" if message is None else message["content"]
+        self.thinking = ""
         self._stream: MarkdownStream | None = None
 
     def compose(self) -> ComposeResult:
         yield Label(self.who, classes="who")
+        box = Collapsible(Static("", markup=False, classes="thinking-text"), title="Thinking",
+                          collapsed=False, classes="thinking")
+        box.display = False
+        yield box
         yield Markdown(self.source or None, classes="body")
         yield Static("", markup=False, classes="stats")
 
@@ -120,9 +126,19 @@ class AssistantMessage(Vertical):
     def markdown(self) -> Markdown:
         return self.query_one(Markdown)
 
+    def append_thinking(self, delta: str) -> None:
+        if not delta:
+            return
+        self.thinking += delta
+        box = self.query_one(".thinking", Collapsible)
+        box.display = True
+        self.query_one(".thinking-text", Static).update(self.thinking.strip())
+
     async def append(self, delta: str) -> None:
         if not delta:
             return
+        if self.thinking and not self.source:  # the answer starts: fold the thinking away
+            self.query_one(".thinking", Collapsible).collapsed = True
         if self._stream is None:
             self._stream = Markdown.get_stream(self.markdown)
         self.source += delta

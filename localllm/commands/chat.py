@@ -14,6 +14,7 @@ from localllm.commands.options import (
     add_model_opts,
     add_sampling_opts,
     add_spec_opts,
+    add_think_opt,
     engine_options,
     sampler_config,
     spec_options,
@@ -29,6 +30,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--num-predict", type=int, default=-1, help="max tokens per reply (-1: until the end of the turn)")
     p.add_argument("--load", default=None, metavar="FILE", help="resume a saved conversation (JSON)")
     p.add_argument("--no-tui", action="store_true", help="plain line chat instead of the app (also when stdin or stdout is not a terminal)")
+    add_think_opt(p)
     add_model_opts(p)
     add_sampling_opts(p)
     add_spec_opts(p)
@@ -61,7 +63,7 @@ def cmd_chat(ns: argparse.Namespace) -> int:
         from localllm.store.default import resolve_model
 
         spec.draft_model = str(resolve_model(spec.draft_model))
-    backend = ChatBackend(choice.path, spec=spec, **engine_options(ns))
+    backend = ChatBackend(choice.path, spec=spec, think=ns.think, **engine_options(ns))
     if ns.no_tui or not tty:
         return line_chat(backend, conversation, choice.note)
     from localllm.tui.app import ChatApp

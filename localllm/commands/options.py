@@ -119,6 +119,14 @@ def sampler_config(ns: argparse.Namespace) -> SamplerConfig:
     return SamplerConfig(**{s.name: getattr(ns, s.name) for s in settings()})
 
 
+def add_think_opt(p: argparse.ArgumentParser) -> None:
+    """--think / --no-think: a reasoning model's thinking shown dimmed (the default for a
+    model whose chat template can think) or hidden and turned off in the template."""
+    p.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,
+                   help="show a reasoning model's thinking, dimmed (default for a model that "
+                        "thinks); --no-think hides it and asks the template not to think")
+
+
 def add_spec_opts(p: argparse.ArgumentParser, draft_model: bool = True) -> None:
     """--speculate, --draft-max and (where a draft model can be loaded) --draft-model."""
     g = p.add_argument_group("speculative decoding (lossless: the same output, faster)")

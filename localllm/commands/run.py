@@ -24,6 +24,7 @@ from localllm.commands.options import (
     add_model_then,
     add_sampling_opts,
     add_spec_opts,
+    add_think_opt,
     engine_options,
     sampler_config,
     spec_options,
@@ -57,6 +58,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="structured output: 'json' (any JSON object), a JSON schema inline, or a schema file")
     p.add_argument("--json-schema", default=None, metavar="FILE", help="structured output following the JSON schema in FILE")
     p.add_argument("--show-prompt", action="store_true", help="print the prompt the chat template renders, then exit")
+    add_think_opt(p)
     add_model_opts(p)
     add_sampling_opts(p)
     add_spec_opts(p)
@@ -175,8 +177,27 @@ def cmd_run(ns: argparse.Namespace) -> int:
         ids, rendered = _prompt_ids(engine, prompt or "", ns, history=[])
         sys.stdout.write((engine.tokenizer.decode(ids) if ns.raw else rendered) + "\n")
         return 0
-    ids, _ = _prompt_ids(engine, prompt, ns, history=[])
-    return _one_shot(session, ids, cfg, load_s, str(path))
+    ids, rendered = _prompt_ids(engine, prompt, ns, history=[])
+    return _one_shot(session, ids, cfg, load_s, str(path), _thinking_split(engine, ns, rendered))
+
+
+def check_think(engine: Engine, think: bool | None, raw: bool = False) -> None:
+    """--think for a model whose chat template cannot think: one error line (Ollama's 400)."""
+    if think and not raw and not engine.template.caps.thinking:
+        raise InvalidValueError(f"{engine.path.name} does not support thinking (its chat "
+                                "template knows no <think> / enable_thinking)")
+
+
+def _thinking_split(engine: Engine, ns: argparse.Namespace, rendered: str) -> object | None:
+    """The reply's splitter (localllm.generation.reasoning), or None when nothing is split:
+    a thinking model's reply (reasoning shown, or hidden with --no-think), or a --raw prompt
+    with --think."""
+    from localllm.generation.reasoning import ThinkingSplitter, prompt_opens_thinking
+
+    think = getattr(ns, "think", None)
+    if (ns.raw and not think) or (not ns.raw and not engine.template.caps.thinking):
+        return None
+    return ThinkingSplitter(prompt_opens_thinking(rendered))
 
 
 def _prompt_ids(engine: Engine, text: str, ns: argparse.Namespace,
@@ -193,7 +214,11 @@ def _prompt_ids(engine: Engine, text: str, ns: argparse.Namespace,
     messages += history
     messages.append({"role": "user", "content": text})
     template = engine.template
-    rendered = template.render(messages, add_generation_prompt=True)
+    check_think(engine, getattr(ns, "think", None))
+    kwargs = {}
+    if getattr(ns, "think", None) is not None and template.caps.thinking:
+        kwargs["enable_thinking"] = ns.think  # Qwen 3: false renders an empty think block
+    rendered = template.render(messages, add_generation_prompt=True, **kwargs)
     if template.last_missing:
         print(f"warning: the chat template ({template.name}) does not show "
               f"{len(template.last_missing)} of the messages (roles: "
@@ -202,10 +227,50 @@ def _prompt_ids(engine: Engine, text: str, ns: argparse.Namespace,
     return encode_chat(tok, rendered), rendered
 
 
+class ThinkingView:
+    """Writes a reply split into thinking and content: the content to stdout as it comes,
+    the thinking to stderr (dimmed when stderr is a terminal), or nowhere when hidden."""
+
+    DIM, RESET = "\x1b[2m", "\x1b[0m"
+
+    def __init__(self, split: object | None, show: bool, quiet: bool = False) -> None:
+        self.split, self.show, self.quiet = split, show, quiet
+        self.thinking: list[str] = []
+        self.content: list[str] = []
+        self._shown = False  # thinking was written: a blank line before the answer
+        self._dim = sys.stderr.isatty()
+
+    def push(self, text: str) -> None:
+        thinking, content = self.split.push(text) if self.split is not None else ("", text)
+        self._write(thinking, content)
+
+    def finish(self) -> None:
+        if self.split is not None:
+            self._write(*self.split.finish())
+
+    def _write(self, thinking: str, content: str) -> None:
+        if thinking:
+            self.thinking.append(thinking)
+            if self.show and not self.quiet:
+                err = sys.stderr
+                err.write(f"{self.DIM}{thinking}{self.RESET}" if self._dim else thinking)
+                err.flush()
+                self._shown = True
+        if content:
+            if self._shown:
+                sys.stderr.write("\n")
+                sys.stderr.flush()
+                self._shown = False
+            self.content.append(content)
+            if not self.quiet:
+                sys.stdout.write(content)
+                sys.stdout.flush()
+
+
 def _one_shot(session: _Session, ids: list[int], cfg: SamplerConfig, load_s: float,
-              model_name: str) -> int:
+              model_name: str, split: object | None = None) -> int:
     ns, out = session.ns, sys.stdout
-    pieces: list[str] = []
+    view = ThinkingView(split, show=getattr(ns, "think", None) is not False, quiet=ns.json)
     final = None
     t0 = time.perf_counter()
     try:
@@ -214,10 +279,8 @@ def _one_shot(session: _Session, ids: list[int], cfg: SamplerConfig, load_s: flo
                 final = ev
                 break
             if ev.text:
-                pieces.append(ev.text)
-                if not ns.json:
-                    out.write(ev.text)
-                    out.flush()
+                view.push(ev.text)
+        view.finish()
     except KeyboardInterrupt:
         if not ns.json:
             out.write("\n")
@@ -225,8 +288,10 @@ def _one_shot(session: _Session, ids: list[int], cfg: SamplerConfig, load_s: flo
         return 130
     total_s = time.perf_counter() - t0 + load_s
     if ns.json:
-        report = json_report(session.engine, model_name, ids, "".join(pieces), final, load_s,
-                             total_s)
+        report = json_report(session.engine, model_name, ids, "".join(view.content), final,
+                             load_s, total_s)
+        if split is not None:
+            report["thinking"] = "".join(view.thinking)
         print(json.dumps(report, ensure_ascii=False))
     else:
         out.write("\n")
@@ -310,4 +375,5 @@ def _line_chat(path: Path, ns: argparse.Namespace, cfg: SamplerConfig, spec: Spe
     from localllm.tui.line_chat import line_chat
 
     conversation = Conversation(system=ns.system or "", config=cfg, max_tokens=ns.num_predict)
-    return line_chat(ChatBackend(path, spec=spec, **engine_options(ns)), conversation)
+    return line_chat(ChatBackend(path, spec=spec, think=getattr(ns, "think", None),
+                                 **engine_options(ns)), conversation)

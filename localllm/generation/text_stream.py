@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 @dataclass
 class Event:
     text: str = ""  # new text, safe to show
+    thinking: str = ""  # new reasoning text, where a front end splits it out (the chat)
     token: int | None = None
     done: bool = False
     done_reason: str | None = None  # "stop" (EOS/EOT or stop string) or "length"

@@ -237,17 +237,28 @@ def parse_stop(v: Any, what: str = "'stop'") -> list[str]:
 
 
 def chat_prompt(engine: Engine, messages: list[dict[str, Any]], template: str | None = None,
-                tools: list[dict[str, Any]] | None = None) -> list[int]:
+                tools: list[dict[str, Any]] | None = None, think: bool | None = None) -> list[int]:
     """Token ids of a conversation rendered with the model's chat template (or `template`,
     a Jinja override) and an open assistant turn. tools: the request's tool definitions,
-    passed to the template (or written into the system prompt where it has no tool support)."""
+    passed to the template (or written into the system prompt where it has no tool support);
+    think: the template's `enable_thinking` (None: not set)."""
+    return render_prompt(engine, messages, template, tools, think)[0]
+
+
+def render_prompt(engine: Engine, messages: list[dict[str, Any]], template: str | None = None,
+                  tools: list[dict[str, Any]] | None = None, think: bool | None = None,
+                  ) -> tuple[list[int], str]:
+    """`chat_prompt`'s token ids and the rendered text they came from (whose tail says
+    whether the reply starts inside a think block)."""
     from localllm.text.chat_template import ChatTemplate, encode_chat
 
     # a template that cannot render these messages raises TemplateError: the client's 400
     tmpl = engine.template if template is None else ChatTemplate(template, engine.tokenizer)
-    kwargs = {"tools": tools} if tools else {}
+    kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+    if think is not None:
+        kwargs["enable_thinking"] = think
     text = tmpl.render(messages, add_generation_prompt=True, **kwargs)
-    return encode_chat(engine.tokenizer, text)
+    return encode_chat(engine.tokenizer, text), text
 
 
 def raw_prompt(engine: Engine, text: str) -> list[int]:
@@ -288,6 +299,11 @@ def check_messages(messages: Any, where: str = "messages") -> list[dict[str, Any
         for key in ("tool_call_id", "tool_name", "name"):  # which call a tool result answers
             if m.get(key) is not None:
                 msg[key] = get(m, key, str, where=f"{where}[{i}].")
+        # an earlier reply's reasoning (Ollama's `thinking`, OpenAI-style `reasoning_content`):
+        # templates that show it (Qwen 3, in a tool-call turn) read `reasoning_content`
+        for key in ("thinking", "reasoning_content"):
+            if m.get(key):
+                msg["reasoning_content"] = get(m, key, str, where=f"{where}[{i}].")
         out.append(msg)
     return out
 
@@ -337,6 +353,49 @@ async def format_constraint(state: ServerState, fmt: Any, what: str = "format") 
         return await asyncio.to_thread(make_constraint, fmt, state.engine.tokenizer)
     except ConstraintError as e:
         raise ApiError(400, f"invalid '{what}': {e}") from None
+
+
+THINK_LEVELS = ("low", "medium", "high")
+
+
+def think_setting(body: Mapping[str, Any], can_think: bool, model: Any) -> bool | None:
+    """Ollama's `think` field against what the model can do: None for a model that cannot
+    think (asking it to is a 400, as Ollama answers), else whether the reply's reasoning is
+    split out (absent: yes, Ollama's default for a thinking model). "low"/"medium"/"high"
+    (gpt-oss's levels) count as true."""
+    v = get(body, "think", (bool, str))
+    if isinstance(v, str):
+        if v not in THINK_LEVELS:
+            raise ApiError(400, f"invalid think value: {json.dumps(v)} (must be \"high\", "
+                                "\"medium\", \"low\", true, or false)")
+        v = True
+    if not can_think:
+        if v:
+            raise ApiError(400, f"{json.dumps(model)} does not support thinking")
+        return None
+    return True if v is None else v
+
+
+class ThinkStream:
+    """A reply's text pieces as (thinking, content) when `think` is on, else all content.
+    `prompt_text` (the rendered prompt) says whether the reply starts inside thinking."""
+
+    def __init__(self, think: bool | None, prompt_text: str) -> None:
+        from localllm.generation.reasoning import ThinkingSplitter, prompt_opens_thinking
+
+        self.splitter = ThinkingSplitter(prompt_opens_thinking(prompt_text)) if think else None
+
+    def push(self, piece: str) -> tuple[str, str]:
+        return ("", piece) if self.splitter is None else self.splitter.push(piece)
+
+    def finish(self) -> tuple[str, str]:
+        return ("", "") if self.splitter is None else self.splitter.finish()
+
+    def whole(self, text: str) -> tuple[str, str]:
+        """(thinking, content) of a whole reply."""
+        t1, c1 = self.push(text)
+        t2, c2 = self.finish()
+        return t1 + t2, c1 + c2
 
 
 class ToolStream:

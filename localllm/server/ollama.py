@@ -24,8 +24,8 @@ from localllm.server.common import (
     ApiError,
     ServerState,
     Stream,
+    ThinkStream,
     ToolStream,
-    chat_prompt,
     check_messages,
     check_tools,
     format_constraint,
@@ -35,7 +35,9 @@ from localllm.server.common import (
     parse_options,
     raw_prompt,
     read_json,
+    render_prompt,
     rfc3339,
+    think_setting,
     tool_names,
     unsupported,
 )
@@ -51,15 +53,17 @@ def _metrics(ev: Event, t0: float) -> dict[str, Any]:
             "eval_count": st.eval_tokens, "eval_duration": ns(st.eval_s)}
 
 
-def _common(body: dict[str, Any], state: ServerState) -> tuple[str, Any, bool]:
+def _common(body: dict[str, Any], state: ServerState) -> tuple[str, Any, bool, bool | None]:
+    """(model, options, stream, think): think is None for a model that cannot think, else
+    whether its reasoning is split out (see `think_setting`)."""
     model = state.resolve(body.get("model"))
     stream = get(body, "stream", bool, True)
     get(body, "keep_alive", (int, float, str))
     unsupported(body, "images", "suffix")
     if get(body, "logprobs", bool, False):
         raise ApiError(400, "'logprobs' is not supported by this server yet")
-    get(body, "think", (bool, str))  # models here do not think: answered normally
-    return model, body.get("options"), stream
+    think = think_setting(body, state.engine.template.caps.thinking, body.get("model"))
+    return model, body.get("options"), stream, think
 
 
 def _request(state: ServerState, prompt: list[int], options: Any, truncate: bool,
@@ -71,7 +75,7 @@ def _request(state: ServerState, prompt: list[int], options: Any, truncate: bool
 
 async def generate(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
-    model, options, stream = _common(body, state)
+    model, options, stream, think = _common(body, state)
     prompt = get(body, "prompt", str, "")
     system = get(body, "system", str)
     template = get(body, "template", str)
@@ -86,11 +90,12 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
     eng = state.engine
     # Tokenizing a long prompt takes a while: off the event loop, which serves other streams.
     if raw:
-        ids = await asyncio.to_thread(raw_prompt, eng, prompt)
+        ids, text = await asyncio.to_thread(raw_prompt, eng, prompt), prompt
     else:
         msgs = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": prompt}]
-        ids = await asyncio.to_thread(chat_prompt, eng, msgs, template)
+        ids, text = await asyncio.to_thread(render_prompt, eng, msgs, template, None, think)
+    split = ThinkStream(think, text)
     if context:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in context):
             raise ApiError(400, "'context' must be an array of token ids")
@@ -100,8 +105,9 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
     req = _request(state, ids, options, truncate, constraint)
     s = Stream(state, req)
 
-    def final(ev: Event, text: str) -> dict[str, Any]:
-        out = {"model": model, "created_at": rfc3339(), "response": text, "done": True,
+    def final(ev: Event, text: str, thinking: str) -> dict[str, Any]:
+        out = {"model": model, "created_at": rfc3339(), "response": text,
+               **({"thinking": thinking} if thinking else {}), "done": True,
                "done_reason": ev.done_reason, **_metrics(ev, s.t0)}
         if not raw:
             out["context"] = ev.prompt + ev.tokens  # the prompt used (after any truncation)
@@ -109,17 +115,22 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
 
     if not stream:
         text, ev = await s.collect(request)
-        return JSONResponse(final(ev, text))
+        thinking, text = split.whole(text)
+        return JSONResponse(final(ev, text, thinking))
 
     async def chunks() -> AsyncIterator[bytes]:
         try:
             while True:
                 ev = await s.next()
                 if ev.done:
-                    yield _line(final(ev, ev.text))
+                    t1, c1 = split.push(ev.text)
+                    t2, c2 = split.finish()
+                    yield _line(final(ev, c1 + c2, t1 + t2))
                     return
-                if ev.text:
-                    yield _line({"model": model, "created_at": rfc3339(), "response": ev.text,
+                thinking, text = split.push(ev.text)
+                if text or thinking:
+                    yield _line({"model": model, "created_at": rfc3339(), "response": text,
+                                 **({"thinking": thinking} if thinking else {}),
                                  "done": False})
         except ApiError as e:
             yield _line({"error": e.message})
@@ -131,7 +142,7 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
 
 async def chat(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
-    model, options, stream = _common(body, state)
+    model, options, stream, think = _common(body, state)
     messages = check_messages(body.get("messages", []))
     truncate = get(body, "truncate", bool, False)
     if not messages:
@@ -139,14 +150,19 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
                              "message": {"role": "assistant", "content": ""},
                              "done": True, "done_reason": "load"})
     tools = check_tools(body.get("tools"))
-    ids = await asyncio.to_thread(chat_prompt, state.engine, messages, None, tools)
+    ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages, None, tools,
+                                               think)
+    split = ThinkStream(think, prompt_text)  # thinking first, then tool calls in the content
     constraint = await format_constraint(state, body.get("format"))
     s = Stream(state, _request(state, ids, options, truncate, constraint))
     # with tools, the reply is parsed for calls; a stream holds text back where one may start
     calls_in = ToolStream(state.engine.template.caps, tool_names(tools)) if tools else None
 
-    def final(ev: Event, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def final(ev: Event, text: str, thinking: str = "",
+              calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": text}
+        if thinking:
+            msg["thinking"] = thinking
         if calls:
             msg["tool_calls"] = calls
         return {"model": model, "created_at": rfc3339(), "message": msg, "done": True,
@@ -154,12 +170,13 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
 
     if not stream:
         text, ev = await s.collect(request)
+        thinking, text = split.whole(text)
         if calls_in is None:
-            return JSONResponse(final(ev, text))
+            return JSONResponse(final(ev, text, thinking))
         calls_in.push(text)
         calls_in.sent = 0  # nothing was shown: the whole content is still to send
         rest, calls = calls_in.end()
-        return JSONResponse(final(ev, rest, calls))
+        return JSONResponse(final(ev, rest, thinking, calls))
 
     async def chunks() -> AsyncIterator[bytes]:
         try:
@@ -167,17 +184,23 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
                 ev = await s.next()
                 if ev.done:
                     calls: list[dict[str, Any]] = []
-                    text = ev.text
+                    t1, c1 = split.push(ev.text)
+                    t2, c2 = split.finish()
+                    text = c1 + c2
                     if calls_in is not None:
-                        text = calls_in.push(ev.text)
+                        text = calls_in.push(text)
                         rest, calls = calls_in.end()
                         text += rest
-                    yield _line(final(ev, text, calls))
+                    yield _line(final(ev, text, t1 + t2, calls))
                     return
-                text = calls_in.push(ev.text) if calls_in is not None else ev.text
-                if text:
-                    yield _line({"model": model, "created_at": rfc3339(),
-                                 "message": {"role": "assistant", "content": text},
+                thinking, text = split.push(ev.text)
+                if calls_in is not None:
+                    text = calls_in.push(text)
+                if text or thinking:
+                    msg = {"role": "assistant", "content": text}
+                    if thinking:
+                        msg["thinking"] = thinking
+                    yield _line({"model": model, "created_at": rfc3339(), "message": msg,
                                  "done": False})
         except ApiError as e:
             yield _line({"error": e.message})
@@ -228,7 +251,9 @@ async def show(request: HttpRequest, state: ServerState) -> Response:
         "modelfile": f"FROM {state.path.name}\n", "parameters": "", "template": tmpl or "",
         # tools: every template takes them (polyfilled into the system prompt where needed)
         "system": "", "license": str(md.get("general.license", "")), "details": state.details(),
-        "model_info": info, "capabilities": ["completion", "tools"], "modified_at": state.modified_at(),
+        "model_info": info, "capabilities": ["completion", "tools"] + (
+            ["thinking"] if state.engine.template.caps.thinking else []),
+        "modified_at": state.modified_at(),
     })
 
 

@@ -25,8 +25,8 @@ from localllm.server.common import (
     ApiError,
     ServerState,
     Stream,
+    ThinkStream,
     ToolStream,
-    chat_prompt,
     check_messages,
     check_tools,
     format_constraint,
@@ -34,6 +34,7 @@ from localllm.server.common import (
     parse_stop,
     raw_prompt,
     read_json,
+    render_prompt,
     tool_names,
     unsupported,
 )
@@ -84,6 +85,25 @@ def _include_usage(body: dict[str, Any]) -> bool:
     return bool(get(so, "include_usage", bool, False))
 
 
+def _think(body: dict[str, Any], can_think: bool) -> tuple[bool | None, bool]:
+    """(the template's enable_thinking, whether reasoning_content is split out), as
+    llama-server does: a thinking model's reasoning goes to `reasoning_content` unless
+    `reasoning_format` is "none"; `chat_template_kwargs.enable_thinking` (llama-server) or
+    `reasoning_effort` "none" (Ollama's mapping) turns thinking off in the template."""
+    kwargs = get(body, "chat_template_kwargs", dict, {})
+    enable = get(kwargs, "enable_thinking", bool, where="chat_template_kwargs.")
+    effort = get(body, "reasoning_effort", str)
+    if enable is None and effort is not None:
+        enable = effort != "none"
+    fmt = get(body, "reasoning_format", str, "auto")
+    if fmt not in ("auto", "deepseek", "deepseek-legacy", "none"):
+        raise ApiError(400, "'reasoning_format' must be one of auto, deepseek, "
+                            "deepseek-legacy, none")
+    if not can_think:
+        return None, False
+    return enable, fmt != "none"
+
+
 def _sse(obj: Any) -> bytes:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
 
@@ -100,7 +120,10 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
     tools = check_tools(body.get("tools"))
     if body.get("tool_choice") == "none":
         tools = []
-    ids = await asyncio.to_thread(chat_prompt, state.engine, messages, None, tools)
+    enable_thinking, extract = _think(body, state.engine.template.caps.thinking)
+    ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages, None, tools,
+                                               enable_thinking)
+    split = ThinkStream(extract, prompt_text)
     constraint = await _response_format(body, state)
     s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop, constraint=constraint))
     rid, created = f"chatcmpl-{s.handle.id}", int(time.time())
@@ -108,6 +131,7 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
     calls_in = ToolStream(state.engine.template.caps, tool_names(tools)) if tools else None
     if not stream:
         text, ev = await s.collect(request)
+        reasoning, text = split.whole(text)
         msg: dict[str, Any] = {"role": "assistant", "content": text}
         finish = ev.done_reason
         if calls_in is not None:
@@ -118,6 +142,8 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
                 msg = {"role": "assistant", "content": rest or None,
                        "tool_calls": to_openai_tool_calls(calls)}
                 finish = "tool_calls"
+        if reasoning:
+            msg["reasoning_content"] = reasoning
         return JSONResponse({**head, "object": "chat.completion", "choices": [
             {"index": 0, "message": msg, "finish_reason": finish}], "usage": _usage(ev)})
 
@@ -128,17 +154,27 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
     async def events() -> AsyncIterator[bytes]:
         try:
             first = True
+
+            def delta(reasoning: str, text: str) -> dict[str, Any]:
+                d: dict[str, Any] = {"role": "assistant"} if first else {}
+                if reasoning:
+                    d["reasoning_content"] = reasoning
+                if text or not reasoning:
+                    d["content"] = text
+                return d
+
             while True:
                 ev = await s.next()
                 if ev.done:
-                    text, calls, finish = ev.text, [], ev.done_reason
+                    t1, c1 = split.push(ev.text)
+                    t2, c2 = split.finish()
+                    reasoning, text, calls, finish = t1 + t2, c1 + c2, [], ev.done_reason
                     if calls_in is not None:
-                        text = calls_in.push(ev.text)
+                        text = calls_in.push(text)
                         rest, calls = calls_in.end()
                         text += rest
-                    if text or first:
-                        yield chunk({"role": "assistant", "content": text} if first
-                                    else {"content": text}, None)
+                    if text or reasoning or first:
+                        yield chunk(delta(reasoning, text), None)
                     if calls:  # whole calls in one delta, each with its index
                         yield chunk({"tool_calls": [{"index": i, **c} for i, c in
                                                     enumerate(to_openai_tool_calls(calls))]}, None)
@@ -149,10 +185,11 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
                                     "usage": _usage(ev)})
                     yield b"data: [DONE]\n\n"
                     return
-                text = calls_in.push(ev.text) if calls_in is not None else ev.text
-                if text:
-                    yield chunk({"role": "assistant", "content": text} if first
-                                else {"content": text}, None)
+                reasoning, text = split.push(ev.text)
+                if calls_in is not None:
+                    text = calls_in.push(text)
+                if text or reasoning:
+                    yield chunk(delta(reasoning, text), None)
                     first = False
         except ApiError as e:
             yield _sse({"error": {"message": e.message, "type": "api_error"}})

@@ -1,0 +1,144 @@
+"""`localllm run --think/--no-think`: thinking to stderr (dimmed on a terminal), the answer
+alone on stdout, enable_thinking passed to the template, one error line for a model that
+cannot think. Tiny random models carry the Qwen 3 / DeepSeek R1 style templates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_cli import _one_line_error, cli
+
+from localllm.commands.run import ThinkingView
+from localllm.generation.reasoning import ThinkingSplitter
+from localllm.generation.text_stream import Event
+
+TEMPLATES = Path(__file__).parent / "data" / "templates"
+
+
+def test_view_writes_thinking_to_stderr_and_content_to_stdout(capsys) -> None:
+    reply = "<think>\nplan</think>\n\nanswer"
+    view = ThinkingView(ThinkingSplitter(), show=True)
+    for ch in reply:
+        view.push(ch)
+    view.finish()
+    out = capsys.readouterr()
+    assert out.out == "answer" and out.err == "plan\n"  # not a terminal: no ANSI codes
+    view = ThinkingView(ThinkingSplitter(), show=False)  # --no-think: hidden
+    view.push(reply)
+    view.finish()
+    out = capsys.readouterr()
+    assert out.out == "answer" and out.err == "" and view.thinking == ["plan"]
+    view = ThinkingView(None, show=True)  # a model that does not think: as it came
+    view.push(reply)
+    assert capsys.readouterr().out == reply
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    from tiny_models import write_tiny_model
+
+    d = tmp_path_factory.mktemp("think-models")
+    out = {}
+    for name in ("qwen3_thinking_style", "deepseek_r1_style", None):
+        p = d / f"{name or 'plain'}.gguf"
+        tmpl = (TEMPLATES / f"{name}.jinja").read_text("utf-8") if name else None
+        write_tiny_model(p, "qwen3", seed=1, chat_template=tmpl)  # greedy: not only newlines
+        out[name or "plain"] = p
+    return out
+
+
+def test_run_think_flags(models) -> None:
+    qwen, r1, plain = models["qwen3_thinking_style"], models["deepseek_r1_style"], models["plain"]
+    r = cli("run", str(qwen), "hi", "--no-think", "--show-prompt")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n\n")
+    r = cli("run", str(qwen), "hi", "--show-prompt")
+    assert r.returncode == 0 and r.stdout.endswith("<|im_start|>assistant\n\n")
+    assert "does not support thinking" in _one_line_error(cli("run", str(plain), "hi", "--think"))
+
+    # R1's prompt opens <think>: a random reply (no </think>) is all thinking
+    args = ("run", str(r1), "hi", "-n", "8", "--temperature", "0")
+    j = json.loads(cli(*args, "--json").stdout)
+    assert j["thinking"] and j["text"] == "" and "</think>" not in j["thinking"]
+    shown = cli(*args)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == "\n" and j["thinking"] in shown.stderr
+    hidden = cli(*args, "--no-think")
+    assert hidden.returncode == 0 and hidden.stdout == "\n" and j["thinking"] not in hidden.stderr
+
+
+# --- the chat: line chat and app on the same backend ----------------------------------------
+
+
+def test_chat_backend_splits_events() -> None:
+    """The backend's split of the token loop's events: pieces cut anywhere, the held-back
+    tail flushed with the final event, nothing empty put on the queue."""
+    from localllm.tui.backend import _split_event
+
+    reply = "<think>\nplan</think>\n\nanswer <"
+    for k in (1, 2, 3, 5):
+        split = ThinkingSplitter()
+        events = [Event(text=reply[i:i + k]) for i in range(0, len(reply), k)] + [
+            Event(done=True, done_reason="stop")]
+        out = [e for e in (_split_event(split, ev) for ev in events) if e is not None]
+        assert "".join(e.thinking for e in out) == "plan"
+        assert "".join(e.text for e in out) == "answer <"
+        assert out[-1].done and all(e.text or e.thinking for e in out[:-1])
+
+
+def test_line_chat_shows_thinking_on_stderr(models, tmp_path, capsys, monkeypatch) -> None:
+    import io
+
+    from localllm.cli import main
+    from localllm.tui.conversation import Conversation
+
+    r1, plain = models["deepseek_r1_style"], models["plain"]
+    saved = tmp_path / "c.json"
+    args = ["chat", str(r1), "-n", "8", "--temp", "0", "-c", "256"]
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"hi\n/save {saved}\n"))
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    # the prompt opened <think> and the random reply never closes it: all thinking
+    assert out == "\n\n" and Conversation.load(saved).messages[-1]["content"] == ""
+    thinking = err.split("\n")[0]
+    assert thinking.strip()
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    assert main([*args, "--no-think"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "\n\n" and thinking not in err
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    assert main(["chat", str(plain), "--think"]) == 1
+    assert "does not support thinking" in capsys.readouterr().err
+
+
+def test_app_shows_thinking_dimmed_and_folded(models) -> None:
+    import asyncio
+
+    from textual.widgets import Collapsible
+
+    from localllm.generation.sampling import SamplerConfig
+    from localllm.tui.app import ChatApp
+    from localllm.tui.conversation import Conversation
+    from localllm.tui.widgets import AssistantMessage
+
+    async def scenario() -> None:
+        conv = Conversation(config=SamplerConfig(temperature=0.0), max_tokens=8)
+        app = ChatApp(models["deepseek_r1_style"], conversation=conv, engine_opts={"n_ctx": 256})
+        async with app.run_test(size=(80, 24)) as pilot:
+            while app.info is None:
+                await pilot.pause(0.02)
+            app.input.load_text("hi")
+            await pilot.press("enter")
+            while app.turn is None or "stats" not in app.turn.message:
+                await pilot.pause(0.02)
+            w = app.view.query(AssistantMessage).last()
+            box = w.query_one(".thinking", Collapsible)
+            assert w.thinking.strip() and box.display and w.source == ""
+            assert app.conversation.messages[-1]["content"] == ""  # reasoning not kept
+            # the answer starting folds the thinking away
+            await w.append("x")
+            assert box.collapsed
+
+    asyncio.run(scenario())
