@@ -26,7 +26,6 @@ from localllm.text.chat_caps import polyfill, text_of
 from localllm.text.chat_template import ChatTemplate
 from localllm.text.tool_calls import (
     parse_tool_calls,
-    split_thinking,
     to_openai_tool_calls,
     tool_call_start,
 )
@@ -280,10 +279,3 @@ def test_real_gguf_templates(smollm2_path, default_model_path) -> None:
             ctx = {k: v for k, v in t._special.items()}
             ctx["date_string"] = _date_string()
             assert ours == _hf_render(t.source, fixed, tools, **ctx), conv
-
-
-def test_split_thinking() -> None:
-    assert split_thinking("<think>\nplan it\n</think>\n\nAnswer.") == ("plan it", "Answer.")
-    assert split_thinking("plan it\n</think>Answer.") == ("plan it", "Answer.")  # R1: tag in prompt
-    assert split_thinking("<think>still going") == ("still going", "")
-    assert split_thinking("Just an answer.") == ("", "Just an answer.")

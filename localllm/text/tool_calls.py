@@ -3,8 +3,8 @@
 `parse_tool_calls(text, caps)` returns the text without the calls and the calls in Ollama's
 ``message.tool_calls`` shape: ``[{"function": {"name": str, "arguments": dict}}]`` (plus
 ``"id"`` when the model wrote one). `to_openai_tool_calls()` turns those into OpenAI's shape
-(arguments as a JSON string, an id for each call). `split_thinking()` separates a reasoning
-model's <think> block from its answer.
+(arguments as a JSON string, an id for each call). A reasoning model's <think> block is
+split off before this, as the reply streams (localllm/generation/reasoning.py).
 
 Formats (``caps.tool_call_format``, detected from the template source by localllm.text.chat_caps):
 
@@ -310,21 +310,6 @@ def tool_call_start(text: str) -> int | None:
     if stripped.startswith(("{", "[", "```")):
         return 0
     return best
-
-
-def split_thinking(text: str, open_tag: str = "<think>", close_tag: str = "</think>",
-                   ) -> tuple[str, str]:
-    """(thinking, content) of a reply from a reasoning model. The opening tag may be missing
-    (templates such as DeepSeek R1's put it in the prompt); text with no closing tag is
-    all content, unless it opened with the tag (then it is thinking cut short)."""
-    stripped = text.lstrip()
-    if close_tag in text:
-        head, _, tail = text.partition(close_tag)
-        thinking = head.split(open_tag, 1)[1] if open_tag in head else head
-        return thinking.strip(), tail.strip()
-    if stripped.startswith(open_tag):
-        return stripped[len(open_tag):].strip(), ""
-    return "", text
 
 
 def to_openai_tool_calls(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
