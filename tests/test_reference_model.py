@@ -100,7 +100,7 @@ def test_tiny_model_metadata_and_tensor_types(tmp_path: Path, arch: str) -> None
     for name, info in g.tensors.items():
         assert info.qtype == (Q.F32 if len(info.shape) == 1 else Q.Q4_0), name
     assert g.tensors["token_embd.weight"].shape == (meta[f"{a}.embedding_length"], n_vocab)
-    if arch in ("gemma3", "qwen3"):
+    if arch in ("gemma2", "gemma3", "qwen3"):
         assert "output.weight" not in g.tensors  # tied head, like the real models
     if arch == "qwen2":
         assert "blk.0.attn_q.bias" in g.tensors
@@ -225,7 +225,7 @@ def test_attention_mask_causal_and_sliding_window() -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma2", "gemma3"])
 def test_reference_is_causal(tmp_path: Path, arch: str) -> None:
     path, meta = _model(tmp_path, arch)
     model = ReferenceModel(path)
