@@ -340,6 +340,21 @@ def test_gemma3_final_logit_softcapping(tmp_path: Path) -> None:
     assert np.abs(capped).max() < 3.0 < np.abs(plain).max()
 
 
+def test_gemma2_pattern_and_soft_caps(tmp_path: Path) -> None:
+    """gemma2: even layers sliding (llama.cpp's default pattern 2); the attention cap bends
+    the logits; the final cap is c * tanh(logits / c) of the uncapped ones."""
+    path, _ = _model(tmp_path, "gemma2")
+    hp = ReferenceModel(path).hp
+    assert hp.is_swa == [True, False, True, False] and hp.n_swa == 8
+    assert (hp.attn_softcap, hp.final_logit_softcap) == (4.0, 6.0)
+    toks = np.arange(1, 20)
+    base = reference_logits(path, toks)
+    loose = reference_logits(_model(tmp_path, "gemma2", "a", attn_logit_softcapping=1e4)[0], toks)
+    assert np.abs(base - loose).max() > 1e-2
+    plain = reference_logits(_model(tmp_path, "gemma2", "f", final_logit_softcapping=1e9)[0], toks)
+    np.testing.assert_allclose(base, 6.0 * np.tanh(plain / 6.0), rtol=0, atol=1e-6)
+
+
 # (arch, weight types, limit on rms(logits_q - logits_f32) / std(logits_f32)); measured values
 # are about half the limits (random Gaussian weights are hard on 4-bit formats).
 QUANT_CASES = [
