@@ -1,7 +1,7 @@
 """Shared blocks of the decoder-only transformers: weights straight from the GGUF mmap and a
 forward pass over one Batch.
 
-The families (llama, qwen2/3, gemma3) differ only in configuration (norm placement, QK-norm,
+The families (llama, qwen2/3, gemma2/3) differ only in configuration (norm placement, QK-norm,
 biases, activation, rope layout, windows): each family module builds a ModelConfig and the
 layer weights, and this module runs them. Shapes: N = batch rows, D = n_embd, H/Hkv = query/
 key-value heads, Dh = head_dim, F = n_ff, V = n_vocab.
@@ -307,7 +307,7 @@ class DecoderModel:
             """cos/sin [N, n_rot/2] for this batch's positions, once per distinct rope base
             (gemma3 has two: local and global layers), shared by q and k of every layer."""
             base = cfg.layer_rope_base[il]
-            scale = cfg.rope_freq_scale if cfg.layer_window[il] == 0 else 1.0
+            scale = cfg.layer_rope_scale[il]
             key = (base, scale)
             if key not in tables:
                 tables[key] = ops.rope_tables(pos, base, scale, cfg.n_rot, self.rope_freq_factors)

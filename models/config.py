@@ -34,6 +34,9 @@ class ModelConfig:
     # Per layer: attention window in positions (0 = full attention) and rope base.
     layer_window: list[int] = field(default_factory=list)
     layer_rope_base: list[float] = field(default_factory=list)
+    # Per layer rope frequency scale; default: rope_freq_scale on full-attention layers, 1 on
+    # sliding ones (gemma3: its local layers are never scaled)
+    layer_rope_scale: list[float] = field(default_factory=list)
     attn_scale: float = 0.0  # multiplier on q.k; 0: 1/sqrt(head_dim)
     embd_scale: float = 1.0  # multiplier on token embeddings (gemma: sqrt(n_embd))
     final_softcap: float = 0.0  # tanh soft-capping of logits (0: off)
@@ -51,6 +54,9 @@ class ModelConfig:
             self.layer_window = [0] * self.n_layer
         if not self.layer_rope_base:
             self.layer_rope_base = [self.rope_base] * self.n_layer
+        if not self.layer_rope_scale:
+            self.layer_rope_scale = [self.rope_freq_scale if w == 0 else 1.0
+                                     for w in self.layer_window]
         if self.attn_scale == 0.0:
             self.attn_scale = 1.0 / math.sqrt(self.head_dim)
         self.check()
@@ -67,7 +73,8 @@ class ModelConfig:
             )
         if self.n_rot > self.head_dim or self.n_rot % 2:
             raise ModelError(f"{self.arch}: rope dimension {self.n_rot} invalid for head {self.head_dim}")
-        if len(self.layer_window) != self.n_layer or len(self.layer_rope_base) != self.n_layer:
+        if any(len(v) != self.n_layer for v in (self.layer_window, self.layer_rope_base,
+                                                 self.layer_rope_scale)):
             raise ModelError(f"{self.arch}: per-layer settings do not cover {self.n_layer} layers")
 
     @property

@@ -159,8 +159,7 @@ class CudaModel:
         self.output_norm = cupy.asarray(model.output_norm)
         self.weight_bytes = sum(a.nbytes for a in up.values())
         # distinct (rope base, scale) per layer -> index j of its cos<j>/sin<j> tables
-        keys = [(cfg.layer_rope_base[i], cfg.rope_freq_scale if cfg.layer_window[i] == 0
-                 else 1.0) for i in range(cfg.n_layer)]
+        keys = [(cfg.layer_rope_base[i], cfg.layer_rope_scale[i]) for i in range(cfg.n_layer)]
         self.rope_keys = list(dict.fromkeys(keys))
         self.layer_rope = [self.rope_keys.index(k) for k in keys]
         self.stream = cupy.cuda.Stream()  # blocking: ordered with default-stream copies

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from localllm.formats import GGUFFile
-from localllm.models import gemma3, llama, qwen
+from localllm.models import gemma2, gemma3, llama, qwen
 from localllm.models.base import DecoderModel
 from localllm.models.config import ModelError
 
@@ -13,6 +13,7 @@ BUILDERS: dict[str, Callable[[GGUFFile], DecoderModel]] = {
     "llama": llama.build,
     "qwen2": qwen.build_qwen2,
     "qwen3": qwen.build_qwen3,
+    "gemma2": gemma2.build,
     "gemma3": gemma3.build,
 }
 

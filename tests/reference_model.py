@@ -4,7 +4,7 @@
 sequence at positions 0..n-1, computed the obvious way: every weight dequantized with
 `gguf.quants.dequantize` (the ground truth for the block formats) and every op written out in
 float64, one function per block. It follows llama.cpp's semantics (src/models/llama.cpp,
-qwen2.cpp, qwen3.cpp, gemma3.cpp; hparams from src/llama-model.cpp `load_hparams` and each
+qwen2.cpp, qwen3.cpp, gemma2.cpp, gemma3.cpp; hparams from src/llama-model.cpp `load_hparams` and each
 model's `load_arch_hparams`); comments name the behaviour each step mirrors.
 
 It deliberately shares no code with the engine (localllm.*): it has its own ~100-line GGUF
@@ -29,7 +29,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
 
 # ----------------------------------------------------------------------------------------------
 # GGUF file parsing (spec: ggml/docs/gguf.md; little-endian, versions 2 and 3)
@@ -173,6 +173,7 @@ class HParams:
     q_scale: float  # gemma3 scales Q before attention instead (and uses kq_scale = 1)
     embd_scale: float
     final_logit_softcap: float  # 0 = off
+    attn_softcap: float  # 0 = off; else kq = c * tanh(kq / c) before the softmax (gemma2)
     n_swa: int  # sliding window size, 0 = none
     is_swa: list[bool] = field(default_factory=list)
     rope_base_swa: float = 10000.0
@@ -247,15 +248,45 @@ def read_hparams(gguf: GGUFFile) -> HParams:
         n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
         head_dim_k=head_dim_k, head_dim_v=head_dim_v, n_rot=n_rot,
         rms_eps=float(_meta(meta, f"{arch}.attention.layer_norm_rms_epsilon", required=True)),
-        rope_neox=arch in ("qwen2", "qwen3", "gemma3"),
+        rope_neox=arch in ("qwen2", "qwen3", "gemma2", "gemma3"),
         rope_base=rope_base, rope_freq_scale=rope_freq_scale, rope_attn_factor=rope_attn_factor,
         kq_scale=1.0 / math.sqrt(head_dim_v if arch == "llama" else head_dim_k),
-        q_scale=1.0, embd_scale=1.0, final_logit_softcap=0.0, n_swa=0,
+        q_scale=1.0, embd_scale=1.0, final_logit_softcap=0.0, attn_softcap=0.0, n_swa=0,
         is_swa=[False] * n_layer,
     )
     if arch == "gemma3":
         _gemma3_hparams(meta, hp)
+    if arch == "gemma2":
+        _gemma2_hparams(meta, hp)
     return hp
+
+
+def _gemma2_hparams(meta: dict[str, Any], hp: HParams) -> None:
+    """llama_model_gemma2::load_arch_hparams + the gemma2 graph's constants."""
+    # LLAMA_SWA_TYPE_STANDARD, n_swa default 4096; load_swa_pattern(ml, 2): a per-layer bool
+    # array, else the period (default 2: even layers sliding)
+    hp.n_swa = int(_meta(meta, "gemma2.attention.sliding_window", 4096))
+    pattern = _meta(meta, "gemma2.attention.sliding_window_pattern", 2)
+    if isinstance(pattern, list):
+        hp.is_swa = [bool(p) for p in pattern]
+    else:
+        n = int(pattern)
+        hp.is_swa = [n == 0 or il % n < n - 1 for il in range(hp.n_layer)]
+    # SWA rope: rope_freq_base_train_swa (default: the global base), and the global scale
+    hp.rope_base_swa = float(_meta(meta, "gemma2.rope.freq_base_swa", hp.rope_base))
+    hp.rope_freq_scale_swa = hp.rope_freq_scale
+    # attn_soft_cap = true with f_attn_logit_softcapping default 50; the graph always caps
+    # the final logits, f_final_logit_softcapping default 30
+    hp.attn_softcap = float(_meta(meta, "gemma2.attn_logit_softcapping", 50.0))
+    hp.final_logit_softcap = float(_meta(meta, "gemma2.final_logit_softcapping", 30.0))
+    # f_attention_scale: 27B (46 layers) 1/sqrt(n_embd / n_head) (integer division), else
+    # 1/sqrt(n_embd_head_k); ggml_scale on Q, then build_attn(kq_scale = 1)
+    if hp.n_layer == 46:
+        hp.q_scale = 1.0 / math.sqrt(hp.n_embd // hp.n_head[0])
+    else:
+        hp.q_scale = 1.0 / math.sqrt(hp.head_dim_k)
+    hp.kq_scale = 1.0
+    hp.embd_scale = math.sqrt(hp.n_embd)
 
 
 def _gemma3_hparams(meta: dict[str, Any], hp: HParams) -> None:
@@ -361,6 +392,7 @@ _OPTIONAL = {
               "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"),
     "qwen2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
     "qwen3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+    "gemma2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
     "gemma3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
 }
 _REQUIRED = {
@@ -370,6 +402,8 @@ _REQUIRED = {
               "ffn_gate", "ffn_up", "ffn_down"),
     "qwen3": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
               "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"),
+    "gemma2": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "post_attention_norm",
+               "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"),
     "gemma3": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
                "attn_output", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up",
                "ffn_down", "post_ffw_norm"),
@@ -459,7 +493,7 @@ class ReferenceModel:
         pos = np.arange(n)
         q = rope(q, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors)
         k = rope(k, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors)
-        q = q * hp.q_scale  # gemma3: ggml_scale(Qcur, f_attention_scale); 1 elsewhere
+        q = q * hp.q_scale  # gemma2/3: ggml_scale(Qcur, f_attention_scale); 1 elsewhere
         # build_attn_mha: kq = K.Q per head; GQA broadcast maps query head h to kv head
         # h // (n_head / n_head_kv) (ggml_mul_mat broadcasting); masked softmax with scale
         visible = attention_mask(n, hp.n_swa if swa else 0)
@@ -467,7 +501,10 @@ class ReferenceModel:
         out = np.empty((n, n_head, v.shape[-1]))
         for h in range(n_head):
             kv = h // group
-            scores = (q[:, h, :] @ k[:, kv, :].T) * hp.kq_scale  # [n_q, n_k]
+            scores = q[:, h, :] @ k[:, kv, :].T  # [n_q, n_k]
+            if hp.attn_softcap:  # gemma2: build_attn_mha's attn_soft_cap, before the softmax
+                scores = hp.attn_softcap * np.tanh(scores / hp.attn_softcap)
+            scores = scores * hp.kq_scale  # ggml_soft_max_ext's scale
             scores = np.where(visible, scores, -np.inf)
             out[:, h, :] = softmax(scores) @ v[:, kv, :]
         out = out.reshape(n, n_head * v.shape[-1])
@@ -477,19 +514,19 @@ class ReferenceModel:
 
     def ffn(self, x: np.ndarray, il: int) -> np.ndarray:
         """build_ffn(LLM_FFN_PAR): down(act(gate(x)) * up(x)); act = SiLU, or tanh-GELU for
-        gemma3. Biases only for llama (ffn_*_b)."""
+        gemma2/gemma3. Biases only for llama (ffn_*_b)."""
         p = f"blk.{il}."
         with_bias = self.hp.arch == "llama"
         up = self._linear(x, p + "ffn_up.weight", p + "ffn_up.bias" if with_bias else None)
         gate = self._linear(x, p + "ffn_gate.weight", p + "ffn_gate.bias" if with_bias else None)
-        act = gelu_tanh(gate) if self.hp.arch == "gemma3" else silu(gate)
+        act = gelu_tanh(gate) if self.hp.arch in ("gemma2", "gemma3") else silu(gate)
         return self._linear(act * up, p + "ffn_down.weight",
                             p + "ffn_down.bias" if with_bias else None)
 
     def layer(self, x: np.ndarray, il: int) -> np.ndarray:
         hp, p = self.hp, f"blk.{il}."
-        if hp.arch == "gemma3":
-            # gemma3.cpp: attn_norm -> attn -> post_attention_norm -> residual;
+        if hp.arch in ("gemma2", "gemma3"):
+            # gemma2.cpp / gemma3.cpp: attn_norm -> attn -> post_attention_norm -> residual;
             # ffn_norm -> ffn -> post_ffw_norm -> residual
             a = self.attention(rms_norm(x, self._w(p + "attn_norm.weight"), hp.rms_eps), il)
             x = x + rms_norm(a, self._w(p + "post_attention_norm.weight"), hp.rms_eps)
@@ -501,7 +538,7 @@ class ReferenceModel:
 
     def output(self, x: np.ndarray) -> np.ndarray:
         """output_norm, lm_head (output.weight, or token_embd when absent = tied), qwen2's
-        optional output.bias, gemma3's optional final logit softcapping. -> [n, n_vocab]"""
+        optional output.bias, gemma2's / gemma3's final logit softcapping. -> [n, n_vocab]"""
         hp = self.hp
         x = rms_norm(x, self._w("output_norm.weight"), hp.rms_eps)
         head = "output.weight" if "output.weight" in self.gguf.tensors else "token_embd.weight"

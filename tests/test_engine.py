@@ -20,7 +20,7 @@ from localllm.kv.cache import KVCache
 from localllm.models.config import ModelError
 from localllm.models.registry import load_model
 
-ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
+ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3"]
 
 
 def _tol(qtype: QT, ref: np.ndarray) -> float:
@@ -207,3 +207,41 @@ def test_weights_take_their_layout_at_load(models: dict, monkeypatch: pytest.Mon
     ws2 = matrices(m2)
     assert ws2[0].packed is not None
     assert all(w.packed is None for w in [*ws2[1:], m2.output])
+
+
+def test_gemma2_missing_tensor_is_a_model_error(tmp_path, models: dict) -> None:
+    from gguf_files import write_gguf
+
+    gf = read_gguf(models["gemma2", QT.F32])
+    tensors = {name: (t.data.copy(), t.type, tuple(t.shape)) for name, t in gf.tensors.items()
+               if name != "blk.1.post_ffw_norm.weight"}
+    md = {k: v for k, v in gf.metadata.items() if not k.startswith(("GGUF.", "general.architecture"))}
+    p = tmp_path / "broken.gguf"
+    write_gguf(p, "gemma2", md, tensors)
+    with pytest.raises(ModelError, match="missing tensor 'blk.1.post_ffw_norm.weight'"):
+        load_model(read_gguf(p))
+
+
+def test_gemma2_config_defaults_follow_llama_cpp() -> None:
+    """Keys a gemma2 file may lack take llama.cpp's values: soft-caps 50 / 30, window 4096,
+    pattern 2 (even layers sliding), SWA rope base = the global one (and scaled like it);
+    the 27B (46 layers) scales Q by 1/sqrt(n_embd / n_head)."""
+    import math
+
+    from localllm.models import gemma2
+
+    md = {"gemma2.block_count": 4, "gemma2.embedding_length": 64,
+          "gemma2.attention.head_count": 4, "gemma2.feed_forward_length": 128,
+          "gemma2.attention.key_length": 32, "gemma2.rope.freq_base": 5000.0,
+          "gemma2.rope.scaling.type": "linear", "gemma2.rope.scaling.factor": 2.0,
+          "tokenizer.ggml.tokens": ["a"] * 10}
+    c = gemma2.config(md)
+    assert (c.attn_softcap, c.final_softcap) == (50.0, 30.0)
+    assert c.layer_window == [4096, 0, 4096, 0]
+    assert c.layer_rope_base == [5000.0] * 4 and c.layer_rope_scale == [0.5] * 4
+    assert c.attn_scale == pytest.approx(1 / math.sqrt(32))
+    assert c.embd_scale == pytest.approx(8.0) and c.post_norms and not c.qk_norm
+    c = gemma2.config(md | {"gemma2.block_count": 46, "gemma2.rope.freq_base_swa": 10.0,
+                            "gemma2.attention.sliding_window_pattern": 3})
+    assert c.attn_scale == pytest.approx(1 / math.sqrt(16))
+    assert c.layer_window[:3] == [4096, 4096, 0] and c.layer_rope_base[:3] == [10.0, 10.0, 5000.0]

@@ -100,7 +100,7 @@ def test_tiny_model_metadata_and_tensor_types(tmp_path: Path, arch: str) -> None
     for name, info in g.tensors.items():
         assert info.qtype == (Q.F32 if len(info.shape) == 1 else Q.Q4_0), name
     assert g.tensors["token_embd.weight"].shape == (meta[f"{a}.embedding_length"], n_vocab)
-    if arch in ("gemma3", "qwen3"):
+    if arch in ("gemma2", "gemma3", "qwen3"):
         assert "output.weight" not in g.tensors  # tied head, like the real models
     if arch == "qwen2":
         assert "blk.0.attn_q.bias" in g.tensors
@@ -225,7 +225,7 @@ def test_attention_mask_causal_and_sliding_window() -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma2", "gemma3"])
 def test_reference_is_causal(tmp_path: Path, arch: str) -> None:
     path, meta = _model(tmp_path, arch)
     model = ReferenceModel(path)
@@ -338,6 +338,21 @@ def test_gemma3_final_logit_softcapping(tmp_path: Path) -> None:
     plain, capped = reference_logits(p0, toks), reference_logits(p1, toks)
     np.testing.assert_allclose(capped, 3.0 * np.tanh(plain / 3.0), rtol=1e-12, atol=1e-12)
     assert np.abs(capped).max() < 3.0 < np.abs(plain).max()
+
+
+def test_gemma2_pattern_and_soft_caps(tmp_path: Path) -> None:
+    """gemma2: even layers sliding (llama.cpp's default pattern 2); the attention cap bends
+    the logits; the final cap is c * tanh(logits / c) of the uncapped ones."""
+    path, _ = _model(tmp_path, "gemma2")
+    hp = ReferenceModel(path).hp
+    assert hp.is_swa == [True, False, True, False] and hp.n_swa == 8
+    assert (hp.attn_softcap, hp.final_logit_softcap) == (4.0, 6.0)
+    toks = np.arange(1, 20)
+    base = reference_logits(path, toks)
+    loose = reference_logits(_model(tmp_path, "gemma2", "a", attn_logit_softcapping=1e4)[0], toks)
+    assert np.abs(base - loose).max() > 1e-2
+    plain = reference_logits(_model(tmp_path, "gemma2", "f", final_logit_softcapping=1e9)[0], toks)
+    np.testing.assert_allclose(base, 6.0 * np.tanh(plain / 6.0), rtol=0, atol=1e-6)
 
 
 # (arch, weight types, limit on rms(logits_q - logits_f32) / std(logits_f32)); measured values

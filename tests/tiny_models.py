@@ -1,8 +1,9 @@
-"""Tiny random-weight GGUF models for tests (llama, mistral-style llama, qwen2, qwen3, gemma3).
+"""Tiny random-weight GGUF models for tests (llama, mistral-style llama, qwen2, qwen3, gemma2,
+gemma3).
 
 `write_tiny_model(path, arch)` writes a complete, llama.cpp-loadable GGUF: the metadata keys the
 real converters (llama.cpp convert_hf_to_gguf.py) write for that architecture, a small but real
-tokenizer section (SPM-style "llama" vocab for llama/gemma3, byte-level BPE "gpt2" vocab with
+tokenizer section (SPM-style "llama" vocab for llama/gemma2/gemma3, byte-level BPE "gpt2" vocab with
 merges for qwen2/qwen3) and random weights in a chosen quantization type. The weights are
 random normal scaled by 1/sqrt(fan_in) so activations keep unit-ish scale and logits are spread
 out (std of a few units) without saturating, so greedy tokens are well separated.
@@ -35,7 +36,7 @@ from tiny_models_kquants import K_QUANT_TYPES, quantize_k
 
 from localllm.text.tokenizer_bpe import bytes_to_unicode  # GPT-2 byte table
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")
 
 # Types `gguf.quants.quantize` implements (checked against gguf 0.19) plus our K-quant encoders.
 _GGUF_QUANTIZABLE = frozenset(
@@ -260,12 +261,17 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     # window 8 so ~20-token prompts cross it; MQA (1 kv head) like gemma-3-270m; tied head.
     "gemma3": dict(n_layer=6, n_head=4, n_head_kv=1, tie_embeddings=True, rope_freq_base=1e6,
                    sliding_window=8),
+    # gemma2: 4 layers (even ones sliding: llama.cpp's default pattern 2), window 8, GQA 4/2
+    # like gemma-2-2b, tied head; both soft-caps always written (as the converter does), small
+    # enough here to bend the tiny model's logits (the real models: 50 and 30).
+    "gemma2": dict(n_layer=4, n_head=4, n_head_kv=2, tie_embeddings=True, sliding_window=8,
+                   attn_logit_softcapping=4.0, final_logit_softcapping=6.0),
 }
 
 _COMMON_DEFAULTS: dict[str, Any] = dict(
     n_embd=64, head_dim=16, n_ff=128, context_length=256, rms_eps=1e-6, rope_freq_base=10000.0,
     sliding_window=None, sliding_window_pattern=None, rope_freq_base_swa=None,
-    final_logit_softcapping=None, rope_scaling_factor=None, rope_freqs=False,
+    final_logit_softcapping=None, attn_logit_softcapping=None, rope_scaling_factor=None, rope_freqs=False,
     tensor_qtypes=None, name=None, chat_template=None,
 )
 
@@ -274,7 +280,7 @@ _COMMON_DEFAULTS: dict[str, Any] = dict(
 _KQUANT_DIMS: dict[str, Any] = dict(n_embd=256, head_dim=64, n_ff=512)
 
 _ARCH_OF = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-            "gemma3": "gemma3"}
+            "gemma2": "gemma2", "gemma3": "gemma3"}
 
 
 def _config(arch: str, qtype: GGMLQuantizationType, overrides: Mapping[str, Any]) -> dict:
@@ -378,13 +384,13 @@ def _tensors(arch: str, cfg: dict, n_vocab: int, rng: np.random.Generator) -> di
             t[p + "attn_q_norm.weight"] = norm(hd)
             t[p + "attn_k_norm.weight"] = norm(hd)
         t[p + "attn_output.weight"] = mat(d, nq)
-        if arch == "gemma3":
+        if arch in ("gemma2", "gemma3"):
             t[p + "post_attention_norm.weight"] = norm(d, _GEMMA_POST_NORM)
         t[p + "ffn_norm.weight"] = norm(d)
         t[p + "ffn_gate.weight"] = mat(ff, d)
         t[p + "ffn_up.weight"] = mat(ff, d)
         t[p + "ffn_down.weight"] = mat(d, ff)
-        if arch == "gemma3":
+        if arch in ("gemma2", "gemma3"):
             t[p + "post_ffw_norm.weight"] = norm(d, _GEMMA_POST_NORM)
     t["output_norm.weight"] = norm(d)
     if not cfg["tie_embeddings"]:
@@ -419,13 +425,14 @@ def write_tiny_model(
 ) -> dict[str, Any]:
     """Write a tiny random-weight GGUF for `arch` and return the metadata written (key -> value).
 
-    arch: "llama", "mistral" (llama arch + sliding_window key), "qwen2", "qwen3", "gemma3".
+    arch: "llama", "mistral" (llama arch + sliding_window key), "qwen2", "qwen3", "gemma2",
+    "gemma3".
     qtype: type of the 2-D weight matrices (norms, biases and rope_freqs stay F32). The same
     seed gives the same float weights for every qtype, so a quantized model can be compared with
     its F32 twin.
     overrides: n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, context_length, rms_eps,
     rope_freq_base, rope_freq_base_swa, sliding_window, sliding_window_pattern (gemma3; 0 makes
-    every layer local), final_logit_softcapping, rope_scaling_factor (writes linear rope
+    every layer local), final_logit_softcapping, attn_logit_softcapping, rope_scaling_factor (writes linear rope
     scaling), rope_freqs (True: llama3-style rope_freqs.weight), tie_embeddings,
     tensor_qtypes ({'attn_q': GGMLQuantizationType.Q5_0, ...} by short tensor name), name,
     chat_template (Jinja source; default: a plain one for the family).
@@ -433,8 +440,8 @@ def write_tiny_model(
     qtype = GGMLQuantizationType(qtype)
     cfg = _config(arch, qtype, overrides)
     gguf_arch = _ARCH_OF[arch]
-    vocab = build_spm_vocab("gemma" if arch == "gemma3" else "llama") \
-        if arch in ("llama", "mistral", "gemma3") else build_bpe_vocab()
+    vocab = build_spm_vocab("gemma" if arch in ("gemma2", "gemma3") else "llama") \
+        if arch in ("llama", "mistral", "gemma2", "gemma3") else build_bpe_vocab()
     n_vocab = len(vocab["tokens"])
 
     tensors = _tensors(gguf_arch, cfg, n_vocab, np.random.default_rng(seed))
@@ -482,6 +489,8 @@ def write_tiny_model(
         meta[f"{a}.rope.freq_base_swa"] = cfg["rope_freq_base_swa"]
     if cfg["final_logit_softcapping"] is not None:
         meta[f"{a}.final_logit_softcapping"] = cfg["final_logit_softcapping"]
+    if cfg["attn_logit_softcapping"] is not None:
+        meta[f"{a}.attn_logit_softcapping"] = cfg["attn_logit_softcapping"]
     if cfg["rope_scaling_factor"] is not None:
         meta[f"{a}.rope.scaling.type"] = "linear"
         meta[f"{a}.rope.scaling.factor"] = cfg["rope_scaling_factor"]
@@ -498,7 +507,7 @@ def write_tiny_model(
         meta[f"tokenizer.ggml.{key}_token_id"] = tid
     for key, flag in vocab["flags"].items():
         meta[f"tokenizer.ggml.{key}"] = flag
-    template = {"llama": "llama", "mistral": "llama", "gemma3": "gemma"}.get(arch, "chatml")
+    template = {"llama": "llama", "mistral": "llama", "gemma2": "gemma", "gemma3": "gemma"}.get(arch, "chatml")
     meta["tokenizer.chat_template"] = cfg["chat_template"] or _CHAT_TEMPLATES[template]
 
     write_model_gguf(path, meta,

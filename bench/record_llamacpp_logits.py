@@ -1,0 +1,126 @@
+"""Record llama.cpp's logits for tiny random-weight models into tests/data/llamacpp/.
+
+    LLAMA_CPP_DIR=/path/to/llama.cpp python bench/record_llamacpp_logits.py [CASE ...]
+
+LLAMA_CPP_DIR is a llama.cpp source tree built with CMake (build/bin holds libllama.so and
+the ggml libraries). The script compiles bench/llamacpp_logits.cpp against it (into a temporary
+folder), writes each case's tiny model with tests/tiny_models.py, and runs the dumper: llama.cpp
+tokenizes PROMPT, evaluates it with an F32 KV cache and no flash attention, and continues it
+greedily for 32 tokens. Each case becomes tests/data/llamacpp/<case>.json: how to rebuild the
+model (arch, seed, overrides), the prompt and llama.cpp's ids for it, the logits of the last
+ROWS prompt positions (float32 printed to 6 significant digits) and the greedy ids.
+tests/test_llamacpp_recorded.py then checks localllm against these files without llama.cpp.
+
+It also prints, per case, localllm's largest |logit difference| over every prompt position
+and whether its own 32-step greedy continuation equals llama.cpp's.
+To add an architecture: one entry in CASES (its tiny model must exist in tests/tiny_models.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from tiny_models import write_tiny_model  # noqa: E402
+
+PROMPT = "The capital of France is Paris. The quick brown fox jumps over the lazy dog"
+N_PREDICT = 32
+ROWS = 2  # last prompt positions whose logits are stored
+OUT = ROOT / "tests" / "data" / "llamacpp"
+
+# case name -> (arch, seed, write_tiny_model overrides)
+CASES: dict[str, tuple[str, int, dict]] = {
+    "gemma2": ("gemma2", 0, {}),
+    # the real models' caps (50 / 30), three layers (sliding, global, sliding), window 5
+    "gemma2-caps50-30": ("gemma2", 1, {"attn_logit_softcapping": 50.0,
+                                       "final_logit_softcapping": 30.0, "n_layer": 3,
+                                       "sliding_window": 5}),
+}
+
+
+def build_dumper(llama_dir: Path, out_dir: Path) -> Path:
+    exe = out_dir / "llamacpp_logits"
+    lib = llama_dir / "build" / "bin"
+    subprocess.run(
+        ["g++", "-O2", "-std=c++17", f"-I{llama_dir / 'include'}",
+         f"-I{llama_dir / 'ggml' / 'include'}", str(ROOT / "bench" / "llamacpp_logits.cpp"),
+         "-o", str(exe), f"-L{lib}", "-lllama", "-lggml", "-lggml-base",
+         f"-Wl,-rpath,{lib}"],
+        check=True)
+    return exe
+
+
+def run_dumper(exe: Path, model: Path) -> tuple[list[int], np.ndarray, list[int]]:
+    out = subprocess.run([str(exe), str(model), str(N_PREDICT), PROMPT], check=True,
+                         capture_output=True, text=True, timeout=300).stdout
+    ids: list[int] = []
+    rows: list[list[float]] = []
+    greedy: list[int] = []
+    for line in out.splitlines():
+        head, _, rest = line.partition(" ")
+        if head == "ids":
+            ids = [int(x) for x in rest.split()]
+        elif head == "row":
+            rows.append([float(x) for x in rest.split()[1:]])
+        elif head == "greedy":
+            greedy = [int(x) for x in rest.split()]
+    return ids, np.array(rows, dtype=np.float32), greedy
+
+
+def ours(model: Path, ids: list[int]) -> tuple[np.ndarray, list[int]]:
+    """localllm's logits for every prompt position and its greedy continuation."""
+    from localllm.engine import Engine
+
+    e = Engine(model, n_ctx=len(ids) + N_PREDICT + 8, n_threads=1, kv_type="f32")
+    logits = e.prefill(ids, logits="all").logits
+    greedy = [int(np.argmax(logits[-1]))]
+    while len(greedy) < N_PREDICT:
+        greedy.append(int(np.argmax(e.decode(greedy[-1]))))
+    return logits, greedy
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cases", nargs="*", help=f"default: all of {list(CASES)}")
+    ap.add_argument("--no-write", action="store_true", help="only print the comparison")
+    args = ap.parse_args()
+    llama_dir = os.environ.get("LLAMA_CPP_DIR")
+    if not llama_dir:
+        sys.exit("set LLAMA_CPP_DIR to a built llama.cpp source tree")
+    OUT.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = build_dumper(Path(llama_dir), Path(tmp))
+        for name in args.cases or CASES:
+            arch, seed, overrides = CASES[name]
+            model = Path(tmp) / f"{name}.gguf"
+            write_tiny_model(model, arch, seed=seed, **overrides)
+            ids, rows, greedy = run_dumper(exe, model)
+            mine, my_greedy = ours(model, ids)
+            same = sum(a == b for a, b in zip(my_greedy, greedy, strict=True))
+            print(f"{name}: {len(ids)} prompt tokens; max |dlogit| over all positions "
+                  f"{np.abs(mine - rows).max():.3g}; greedy {same}/{N_PREDICT} tokens agree"
+                  f"{' (identical)' if my_greedy == greedy else ''}")
+            if args.no_write:
+                continue
+            record = {
+                "arch": arch, "seed": seed, "overrides": overrides, "prompt": PROMPT,
+                "prompt_ids": ids, "rows_from": len(ids) - ROWS,
+                "logits": [[float(f"{v:.6g}") for v in row] for row in rows[-ROWS:]],
+                "greedy": greedy,
+                "llama_cpp": "F32 KV cache, no flash attention, 1 thread",
+            }
+            (OUT / f"{name}.json").write_text(json.dumps(record, separators=(",", ":")) + "\n")
+
+
+if __name__ == "__main__":
+    main()
