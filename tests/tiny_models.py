@@ -428,7 +428,7 @@ def write_tiny_model(
     every layer local), final_logit_softcapping, rope_scaling_factor (writes linear rope
     scaling), rope_freqs (True: llama3-style rope_freqs.weight), tie_embeddings,
     tensor_qtypes ({'attn_q': GGMLQuantizationType.Q5_0, ...} by short tensor name), name,
-    chat_template (Jinja source; default: a plain one for the family).
+    chat_template (Jinja source; default: a plain one for the family; False: none).
     """
     qtype = GGMLQuantizationType(qtype)
     cfg = _config(arch, qtype, overrides)
@@ -499,7 +499,8 @@ def write_tiny_model(
     for key, flag in vocab["flags"].items():
         meta[f"tokenizer.ggml.{key}"] = flag
     template = {"llama": "llama", "mistral": "llama", "gemma3": "gemma"}.get(arch, "chatml")
-    meta["tokenizer.chat_template"] = cfg["chat_template"] or _CHAT_TEMPLATES[template]
+    if cfg["chat_template"] is not False:
+        meta["tokenizer.chat_template"] = cfg["chat_template"] or _CHAT_TEMPLATES[template]
 
     write_model_gguf(path, meta,
                      {name: _encode(arr, qtypes[name]) for name, arr in tensors.items()}, qtypes)
