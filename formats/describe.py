@@ -112,6 +112,7 @@ def describe(gf: GGUFFile) -> dict[str, Any]:
         "file_type": file_type_name(int(ftype)) if ftype is not None else None,
         "quantization_version": md.get("general.quantization_version"),
         "quant_mix": mix,
+        "weight_bytes": sum(m["bytes"] for m in mix.values()),
         "context_length": hp("context_length"),
         "embedding_length": hp("embedding_length"),
         "feed_forward_length": hp("feed_forward_length"),
@@ -157,9 +158,33 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _needs(d: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The Needs rows: weight bytes, then the KV cache per token from `d["kv_cache"]` (what
+    `localllm show` adds: type, bytes_per_token over all layers, layers; for sliding-window
+    models also window, full_layers and full_bytes_per_token, what a token costs once past
+    the window)."""
+    rows: list[tuple[str, Any]] = []
+    if d.get("weight_bytes") is not None:
+        rows.append(("weights", _bytes_label(d["weight_bytes"])))
+    kv = d.get("kv_cache")
+    if kv:
+        rows.append(("KV cache per token",
+                     f"{_bytes_label(kv['bytes_per_token'])}  ({kv['type']}, "
+                     f"{kv['layers']} layers)"))
+        if kv.get("window"):
+            n_full = kv["full_layers"]
+            rows.append(("past the window",
+                         f"{_bytes_label(kv['full_bytes_per_token'])}  ({n_full} of "
+                         f"{kv['layers']} layers attend fully; {kv['layers'] - n_full} keep "
+                         f"{_fmt(kv['window'])} positions)"))
+    return rows
+
+
 def format_description(d: dict[str, Any], tensors: Sequence[_TensorLike] | None = None) -> str:
     """Human-readable report of `describe()`'s dict, like `ollama show`; plus one line per
-    tensor (name, type, shape, bytes) when `tensors` is given."""
+    tensor (name, type, shape, bytes) when `tensors` is given. Two entries `localllm show`
+    adds from the layers above (formats knows neither) are printed when present:
+    "capabilities" (one per line, as Ollama's Capabilities section) and "kv_cache" (Needs)."""
     sections: list[tuple[str, list[tuple[str, Any]]]] = []
     heads = d.get("heads")
     kv = d.get("kv_heads")
@@ -181,6 +206,9 @@ def format_description(d: dict[str, Any], tensors: Sequence[_TensorLike] | None 
         ("rope freq base", d.get("rope_freq_base")),
         ("rms norm eps", d.get("rms_norm_eps")),
     ]))
+    if d.get("capabilities") is not None:
+        sections.append(("Capabilities", [(c, "") for c in d["capabilities"]]))
+    sections.append(("Needs", _needs(d)))
     mix_lines = [
         (name, f"{m['tensors']:>4} tensors  {_bytes_label(m['bytes']):>10}")
         for name, m in (d.get("quant_mix") or {}).items()
@@ -214,7 +242,7 @@ def format_description(d: dict[str, Any], tensors: Sequence[_TensorLike] | None 
         if not rows:
             continue
         out.append(f"  {title}")
-        out.extend(f"    {k:<22}{_fmt(v)}" for k, v in rows)
+        out.extend(f"    {k:<22}{_fmt(v)}".rstrip() for k, v in rows)
         out.append("")
     if tensors is not None:
         out.append(f"  Tensors ({len(tensors)})")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from localllm.formats import GGUFFile
 from localllm.models import gemma2, gemma3, llama, qwen
 from localllm.models.base import DecoderModel
-from localllm.models.config import ModelError
+from localllm.models.config import ModelConfig, ModelError
 
 BUILDERS: dict[str, Callable[[GGUFFile], DecoderModel]] = {
     "llama": llama.build,
@@ -16,20 +17,36 @@ BUILDERS: dict[str, Callable[[GGUFFile], DecoderModel]] = {
     "gemma2": gemma2.build,
     "gemma3": gemma3.build,
 }
+# The configuration each builder reads (metadata only: no tensor is touched), for what a model
+# needs before it is loaded (`localllm show`). Same keys as BUILDERS.
+CONFIGS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {
+    "llama": llama.config,
+    "qwen2": qwen.config_qwen2,
+    "qwen3": qwen.config_qwen3,
+    "gemma3": gemma3.config,
+}
 
 
 def supported_architectures() -> list[str]:
     return sorted(BUILDERS)
 
 
-def load_model(gf: GGUFFile) -> DecoderModel:
+def _arch(gf: GGUFFile) -> str:
     arch = gf.metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelError(f"{gf.path}: no general.architecture in the metadata")
-    build = BUILDERS.get(arch)
-    if build is None:
+    if arch not in BUILDERS:
         raise ModelError(
             f"{gf.path}: architecture {arch!r} is not supported "
             f"(supported: {', '.join(supported_architectures())})"
         )
-    return build(gf)
+    return arch
+
+
+def load_model(gf: GGUFFile) -> DecoderModel:
+    return BUILDERS[_arch(gf)](gf)
+
+
+def model_config(gf: GGUFFile) -> ModelConfig:
+    """The model's configuration as load_model would read it, without loading weights."""
+    return CONFIGS[_arch(gf)](gf.metadata)

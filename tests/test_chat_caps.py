@@ -22,7 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from localllm.text.chat_caps import polyfill, text_of
+from localllm.text.chat_caps import (
+    model_capabilities,
+    ollama_capabilities,
+    polyfill,
+    text_of,
+)
 from localllm.text.chat_template import ChatTemplate
 from localllm.text.tool_calls import (
     parse_tool_calls,
@@ -99,6 +104,36 @@ def test_probed_capabilities(name: str) -> None:
     caps = _template(name).caps
     for key, value in EXPECTED_CAPS[name].items():
         assert getattr(caps, key) == value, (name, key)
+
+
+# what `localllm show` and /api/show list for a decoder model with each template
+EXPECTED_NAMES = {
+    "phi3_style": ["completion", "chat"],
+    "gemma2_style": ["completion", "chat"],
+    "hermes_style": ["completion", "chat", "tools"],
+    "llama31_style": ["completion", "chat", "tools"],
+    "mistral_style": ["completion", "chat", "tools"],
+    "deepseek_r1_style": ["completion", "chat", "tools", "thinking"],  # shows tool calls
+    "qwen3_thinking_style": ["completion", "chat", "thinking"],
+    "tools_unguarded_style": ["completion", "chat", "tools"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_CAPS))
+def test_model_capabilities(name: str) -> None:
+    md = {"general.architecture": "qwen3"}
+    names = model_capabilities(md, _template(name).caps)
+    assert names == EXPECTED_NAMES[name]
+    assert ollama_capabilities(names) == [n for n in names if n != "chat"]
+
+
+def test_model_capabilities_without_template_and_for_embedding_models() -> None:
+    assert model_capabilities({"general.architecture": "llama"}, None) == ["completion"]
+    # a file that names its pooling is an embedding model (Ollama's rule): nothing else
+    md = {"general.architecture": "bert", "bert.pooling_type": 2}
+    assert model_capabilities(md, None) == ["embedding"]
+    assert model_capabilities(md, _template("hermes_style").caps) == ["embedding"]
+    assert ollama_capabilities(["embedding"]) == ["embedding"]
 
 
 @pytest.mark.parametrize("conv", sorted(CONVERSATIONS))

@@ -32,9 +32,14 @@ def test_show_default_model() -> None:
     out = r.stdout
     for fact in ("gemma3", "Q4_K_M", "32768", "512", "262144", "Q8_0", "Q6_K", "gemma"):
         assert fact in out, fact
+    # no chat template in the file; 18 layers of one f16 kv head of 256, 3 of them global
+    assert "  Capabilities\n    completion\n\n" in out
+    assert "    KV cache per token    18.0 KiB  (f16, 18 layers)\n" in out
+    assert "    past the window       3.0 KiB  (3 of 18 layers attend fully; 15 keep 512" in out
     r = cli("show", "--json")
     d = json.loads(r.stdout)
-    assert d["architecture"] == "gemma3"
+    assert d["architecture"] == "gemma3" and d["capabilities"] == ["completion"]
+    assert d["kv_cache"]["bytes_per_token"] == 18 * 1024
 
 
 def test_show_truncated_file_is_one_line(tmp_path: Path, default_model_path: Path) -> None:

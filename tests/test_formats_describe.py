@@ -75,6 +75,21 @@ def test_describe_tiny_model(tmp_path: Path) -> None:
     assert "Q8_0" in text and "heads / kv heads" in text and "4 / 2" in text
     assert "blk.0.attn_q.weight" in text and "32 x 32" in text
     assert "sliding window" not in text  # missing facts are left out, not printed as None
+    assert d["weight_bytes"] == (5 + 32) * 34 + 128
+    assert "  Needs\n    weights               1.4 KiB\n" in text
+    assert "Capabilities" not in text and "KV cache" not in text  # `show` adds those
+
+
+def test_format_capabilities_and_kv_cache() -> None:
+    d = {"weight_bytes": 3 << 20, "capabilities": ["completion", "chat", "tools"],
+         "kv_cache": {"type": "f16", "layers": 18, "bytes_per_token": 18432, "window": 512,
+                      "full_layers": 3, "full_bytes_per_token": 3072}}
+    text = format_description(d)
+    assert "  Capabilities\n    completion\n    chat\n    tools\n\n" in text
+    assert ("  Needs\n    weights               3.0 MiB\n"
+            "    KV cache per token    18.0 KiB  (f16, 18 layers)\n"
+            "    past the window       3.0 KiB  (3 of 18 layers attend fully; 15 keep 512 "
+            "positions)\n") in text
 
 
 def test_describe_without_tokenizer_or_arch(tmp_path: Path) -> None:

@@ -138,6 +138,7 @@ def test_model_info(server, oc) -> None:
     assert entry.details.quantization_level == "Q4_1" and len(entry.digest) == 64
     info = oc.show(m)
     assert info.modelinfo["general.architecture"] == "llama" and "im_start" in info.template
+    assert info.capabilities == ["completion"]  # a plain ChatML template: no tools, no <think>
     assert oc.ps().models[0].context_length == 512
     assert oc.pull(m).status == "success"
     base = server[0]

@@ -210,3 +210,25 @@ def test_earlier_thinking_reaches_the_template(server, oc) -> None:
     msgs = [*MSGS, {"role": "assistant", "content": "Paris.", "thinking": "Recall the map."}]
     oc.chat(model="tiny-think", messages=msgs)
     assert "<think>\nRecall the map.\n</think>\n\nParis." in sched.prompts[-1]
+
+
+@pytest.mark.parametrize("template,want", [
+    ("chatml", ["completion"]),
+    ("hermes_style", ["completion", "tools"]),
+    ("qwen3_thinking_style", ["completion", "thinking"]),
+    ("deepseek_r1_style", ["completion", "tools", "thinking"]),
+])
+def test_show_capabilities(server, oc, template: str, want: list[str]) -> None:
+    """/api/show's capabilities: text.chat_caps.model_capabilities (as `localllm show`), in
+    Ollama's names (no "chat")."""
+    from localllm.text.chat_caps import model_capabilities
+
+    use(server, template, "")
+    state = server[1]
+    assert oc.show("tiny-think").capabilities == want
+    assert [c for c in model_capabilities({}, state.engine.template.caps) if c != "chat"] == want
+    state.engine.metadata = {"general.architecture": "bert", "bert.pooling_type": 2}
+    try:  # an embedding model (it names its pooling): embedding alone, as Ollama says
+        assert oc.show("tiny-think").capabilities == ["embedding"]
+    finally:
+        state.engine.metadata = {}

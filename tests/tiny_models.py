@@ -432,10 +432,10 @@ def write_tiny_model(
     its F32 twin.
     overrides: n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, context_length, rms_eps,
     rope_freq_base, rope_freq_base_swa, sliding_window, sliding_window_pattern (gemma3; 0 makes
-    every layer local), final_logit_softcapping, attn_logit_softcapping, rope_scaling_factor (writes linear rope
-    scaling), rope_freqs (True: llama3-style rope_freqs.weight), tie_embeddings,
+    every layer local), final_logit_softcapping, attn_logit_softcapping, rope_scaling_factor
+    (writes linear rope scaling), rope_freqs (True: llama3-style rope_freqs.weight), tie_embeddings,
     tensor_qtypes ({'attn_q': GGMLQuantizationType.Q5_0, ...} by short tensor name), name,
-    chat_template (Jinja source; default: a plain one for the family).
+    chat_template (Jinja source; default: a plain one for the family; False: none).
     """
     qtype = GGMLQuantizationType(qtype)
     cfg = _config(arch, qtype, overrides)
@@ -507,8 +507,10 @@ def write_tiny_model(
         meta[f"tokenizer.ggml.{key}_token_id"] = tid
     for key, flag in vocab["flags"].items():
         meta[f"tokenizer.ggml.{key}"] = flag
-    template = {"llama": "llama", "mistral": "llama", "gemma2": "gemma", "gemma3": "gemma"}.get(arch, "chatml")
-    meta["tokenizer.chat_template"] = cfg["chat_template"] or _CHAT_TEMPLATES[template]
+    template = {"llama": "llama", "mistral": "llama", "gemma2": "gemma",
+                "gemma3": "gemma"}.get(arch, "chatml")
+    if cfg["chat_template"] is not False:
+        meta["tokenizer.chat_template"] = cfg["chat_template"] or _CHAT_TEMPLATES[template]
 
     write_model_gguf(path, meta,
                      {name: _encode(arr, qtypes[name]) for name, arr in tensors.items()}, qtypes)

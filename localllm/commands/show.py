@@ -2,14 +2,17 @@
 running it (the header and tensor table; the tokenizer, like llama-tokenize).
 
 Each entry reads the file, then prints a report built by a function that returns text or a
-JSON-ready dict (`show_report`, `token_report`).
+JSON-ready dict (`show_report`, `token_report`). `show` adds to formats' `describe()` what
+only the layers above it know: the capabilities (text.chat_caps.model_capabilities, the one
+source /api/show uses too) and the KV cache a token needs (the model's configuration, read
+without its weights, priced by kv.cache.layer_token_bytes).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from localllm.commands.options import add_model_then
 
@@ -51,6 +54,8 @@ def show_report(gf: GGUFFile, tensors: bool, as_json: bool) -> str:
     from localllm.formats.describe import describe, format_description
 
     d = describe(gf)
+    d["capabilities"] = capabilities(gf)
+    d["kv_cache"] = kv_cache_needs(gf)
     table = list(gf.tensors.values()) if tensors else None
     if not as_json:
         return format_description(d, table)
@@ -61,6 +66,48 @@ def show_report(gf: GGUFFile, tensors: bool, as_json: bool) -> str:
             for t in table
         ]
     return json.dumps(d, indent=2, default=_json_default)
+
+
+def capabilities(gf: GGUFFile) -> list[str]:
+    """model_capabilities for the file as it is: the chat template it carries (none: no
+    chat; the server would fall back to a built-in one) probed without a tokenizer."""
+    from localllm.errors import LocalLLMError
+    from localllm.text.chat_caps import model_capabilities
+    from localllm.text.chat_template import ChatTemplate
+
+    md = gf.metadata
+    caps = None
+    source = md.get("tokenizer.chat_template")
+    if isinstance(source, (str, bytes, bytearray)) and source.strip():
+        try:
+            caps = ChatTemplate.from_metadata(md, None).caps
+        except LocalLLMError:  # a template that does not compile cannot chat
+            caps = None
+    return model_capabilities(md, caps)
+
+
+def kv_cache_needs(gf: GGUFFile, kv_type: str = "f16") -> dict[str, Any] | None:
+    """The KV cache one token costs this model (`kv_type`, the run/serve default f16): over
+    all layers, and for sliding-window models over the full-attention layers alone (what a
+    token costs once the sliding layers hold their window). None for an architecture this
+    runner cannot load."""
+    from localllm.kv.cache import layer_token_bytes
+    from localllm.models.config import ModelError
+    from localllm.models.registry import model_config
+
+    try:
+        cfg = model_config(gf)
+    except ModelError:
+        return None
+    per_layer = layer_token_bytes(cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v, kv_type)
+    out: dict[str, Any] = {"type": kv_type, "layers": cfg.n_layer,
+                           "bytes_per_token": cfg.n_layer * per_layer}
+    windows = sorted({w for w in cfg.layer_window if w > 0})
+    if windows:
+        n_full = sum(1 for w in cfg.layer_window if w == 0)
+        out.update(window=windows[-1] if len(windows) == 1 else windows, full_layers=n_full,
+                   full_bytes_per_token=n_full * per_layer)
+    return out
 
 
 def _json_default(o: object) -> object:

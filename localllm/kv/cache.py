@@ -70,7 +70,16 @@ EMPTY_POS = kv_quant.EMPTY_POS
 BLOCK = 32  # tokens per block: one key block of the attention kernel
 
 __all__ = ["KVCache", "KV_TYPES", "EMPTY_POS", "BLOCK", "ContextOverflowError",
-           "PoolExhaustedError", "PrefixReuse"]
+           "PoolExhaustedError", "PrefixReuse", "layer_token_bytes"]
+
+
+def layer_token_bytes(n_head_kv: int, head_dim: int, head_dim_v: int | None = None,
+                      k_type: str = "f16", v_type: str | None = None) -> int:
+    """Bytes one position takes in one layer's cache, K and V (times the layers that keep
+    it: the cache's size per token; `localllm show` asks before any cache exists)."""
+    return (kv_quant.bytes_per_token(k_type, n_head_kv, head_dim)
+            + kv_quant.bytes_per_token(k_type if v_type is None else v_type, n_head_kv,
+                                       head_dim if head_dim_v is None else head_dim_v))
 
 
 class ContextOverflowError(ValueError):
@@ -158,9 +167,8 @@ class KVCache:
 
     def block_bytes(self, w: int) -> int:
         """Bytes of one block of kind w over all its layers (K and V)."""
-        return self.block * len(self.layers_of[w]) * (
-            kv_quant.bytes_per_token(self.k_type, self.n_head_kv, self.head_dim)
-            + kv_quant.bytes_per_token(self.v_type, self.n_head_kv, self.head_dim_v))
+        return self.block * len(self.layers_of[w]) * layer_token_bytes(
+            self.n_head_kv, self.head_dim, self.head_dim_v, self.k_type, self.v_type)
 
     def _pool_sizes(self, per_seq: dict[int, int], kv_memory: int | None) -> dict[int, int]:
         """Blocks per kind. Without a budget: every slot can hold a full context (the memory
@@ -352,10 +360,8 @@ class KVCache:
 
     def bytes_per_token(self) -> int:
         """Bytes one position costs if every layer kept it (the full-cache figure)."""
-        return self.n_layer * (
-            kv_quant.bytes_per_token(self.k_type, self.n_head_kv, self.head_dim)
-            + kv_quant.bytes_per_token(self.v_type, self.n_head_kv, self.head_dim_v)
-        )
+        return self.n_layer * layer_token_bytes(
+            self.n_head_kv, self.head_dim, self.head_dim_v, self.k_type, self.v_type)
 
     def full_cache_nbytes(self) -> int:
         """What the cache would take without sliding-window rings."""

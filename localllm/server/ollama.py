@@ -41,6 +41,7 @@ from localllm.server.common import (
     tool_names,
     unsupported,
 )
+from localllm.text.chat_caps import model_capabilities, ollama_capabilities
 
 NDJSON = "application/x-ndjson"
 FAR_FUTURE = "2318-01-01T00:00:00Z"  # expires_at of a model that never unloads
@@ -249,10 +250,10 @@ async def show(request: HttpRequest, state: ServerState) -> Response:
         tmpl = bytes(tmpl).decode("utf-8", "replace")
     return JSONResponse({
         "modelfile": f"FROM {state.path.name}\n", "parameters": "", "template": tmpl or "",
-        # tools: every template takes them (polyfilled into the system prompt where needed)
         "system": "", "license": str(md.get("general.license", "")), "details": state.details(),
-        "model_info": info, "capabilities": ["completion", "tools"] + (
-            ["thinking"] if state.engine.template.caps.thinking else []),
+        # what `localllm show` lists, from the template this server renders with
+        "model_info": info, "capabilities": ollama_capabilities(
+            model_capabilities(md, state.engine.template.caps)),
         "modified_at": state.modified_at(),
     })
 

@@ -46,15 +46,41 @@ class TemplateCaps:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    @property
-    def names(self) -> list[str]:
-        """Ollama-style capability names (/api/show "capabilities")."""
-        out = ["completion"]
-        if self.tools or self.tool_calls:
+
+# The names Ollama's /api/show "capabilities" uses (ollama types/model/capability.go) that a
+# GGUF decoder can have here; "chat" is localllm's own (`localllm show`), not Ollama's.
+OLLAMA_CAPABILITIES = ("completion", "tools", "thinking", "embedding")
+
+
+def model_capabilities(metadata: Mapping[str, Any], caps: TemplateCaps | None) -> list[str]:
+    """What a model can do, in the order `localllm show` prints it: the one source of
+    `localllm show`'s Capabilities and /api/show's "capabilities" (`ollama_capabilities`).
+
+    caps: the probed chat template (None: the model has none). As Ollama decides it
+    (server/images.go): a file that names its pooling (`{arch}.pooling_type`) is an
+    embedding model, "embedding" and not "completion"; any other is a decoder, "completion".
+    A decoder with a chat template adds "chat", then "tools" when the template shows tool
+    definitions or calls (those it cannot show are polyfilled into the system prompt, but that
+    is not the model's trained format) and "thinking" when it knows a reasoning block.
+    /api/embed still pools a decoder's hidden states (generation/embed.py), as Ollama does;
+    it is not listed, because Ollama's client treats an "embedding" model as embedding-only.
+    """
+    arch = metadata.get("general.architecture")
+    if arch and f"{arch}.pooling_type" in metadata:
+        return ["embedding"]
+    out = ["completion"]
+    if caps is not None:
+        out.append("chat")
+        if caps.tools or caps.tool_calls:
             out.append("tools")
-        if self.thinking:
+        if caps.thinking:
             out.append("thinking")
-        return out
+    return out
+
+
+def ollama_capabilities(names: Sequence[str]) -> list[str]:
+    """`model_capabilities` in Ollama's vocabulary (for /api/show)."""
+    return [n for n in names if n in OLLAMA_CAPABILITIES]
 
 
 _SYSTEM_NEEDLE = "<System Needle 7f3a>"
