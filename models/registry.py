@@ -23,6 +23,7 @@ CONFIGS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {
     "llama": llama.config,
     "qwen2": qwen.config_qwen2,
     "qwen3": qwen.config_qwen3,
+    "gemma2": gemma2.config,
     "gemma3": gemma3.config,
 }
 
