@@ -6,8 +6,6 @@ seeded determinism alone and under concurrency, and disconnects that free their 
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +15,7 @@ import httpx
 import ollama
 import openai
 import pytest
-import uvicorn
+from http_serving import serve_state
 
 from localllm.engine import Engine
 from localllm.generation.scheduler import QueueFullError, Scheduler
@@ -36,18 +34,8 @@ def serving(engine: Engine, name: str, max_queue: int) -> Iterator[tuple[str, Se
     """Serve `engine` on a free loopback port; yields (url, state), then shuts down."""
     state = ServerState(engine, Scheduler(engine, max_queue=max_queue), name)
     state.scheduler.call(engine.warmup)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port,
-                                        log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    while not srv.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", state
-    srv.should_exit = True
-    thread.join(30)
+    for url in serve_state(state):
+        yield url, state
     state.scheduler.close(drain=False, timeout=30)
 
 

@@ -9,9 +9,6 @@ are the real ones. The scheduler also records the prompt each request rendered."
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,12 +17,12 @@ import httpx
 import ollama
 import openai
 import pytest
-import uvicorn
+from http_serving import serve_state
 
 from localllm.generation.request import Handle
 from localllm.generation.sequence import GenerationStats
 from localllm.generation.text_stream import Event
-from localllm.server import ServerState, build_app
+from localllm.server import ServerState
 from localllm.text.chat_template import ChatTemplate
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
@@ -82,18 +79,8 @@ def server(tmp_path_factory):
     engine = SimpleNamespace(tokenizer=CharTokenizer(), template=None, n_ctx=4096, path=path,
                              metadata={}, gf=SimpleNamespace(tensors={}))
     state = ServerState(engine, ScriptedScheduler(), "tiny-think:latest")  # type: ignore[arg-type]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port,
-                                        log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    while not srv.started:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", state
-    srv.should_exit = True
-    thread.join(30)
+    for url in serve_state(state):
+        yield url, state
 
 
 def use(server, template: str, reply: str, piece: int = 3) -> ScriptedScheduler:
