@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from localllm.generation import policy
+from localllm.generation.sequence import Status
 
 
 def test_useful_prefix_needs_half_of_the_prompt_or_of_the_slot() -> None:
@@ -39,6 +40,7 @@ class _Seq:
     def __init__(self, slot: int, pos: int, pending: list[int], last: int | None = None,
                  draft: list[int] | None = None, resume: bool = False) -> None:
         self.slot, self.pos, self.pending, self.last = slot, pos, pending, last
+        self.status = Status.PREFILLING if pending else Status.DECODING
         self.resume_decode = resume
         self._draft = draft or []
         self.draft: list[int] = []

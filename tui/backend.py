@@ -263,11 +263,10 @@ class ChatBackend:
         self.engine = self._loop = None  # drop the old model (and its cache) first
         eng = Engine(job.args["path"], **self._engine_opts)
         ensure_kernels_compiled(eng, progress=False)
-        drafter = make_drafter(self._spec, eng)
-        spec = self._spec if drafter is not None else SpecOptions(mode="off")
+        drafter = make_drafter(self._spec, eng)  # None when speculation is off
         # the token loop, run on this thread; a long prompt is evaluated PREFILL_CHUNK rows
         # a step, so progress shows and Esc cancels between chunks
-        self._loop = Batcher(eng, prefill_chunk=PREFILL_CHUNK, spec=spec, costs=StepCosts(),
+        self._loop = Batcher(eng, prefill_chunk=PREFILL_CHUNK, spec=self._spec, costs=StepCosts(),
                              drafter=drafter)
         template = eng.template.name
         # the file's name: general.name is often a training-run label ("Smollm2 135M 8k

@@ -67,8 +67,7 @@ def generate(
     spec = spec or SpecOptions()
     if drafter is None:
         drafter = make_drafter(spec, engine)
-    loop = Batcher(engine, spec=spec if drafter is not None else SpecOptions(mode="off"),
-                   costs=step_costs, drafter=drafter)
+    loop = Batcher(engine, spec=spec, costs=step_costs, drafter=drafter)
     req = Request(list(prompt_tokens), sampler.config, max_tokens=max_tokens, stop=stop,
                   ignore_eos=ignore_eos, truncate=truncate, constraint=constraint,
                   context_shift=context_shift, n_keep=n_keep, slot=slot, progress=progress)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from localllm.generation.sequence import Status
 from localllm.kv.batch import Batch
 
 if TYPE_CHECKING:
@@ -65,8 +66,8 @@ def plan_step(seqs: Sequence[Seq], prefill_budget: int, drafts: bool) -> list[Pa
     """The step's parts: every decoding sequence's last token (plus its draft when
     `drafts`), then prefill chunks within the budget. The chunks are sized first, so each
     drafter sees how many rows the others put in the step."""
-    decoding = [s for s in seqs if not s.pending]
-    prefilling = [s for s in seqs if s.pending]
+    decoding = [s for s in seqs if s.status is Status.DECODING]
+    prefilling = [s for s in seqs if s.status is Status.PREFILLING]
     sizes = prefill_sizes([len(s.pending) for s in prefilling], prefill_budget)
     n_rows = len(decoding) + sum(sizes)
     parts: list[Part] = []

@@ -130,10 +130,10 @@ class Sequence:
         self.t_submit = time.perf_counter()
         self.t_eval: float | None = None
         draft_max = req.draft_max or spec.draft_max
-        if drafter is None and req.speculate and spec.enabled and draft_max > 0:
-            drafter = NgramDrafter(spec.ngram_min, spec.ngram_max)
-        use = drafter is not None and req.speculate and spec.enabled and draft_max > 0
-        self.spec = Speculator(drafter, DraftPolicy(draft_max, costs)) if use else None
+        self.spec: Speculator | None = None
+        if req.speculate and spec.enabled and draft_max > 0:
+            drafter = drafter or NgramDrafter(spec.ngram_min, spec.ngram_max)
+            self.spec = Speculator(drafter, DraftPolicy(draft_max, costs))
         self.draft: list[int] = []  # drafted rows in the current step
         self.resume_decode = False  # re-evaluating (preemption, context shift): no sampling
         self._progress_total = 0  # prompt tokens to evaluate, for progress events
