@@ -1,0 +1,133 @@
+"""The harmony parser (localllm/text/harmony.py): gpt-oss replies split into thinking, content
+and tool calls, the same at every chunk boundary (no special token, nor a piece of one, ever
+reaches either part), headers with the recipient before or after the channel, replies that
+drift out of the format."""
+
+from __future__ import annotations
+
+import pytest
+
+from localllm.text.harmony import (
+    IMPLICIT_START,
+    HarmonyParser,
+    effort_for,
+    is_harmony_template,
+    parse_header,
+    split_all,
+)
+
+THINK_ANSWER = ("<|channel|>analysis<|message|>User asks: 2+2. Easy.<|end|>"
+                "<|start|>assistant<|channel|>final<|message|>2 + 2 = 4.")
+TOOL_IN_CHANNEL = ("<|channel|>analysis<|message|>Need weather.<|end|>"
+                   "<|start|>assistant<|channel|>commentary to=functions.get_weather "
+                   "<|constrain|>json<|message|>{\"location\": \"Paris\"}")
+TOOL_IN_ROLE = ("<|channel|>analysis<|message|>Need weather.<|end|>"
+                "<|start|>assistant to=functions.get_weather<|channel|>commentary json"
+                "<|message|>{\"location\":\"Paris\"}<|call|>")
+WEATHER = [{"function": {"name": "get_weather", "arguments": {"location": "Paris"}}}]
+
+CASES = [
+    # (reply after the generation prompt, thinking, content, calls)
+    (THINK_ANSWER, "User asks: 2+2. Easy.", "2 + 2 = 4.", []),
+    (THINK_ANSWER + "<|return|>", "User asks: 2+2. Easy.", "2 + 2 = 4.", []),
+    (TOOL_IN_CHANNEL, "Need weather.", "", WEATHER),
+    (TOOL_IN_ROLE, "Need weather.", "", WEATHER),
+    # low effort: straight to the answer
+    ("<|channel|>final<|message|>Hi there!", "", "Hi there!", []),
+    # a preamble for the user (commentary, no recipient) before a call, then the call
+    ("<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant<|channel|>"
+     "commentary to=functions.get_weather <|constrain|>json<|message|>{\"location\":\"Paris\"}",
+     "", "Let me check.", WEATHER),
+    # gpt-oss-20b's stray "to=assistant" on a commentary channel is no tool call
+    ("<|channel|>commentary to=assistant<|message|>ok", "", "ok", []),
+    # a call with no arguments
+    ("<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}",
+     "", "", [{"function": {"name": "now", "arguments": {}}}]),
+    # arguments that are not JSON stay in the content
+    ("<|channel|>commentary to=functions.f<|message|>not json", "", "not json", []),
+    # a model that skipped <|end|> before its next message
+    ("<|channel|>analysis<|message|>hmm<|start|>assistant<|channel|>final<|message|>ok",
+     "hmm", "ok", []),
+    # cut off inside thinking, and inside a header
+    ("<|channel|>analysis<|message|>still thinking <|e", "still thinking <|e", "", []),
+    ("<|channel|>analysis<|message|>t<|end|><|start|>assistant<|chan", "t", "", []),
+    # text that merely looks like the tokens' punctuation
+    ("<|channel|>final<|message|>a <| b |> c < d", "", "a <| b |> c < d", []),
+    # a reply that ignored the format is content, whole
+    ("Plain answer, no channels.", "", "Plain answer, no channels.", []),
+    ("Line one\nline two", "", "Line one\nline two", []),
+    ("", "", "", []),
+]
+
+
+def _stream(text: str, cuts: list[int]) -> tuple[str, str, list]:
+    p = HarmonyParser()
+    edges = [0, *cuts, len(text)]
+    outs = [p.push(text[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True)] + [p.finish()]
+    return "".join(t for t, _ in outs), "".join(c for _, c in outs), p.calls
+
+
+@pytest.mark.parametrize("text,thinking,content,calls", CASES)
+def test_whole_reply(text: str, thinking: str, content: str, calls: list) -> None:
+    assert split_all(text) == (thinking, content, calls)
+
+
+@pytest.mark.parametrize("text,thinking,content,calls", CASES)
+def test_every_chunk_boundary(text: str, thinking: str, content: str, calls: list) -> None:
+    for i in range(len(text) + 1):  # one cut anywhere
+        assert _stream(text, [i]) == (thinking, content, calls), i
+    for i in range(len(text) + 1):  # two cuts: a token split in three
+        for j in range(i, min(i + 12, len(text) + 1)):
+            assert _stream(text, [i, j]) == (thinking, content, calls), (i, j)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7])
+def test_pieces_never_leak_tokens(size: int) -> None:
+    for text, _, _, _ in CASES[:8]:
+        p = HarmonyParser()
+        for k in range(0, len(text), size):
+            for part in p.push(text[k:k + size]):
+                assert "<|" not in part and "|>" not in part, (text, part)
+
+
+def test_streamed_parts_come_as_early_as_they_are_safe() -> None:
+    p = HarmonyParser()
+    assert p.push("<|channel|>analysis<|message|>Thinking hard") == ("Thinking hard", "")
+    assert p.push(" now<|e") == (" now", "")  # "<|e" may be <|end|>: held
+    assert p.push("nd|><|start|>assistant<|channel|>final<|message|>Yes") == ("", "Yes")
+    assert p.finish() == ("", "")
+
+
+def test_prompt_prefill_continues_the_open_message() -> None:
+    # a prompt that opened the final channel: the reply is content from its first character
+    p = HarmonyParser.for_prompt("<|start|>user<|message|>hi<|end|>"
+                                 "<|start|>assistant<|channel|>final<|message|>")
+    assert p.push("Hello") == ("", "Hello")
+    # the generation prompt: the same as the implicit start
+    p = HarmonyParser.for_prompt("<|start|>user<|message|>hi<|end|>" + IMPLICIT_START)
+    assert p.push("<|channel|>analysis<|message|>x") == ("x", "")
+    # a prompt that ends on a closed message: the reply opens its own
+    p = HarmonyParser.for_prompt("<|start|>user<|message|>hi<|end|>")
+    assert p.push("<|start|>assistant<|channel|>final<|message|>y") == ("", "y")
+
+
+@pytest.mark.parametrize("header,expected", [
+    ("assistant<|channel|>analysis", ("assistant", "analysis", "")),
+    ("assistant<|channel|>commentary to=functions.f <|constrain|>json",
+     ("assistant", "commentary", "functions.f")),
+    ("assistant<|channel|>commentary to=functions.f<|constrain|>json",
+     ("assistant", "commentary", "functions.f")),
+    ("assistant to=functions.f<|channel|>commentary json",
+     ("assistant", "commentary", "functions.f")),
+    ("functions.f to=assistant<|channel|>commentary", ("functions.f", "commentary", "assistant")),
+    ("assistant", ("assistant", "", "")),
+])
+def test_parse_header(header: str, expected: tuple[str, str, str]) -> None:
+    assert parse_header(header) == expected
+
+
+def test_detection_and_efforts() -> None:
+    assert is_harmony_template("{{ '<|start|>assistant<|channel|>final<|message|>' }}")
+    assert not is_harmony_template("{{ '<|im_start|>assistant\\n' }}")
+    assert [effort_for(x) for x in ("low", "medium", "high", "max")] == \
+        ["low", "medium", "high", "high"]
