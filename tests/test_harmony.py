@@ -131,3 +131,37 @@ def test_detection_and_efforts() -> None:
     assert not is_harmony_template("{{ '<|im_start|>assistant\\n' }}")
     assert [effort_for(x) for x in ("low", "medium", "high", "max")] == \
         ["low", "medium", "high", "high"]
+
+
+def test_shown_control_tokens_reach_the_text() -> None:
+    """Harmony's structure tokens are control tokens, dropped from ordinary output: a request's
+    `show_tokens` renders them (the token loop's text layer), the rest stay dropped."""
+    import json
+
+    from _tok_helpers import BPE_CASES_PATH
+
+    from localllm.generation.text_stream import TextStream
+    from localllm.text.tokenizer import TOKEN_TYPE_CONTROL, Tokenizer
+
+    md = json.loads(BPE_CASES_PATH.read_text(encoding="utf-8"))["metadata"]
+    specials = ["<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|return|>", "<|call|>"]
+    md["tokenizer.ggml.tokens"] = md["tokenizer.ggml.tokens"] + specials
+    md["tokenizer.ggml.token_type"] = md["tokenizer.ggml.token_type"] + \
+        [TOKEN_TYPE_CONTROL] * len(specials)
+    tok = Tokenizer.from_metadata(md)
+    ids = tok.encode(THINK_ANSWER, add_special=False, parse_special=True)
+    ret = tok.token_to_id("<|return|>")
+    assert ret in tok.eog_ids  # <|return|> and <|call|> end the generation, <|end|> does not
+    assert tok.token_to_id("<|end|>") not in tok.eog_ids
+
+    def run(show: frozenset[int]) -> str:
+        ts = TextStream(tok, eog=tok.eog_ids, keep=show)
+        out = [ev.text for t in [*ids, ret] if (ev := ts.push(t)) is not None]
+        tail = ts.finish()
+        return "".join(out) + (tail.text if tail else "")
+
+    plain = run(frozenset())
+    assert "<|channel|>" not in plain and "analysis" in plain  # the structure is lost
+    shown = run(frozenset(tok.token_to_id(s) for s in specials[:4]))
+    assert shown == THINK_ANSWER
+    assert split_all(shown) == ("User asks: 2+2. Easy.", "2 + 2 = 4.", [])
