@@ -133,22 +133,32 @@ def test_detection_and_efforts() -> None:
         ["low", "medium", "high", "high"]
 
 
-def test_shown_control_tokens_reach_the_text() -> None:
-    """Harmony's structure tokens are control tokens, dropped from ordinary output: a request's
-    `show_tokens` renders them (the token loop's text layer), the rest stay dropped."""
+SPECIALS = ["<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|return|>", "<|call|>",
+            "<|constrain|>"]
+
+
+def harmony_tokenizer():
+    """The tiny test BPE vocabulary with gpt-oss's special tokens added (control tokens)."""
     import json
 
     from _tok_helpers import BPE_CASES_PATH
 
-    from localllm.generation.text_stream import TextStream
     from localllm.text.tokenizer import TOKEN_TYPE_CONTROL, Tokenizer
 
     md = json.loads(BPE_CASES_PATH.read_text(encoding="utf-8"))["metadata"]
-    specials = ["<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|return|>", "<|call|>"]
-    md["tokenizer.ggml.tokens"] = md["tokenizer.ggml.tokens"] + specials
+    md["tokenizer.ggml.tokens"] = md["tokenizer.ggml.tokens"] + SPECIALS
     md["tokenizer.ggml.token_type"] = md["tokenizer.ggml.token_type"] + \
-        [TOKEN_TYPE_CONTROL] * len(specials)
-    tok = Tokenizer.from_metadata(md)
+        [TOKEN_TYPE_CONTROL] * len(SPECIALS)
+    return Tokenizer.from_metadata(md)
+
+
+def test_shown_control_tokens_reach_the_text() -> None:
+    """Harmony's structure tokens are control tokens, dropped from ordinary output: a request's
+    `show_tokens` renders them (the token loop's text layer), the rest stay dropped."""
+    from localllm.generation.text_stream import TextStream
+    from localllm.text.harmony import PRESERVED_TOKENS
+
+    tok = harmony_tokenizer()
     ids = tok.encode(THINK_ANSWER, add_special=False, parse_special=True)
     ret = tok.token_to_id("<|return|>")
     assert ret in tok.eog_ids  # <|return|> and <|call|> end the generation, <|end|> does not
@@ -162,6 +172,6 @@ def test_shown_control_tokens_reach_the_text() -> None:
 
     plain = run(frozenset())
     assert "<|channel|>" not in plain and "analysis" in plain  # the structure is lost
-    shown = run(frozenset(tok.token_to_id(s) for s in specials[:4]))
+    shown = run(frozenset(tok.token_to_id(s) for s in PRESERVED_TOKENS))
     assert shown == THINK_ANSWER
     assert split_all(shown) == ("User asks: 2+2. Easy.", "2 + 2 = 4.", [])
