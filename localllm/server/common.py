@@ -237,16 +237,18 @@ def parse_stop(v: Any, what: str = "'stop'") -> list[str]:
 
 
 def chat_prompt(engine: Engine, messages: list[dict[str, Any]], template: str | None = None,
-                tools: list[dict[str, Any]] | None = None, think: bool | None = None) -> list[int]:
+                tools: list[dict[str, Any]] | None = None,
+                think: bool | str | None = None) -> list[int]:
     """Token ids of a conversation rendered with the model's chat template (or `template`,
     a Jinja override) and an open assistant turn. tools: the request's tool definitions,
     passed to the template (or written into the system prompt where it has no tool support);
-    think: the template's `enable_thinking` (None: not set)."""
+    think: the template's `enable_thinking` (None: not set); a level ("low", "medium",
+    "high", "max") is on, and gpt-oss's `reasoning_effort`."""
     return render_prompt(engine, messages, template, tools, think)[0]
 
 
 def render_prompt(engine: Engine, messages: list[dict[str, Any]], template: str | None = None,
-                  tools: list[dict[str, Any]] | None = None, think: bool | None = None,
+                  tools: list[dict[str, Any]] | None = None, think: bool | str | None = None,
                   ) -> tuple[list[int], str]:
     """`chat_prompt`'s token ids and the rendered text they came from (whose tail says
     whether the reply starts inside a think block)."""
@@ -256,7 +258,12 @@ def render_prompt(engine: Engine, messages: list[dict[str, Any]], template: str 
     tmpl = engine.template if template is None else ChatTemplate(template, engine.tokenizer)
     kwargs: dict[str, Any] = {"tools": tools} if tools else {}
     if think is not None:
-        kwargs["enable_thinking"] = think
+        kwargs["enable_thinking"] = bool(think)
+    if isinstance(think, str):
+        from localllm.text.harmony import effort_for
+
+        # gpt-oss's template writes it as "Reasoning: high"; other templates ignore it
+        kwargs["reasoning_effort"] = effort_for(think)
     text = tmpl.render(messages, add_generation_prompt=True, **kwargs)
     return encode_chat(engine.tokenizer, text), text
 
@@ -355,20 +362,20 @@ async def format_constraint(state: ServerState, fmt: Any, what: str = "format") 
         raise ApiError(400, f"invalid '{what}': {e}") from None
 
 
-THINK_LEVELS = ("low", "medium", "high")
+# Ollama's think levels (api.ThinkValue); for gpt-oss a reasoning effort ("max" is its
+# "high"), for a <think> model simply "on"
+THINK_LEVELS = ("low", "medium", "high", "max")
 
 
-def think_setting(body: Mapping[str, Any], can_think: bool, model: Any) -> bool | None:
+def think_setting(body: Mapping[str, Any], can_think: bool, model: Any) -> bool | str | None:
     """Ollama's `think` field against what the model can do: None for a model that cannot
     think (asking it to is a 400, as Ollama answers), else whether the reply's reasoning is
-    split out (absent: yes, Ollama's default for a thinking model). "low"/"medium"/"high"
-    (gpt-oss's levels) count as true."""
+    split out (absent: yes, Ollama's default for a thinking model), or the level asked for
+    ("low"/"medium"/"high"/"max": on, at that effort)."""
     v = get(body, "think", (bool, str))
-    if isinstance(v, str):
-        if v not in THINK_LEVELS:
-            raise ApiError(400, f"invalid think value: {json.dumps(v)} (must be \"high\", "
-                                "\"medium\", \"low\", true, or false)")
-        v = True
+    if isinstance(v, str) and v not in THINK_LEVELS:
+        raise ApiError(400, f"invalid think value: {json.dumps(v)} (must be \"high\", "
+                            "\"medium\", \"low\", \"max\", true, or false)")
     if not can_think:
         if v:
             raise ApiError(400, f"{json.dumps(model)} does not support thinking")
@@ -376,14 +383,36 @@ def think_setting(body: Mapping[str, Any], can_think: bool, model: Any) -> bool 
     return True if v is None else v
 
 
+def shown_tokens(engine: Engine, harmony: bool) -> frozenset[int]:
+    """The control tokens a reply must show for its parser (`Request.show_tokens`):
+    harmony's structure tokens for a gpt-oss reply, else none."""
+    if not harmony:
+        return frozenset()
+    from localllm.text.harmony import PRESERVED_TOKENS
+
+    ids = (engine.tokenizer.token_to_id(t) for t in PRESERVED_TOKENS)
+    return frozenset(i for i in ids if i is not None)
+
+
 class ThinkStream:
     """A reply's text pieces as (thinking, content) when `think` is on, else all content.
-    `prompt_text` (the rendered prompt) says whether the reply starts inside thinking."""
+    `prompt_text` (the rendered prompt) says whether the reply starts inside thinking.
+    A harmony reply (gpt-oss: `harmony`) is always parsed, whatever `think` says: its
+    channels are no text for a reader, and gpt-oss cannot stop thinking; its tool calls are
+    in `calls` after `finish()`."""
 
-    def __init__(self, think: bool | None, prompt_text: str) -> None:
+    def __init__(self, think: bool | str | None, prompt_text: str, harmony: bool = False) -> None:
         from localllm.generation.reasoning import ThinkingSplitter, prompt_opens_thinking
+        from localllm.text.harmony import HarmonyParser
 
-        self.splitter = ThinkingSplitter(prompt_opens_thinking(prompt_text)) if think else None
+        self.harmony = HarmonyParser.for_prompt(prompt_text) if harmony else None
+        self.splitter: Any = self.harmony or (
+            ThinkingSplitter(prompt_opens_thinking(prompt_text)) if think else None)
+
+    @property
+    def calls(self) -> list[dict[str, Any]]:
+        """Tool calls the reply made in harmony's syntax (complete after `finish()`)."""
+        return self.harmony.calls if self.harmony is not None else []
 
     def push(self, piece: str) -> tuple[str, str]:
         return ("", piece) if self.splitter is None else self.splitter.push(piece)
