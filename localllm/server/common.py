@@ -256,14 +256,11 @@ def render_prompt(engine: Engine, messages: list[dict[str, Any]], template: str 
 
     # a template that cannot render these messages raises TemplateError: the client's 400
     tmpl = engine.template if template is None else ChatTemplate(template, engine.tokenizer)
-    kwargs: dict[str, Any] = {"tools": tools} if tools else {}
-    if think is not None:
-        kwargs["enable_thinking"] = bool(think)
-    if isinstance(think, str):
-        from localllm.text.harmony import effort_for
+    from localllm.generation.reasoning import think_kwargs
 
-        # gpt-oss's template writes it as "Reasoning: high"; other templates ignore it
-        kwargs["reasoning_effort"] = effort_for(think)
+    kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+    # the callers pass None for a model that cannot think
+    kwargs.update(think_kwargs(think, True))
     text = tmpl.render(messages, add_generation_prompt=True, **kwargs)
     return encode_chat(engine.tokenizer, text), text
 
@@ -386,12 +383,9 @@ def think_setting(body: Mapping[str, Any], can_think: bool, model: Any) -> bool 
 def shown_tokens(engine: Engine, harmony: bool) -> frozenset[int]:
     """The control tokens a reply must show for its parser (`Request.show_tokens`):
     harmony's structure tokens for a gpt-oss reply, else none."""
-    if not harmony:
-        return frozenset()
-    from localllm.text.harmony import PRESERVED_TOKENS
+    from localllm.text.harmony import preserved_ids
 
-    ids = (engine.tokenizer.token_to_id(t) for t in PRESERVED_TOKENS)
-    return frozenset(i for i in ids if i is not None)
+    return preserved_ids(engine.tokenizer) if harmony else frozenset()
 
 
 class ThinkStream:
@@ -402,12 +396,10 @@ class ThinkStream:
     in `calls` after `finish()`."""
 
     def __init__(self, think: bool | str | None, prompt_text: str, harmony: bool = False) -> None:
-        from localllm.generation.reasoning import ThinkingSplitter, prompt_opens_thinking
-        from localllm.text.harmony import HarmonyParser
+        from localllm.generation.reasoning import reply_splitter
 
-        self.harmony = HarmonyParser.for_prompt(prompt_text) if harmony else None
-        self.splitter: Any = self.harmony or (
-            ThinkingSplitter(prompt_opens_thinking(prompt_text)) if think else None)
+        self.splitter: Any = reply_splitter(harmony, prompt_text) if harmony or think else None
+        self.harmony = self.splitter if harmony else None
 
     @property
     def calls(self) -> list[dict[str, Any]]:

@@ -58,6 +58,12 @@ def is_harmony_template(source: str) -> bool:
     return CHANNEL in source and MESSAGE in source
 
 
+def preserved_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids of `PRESERVED_TOKENS` in a vocabulary (those it has)."""
+    ids = (tokenizer.token_to_id(t) for t in PRESERVED_TOKENS)
+    return frozenset(i for i in ids if i is not None)
+
+
 def effort_for(level: str) -> str:
     """A think level as a gpt-oss reasoning effort ("max", Ollama's top level, is "high")."""
     return level if level in EFFORTS else "high"
