@@ -175,3 +175,34 @@ def test_shown_control_tokens_reach_the_text() -> None:
     shown = run(frozenset(tok.token_to_id(s) for s in PRESERVED_TOKENS))
     assert shown == THINK_ANSWER
     assert split_all(shown) == ("User asks: 2+2. Easy.", "2 + 2 = 4.", [])
+
+
+def test_token_loop_shows_what_the_request_asks(monkeypatch) -> None:
+    """Through the token loop (generate -> Request -> Sequence -> TextStream): a harmony
+    reply's structure tokens reach the text only when the request asks for them, and the
+    reply ends at <|return|> (an end-of-generation token, never text)."""
+    import test_generate
+    from test_generate import ScriptedEngine
+
+    from localllm.generation.generate import generate
+    from localllm.generation.sampling import Sampler, SamplerConfig
+    from localllm.text.harmony import preserved_ids
+
+    tok = harmony_tokenizer()
+    monkeypatch.setattr(test_generate, "V", tok.vocab_size)
+    script = [*tok.encode(THINK_ANSWER, add_special=False, parse_special=True),
+              tok.token_to_id("<|return|>"), 5]
+
+    def reply(show: frozenset[int]) -> tuple[str, object]:
+        eng = ScriptedEngine(script)
+        eng.tokenizer, eng.cfg.n_vocab = tok, tok.vocab_size
+        events = list(generate(eng, [1, 2], Sampler(SamplerConfig(temperature=0)),
+                               show_tokens=show))
+        return "".join(e.text for e in events), events[-1]
+
+    text, final = reply(preserved_ids(tok))
+    assert text == THINK_ANSWER and final.done_reason == "stop"
+    assert len(final.tokens) == len(script) - 2  # <|return|> ended it, uncounted
+    text, _ = reply(frozenset())
+    # (<|end|> is always shown: llama.cpp retypes it a user-defined token for gpt-oss)
+    assert text == "analysisUser asks: 2+2. Easy.<|end|>assistantfinal2 + 2 = 4."
