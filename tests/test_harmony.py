@@ -5,6 +5,9 @@ drift out of the format."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from localllm.text.harmony import (
@@ -121,6 +124,8 @@ def test_prompt_prefill_continues_the_open_message() -> None:
      ("assistant", "commentary", "functions.f")),
     ("functions.f to=assistant<|channel|>commentary", ("functions.f", "commentary", "assistant")),
     ("assistant", ("assistant", "", "")),
+    ("assistant<|channel|>commentary<|channel|>analysis", ("assistant", "analysis", "")),
+    ("<|channel|>commentary to=assistant<|channel|>final", ("", "final", "assistant")),
 ])
 def test_parse_header(header: str, expected: tuple[str, str, str]) -> None:
     assert parse_header(header) == expected
@@ -206,3 +211,55 @@ def test_token_loop_shows_what_the_request_asks(monkeypatch) -> None:
     text, _ = reply(frozenset())
     # (<|end|> is always shown: llama.cpp retypes it a user-defined token for gpt-oss)
     assert text == "analysisUser asks: 2+2. Easy.<|end|>assistantfinal2 + 2 = 4."
+
+
+RECORDED = Path(__file__).parent / "data" / "llamacpp_chat" / "harmony.json"
+# replies where localllm parts from llama.cpp's gpt-oss parser on purpose
+DIFFERENT = {
+    # <|return|> ends the generation (an end-of-generation token): it never reaches the text
+    # here; llama.cpp's parser, handed it as text, keeps it in the content
+    "final-with-return": ("", "x", []),
+    # a reply that ignored the format: llama.cpp's parser refuses it; here it is content
+    "no-channels": ("", "Plain answer, no channels.", []),
+}
+
+
+def _recorded() -> list[dict]:
+    return json.loads(RECORDED.read_text(encoding="utf-8"))["cases"]
+
+
+@pytest.mark.parametrize("case", _recorded(), ids=lambda c: c["name"])
+def test_parser_matches_llamacpp(case: dict) -> None:
+    """Replies parsed by llama.cpp's gpt-oss parser (bench/record_llamacpp_harmony.py): the
+    same thinking, content and calls, whole and streamed at every boundary."""
+    if case["name"] in DIFFERENT:
+        want = DIFFERENT[case["name"]]
+    else:
+        want = (case["reasoning_content"], case["content"],
+                [{"function": {"name": c["name"], "arguments": json.loads(c["arguments"])}}
+                 for c in case["tool_calls"]])
+    assert split_all(case["reply"]) == want
+    for i in range(len(case["reply"]) + 1):
+        assert _stream(case["reply"], [i]) == want, i
+
+
+@pytest.mark.parametrize("tools", [False, True])
+def test_template_matches_llamacpp(tools: bool) -> None:
+    """The built-in harmony template renders the prompt llama.cpp renders with its copy of
+    gpt-oss's own template (the date line aside)."""
+    import re
+
+    from localllm.text.chat_template import ChatTemplate
+
+    case = next(c for c in _recorded() if c["tools"] == tools)
+    tool = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]
+    ours = ChatTemplate.builtin_named("harmony", None).render(
+        [{"role": "user", "content": "hi"}], **({"tools": tool} if tools else {}))
+
+    def undated(text: str) -> str:
+        return re.sub(r"Current date: \d{4}-\d{2}-\d{2}", "Current date: D", text)
+
+    assert undated(ours) == undated(case["prompt"])

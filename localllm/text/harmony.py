@@ -93,16 +93,19 @@ def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
 def parse_header(header: str) -> tuple[str, str, str]:
     """(role, channel, recipient) of a message header such as
     `assistant<|channel|>commentary to=functions.f <|constrain|>json` or
-    `assistant to=functions.f<|channel|>commentary json`."""
+    `assistant to=functions.f<|channel|>commentary json`. The last channel counts:
+    gpt-oss-20b sometimes writes a stray `<|channel|>commentary` before the real one."""
     channel = ""
-    i = header.find(CHANNEL)
+    # a header may open with its channel, no role: a reply that dropped <|start|>assistant
+    has_role = not header.lstrip().startswith(CHANNEL)
+    i = header.rfind(CHANNEL)
     if i >= 0:
         rest = header[i + len(CHANNEL):].replace(CONSTRAIN, " ")
         name, _, after = rest.lstrip().partition(" ")
         channel = name.strip()
-        header = header[:i] + " " + after
+        header = header[:i].replace(CHANNEL, " ") + " " + after
     words = header.replace(CONSTRAIN, " ").split()
-    role = words[0] if words and not words[0].startswith("to=") else ""
+    role = words[0] if has_role and words and not words[0].startswith("to=") else ""
     recipient = next((w[3:] for w in words if w.startswith("to=")), "")
     return role, channel, recipient
 
