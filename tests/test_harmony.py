@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from localllm.text.harmony import (
     IMPLICIT_START,
@@ -263,3 +265,24 @@ def test_template_matches_llamacpp(tools: bool) -> None:
         return re.sub(r"Current date: \d{4}-\d{2}-\d{2}", "Current date: D", text)
 
     assert undated(ours) == undated(case["prompt"])
+
+
+_PIECES = ["<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|call|>", "<|constrain|>",
+           "<|return|>",
+           "analysis", "final", "commentary", "assistant", " to=functions.f", " to=assistant",
+           "json", '{"a": 1}', "{", "text", "<", "|", ">", "\n", " "]
+
+
+@given(st.lists(st.sampled_from(_PIECES), max_size=14), st.data())
+@settings(max_examples=300, deadline=None)
+def test_streamed_equals_whole_for_any_text(parts: list[str], data) -> None:
+    """Whatever the text (well-formed or not), streaming it in any pieces gives what the whole
+    reply gives, and no special token ever reaches either part."""
+    text = "".join(parts)
+    whole = split_all(text)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=4)))
+    assert _stream(text, cuts) == whole
+    for part in whole[:2]:
+        for tok in ("<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>",
+                    "<|call|>", "<|return|>"):
+            assert tok not in part

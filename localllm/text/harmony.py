@@ -18,7 +18,8 @@ parser route it: a recipient other than `assistant` (`to=functions.get_weather`)
 body a tool call's JSON arguments; the `analysis` channel is thinking; `final`, a
 `commentary` without a recipient (a preamble meant for the user) or no channel at all is
 content. Text outside any message (a model that drifts out of the format) is content too,
-so nothing is lost silently.
+so nothing is lost silently; a harmony token is never text for a reader: one out of place
+(a `<|message|>` inside a body, an `<|end|>` between messages) is dropped.
 
 `HarmonyParser` takes the reply's text pieces as they stream (the special tokens must be
 rendered as text: `PRESERVED_TOKENS`, what llama.cpp and Ollama keep in the output) and
@@ -40,9 +41,11 @@ END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
 # the structure tokens the parser reads: a front end renders them as text (they are control
 # tokens, dropped from ordinary output); <|call|> and <|return|> end the generation instead
 PRESERVED_TOKENS = (START, END, MESSAGE, CHANNEL, CONSTRAIN)
-# what closes a body: the three terminators, and a new message's start (a model that
-# skipped <|end|>)
-_BODY_ENDS = (END, CALL, RETURN, START)
+# every harmony token: none of them is ever text for a reader
+_TOKENS = (START, END, MESSAGE, CHANNEL, CONSTRAIN, CALL, RETURN)
+# what opens a message header: <|start|>, or <|channel|> in a reply that skipped
+# `<|start|>assistant` (or the <|end|> before it)
+_OPENERS = (START, CHANNEL)
 # the generation prompt of a harmony template: the reply continues this header
 IMPLICIT_START = START + "assistant"
 
@@ -162,7 +165,10 @@ class HarmonyParser:
             t, c = self._emit(acc)
             t2, c2 = self._close()
             thinking, content = t + t2, c + c2
-        # (between messages only a partial <|start|> / <|channel|> is ever held: dropped)
+        else:
+            # between messages: what is held is trailing whitespace (dropped) or text that
+            # only looked like the start of a token (a token is one token, never split)
+            content = acc.rstrip()
         self.state = _SEEK
         return thinking, content
 
@@ -193,26 +199,36 @@ class HarmonyParser:
     def _eat(self) -> tuple[str, str, bool]:
         acc = self.acc
         if self.state == _SEEK:
-            # between messages: the next starts at <|start|> (or, in a reply that dropped
-            # it, at <|channel|>); anything else in between is content
-            i, tag = _first(acc, (START, CHANNEL))
+            # between messages: the next starts at <|start|> (or <|channel|>); other text
+            # in between is content, less any stray token and the whitespace before the
+            # next message (held until it is known to be followed by more text)
+            i, tag = _first(acc, _TOKENS)
             if i >= 0:
                 stray = acc[:i]
-                self.acc = acc[i + len(START):] if tag == START else acc[i:]
-                self.state, self.given = _HEADER, 0
-                return "", stray if stray.strip() else "", True
-            keep = _held(acc, (START, CHANNEL))
+                if tag in _OPENERS:
+                    self.acc = acc[i + len(START):] if tag == START else acc[i:]
+                    self.state, self.given = _HEADER, 0
+                    stray = stray.rstrip()
+                else:
+                    self.acc = stray + acc[i + len(tag):]  # the stray token is dropped
+                    return "", "", True
+                return "", stray, True
+            keep = _held(acc, _TOKENS)
+            safe = acc[:len(acc) - keep]
+            keep += len(safe) - len(safe.rstrip())
             stray, self.acc = acc[:len(acc) - keep], acc[len(acc) - keep:]
-            return "", stray if stray.strip() else "", False
+            return "", stray, False
         if self.state == _HEADER:
             i = acc.find(MESSAGE)
+            own = acc[self.given:]
+            n = own.find("\n")
+            if n >= 0 and "<|" not in own[:n] and (i < 0 or self.given + n < i):
+                # no header holds a line break: the model writes plain text (it ignored
+                # the format), which is content. Decided on the text up to the line break
+                # alone, so a streamed reply splits as the whole one does.
+                self.state, self.kind, self.acc = _BODY, _CONTENT, own
+                return "", "", True
             if i < 0:
-                own = acc[self.given:]
-                if "\n" in own and "<|" not in own:
-                    # no header holds a line break: the model writes plain text (it
-                    # ignored the format), which is content
-                    self.state, self.kind, self.acc = _BODY, _CONTENT, own
-                    return "", "", True
                 return "", "", False  # headers are short: held whole until complete
             role, channel, recipient = parse_header(acc[:i])
             self.acc = acc[i + len(MESSAGE):]
@@ -225,14 +241,19 @@ class HarmonyParser:
                 self.kind = _CONTENT
             self.state = _BODY
             return "", "", True
-        i, tag = _first(acc, _BODY_ENDS)
+        # a body ends at <|end|>, <|call|> or <|return|>, or where a new message opens (a
+        # model that skipped <|end|>); <|message|> / <|constrain|> in a body are dropped
+        i, tag = _first(acc, _TOKENS)
         if i >= 0:
             t, c = self._emit(acc[:i])
+            if tag in (MESSAGE, CONSTRAIN):
+                self.acc = acc[i + len(tag):]
+                return t, c, True
             t2, c2 = self._close()
-            self.acc = acc[i + len(tag):] if tag != START else acc[i:]
+            self.acc = acc[i:] if tag in _OPENERS else acc[i + len(tag):]
             self.state = _SEEK
             return t + t2, c + c2, True
-        keep = _held(acc, _BODY_ENDS)
+        keep = _held(acc, _TOKENS)
         self.acc = acc[len(acc) - keep:]
         t, c = self._emit(acc[:len(acc) - keep])
         return t, c, False
