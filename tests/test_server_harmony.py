@@ -169,6 +169,9 @@ def test_openai_reasoning_and_efforts(server, ai) -> None:
     ai.chat.completions.create(model="tiny-oss", messages=MSGS,
                                extra_body={"reasoning": {"effort": "high"}})
     assert "Reasoning: high" in sched.prompts[-1]
+    ai.chat.completions.create(model="tiny-oss", messages=MSGS, extra_body={
+        "chat_template_kwargs": {"reasoning_effort": "low"}})  # as llama-server takes it
+    assert "Reasoning: low" in sched.prompts[-1]
     stream = ai.chat.completions.create(model="tiny-oss", messages=MSGS, stream=True)
     deltas = [ch.choices[0].delta for ch in stream if ch.choices]
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == \

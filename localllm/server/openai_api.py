@@ -98,13 +98,16 @@ def _think(body: dict[str, Any], can_think: bool) -> tuple[bool | str | None, bo
     out), as llama-server does: a thinking model's reasoning goes to `reasoning_content`
     unless `reasoning_format` is "none"; `chat_template_kwargs.enable_thinking`
     (llama-server) turns thinking on or off in the template. `reasoning_effort` (or
-    `reasoning.effort`) is read as Ollama reads it: "none" is off, a level is on at that
+    `reasoning.effort`, or llama-server's `chat_template_kwargs.reasoning_effort`) is read
+    as Ollama reads it: "none" is off, a level is on at that
     effort (gpt-oss's "Reasoning: ..."), anything else a 400, and so is any effort but
     "none" for a model that cannot think."""
     kwargs = get(body, "chat_template_kwargs", dict, {})
     enable: bool | str | None = get(kwargs, "enable_thinking", bool,
                                     where="chat_template_kwargs.")
-    effort = get(body, "reasoning_effort", str)
+    # llama-server's way to set gpt-oss's effort: a template variable
+    effort = get(kwargs, "reasoning_effort", str, where="chat_template_kwargs.")
+    effort = get(body, "reasoning_effort", str, effort)
     reasoning = get(body, "reasoning", dict)
     if reasoning is not None:  # the Responses API's shape, which Ollama takes here too
         effort = get(reasoning, "effort", str, effort, where="reasoning.")
