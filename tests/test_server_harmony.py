@@ -231,3 +231,32 @@ def test_model_that_cannot_think(server, oc, ai) -> None:
 def test_show_lists_harmony_template(server, oc) -> None:
     use(server, ANSWER)
     assert oc.show("tiny-oss").capabilities == ["completion", "tools", "thinking"]
+
+
+def test_structured_output_answers_in_the_final_channel(server, oc, ai, monkeypatch) -> None:
+    """A format / response_format: the prompt opens the final channel, so the constrained
+    JSON is gpt-oss's answer (the grammar knows no channels), parsed as content. (The
+    one-character-per-id test vocabulary cannot compile a grammar: any constraint object
+    stands in for one; the scripted reply is what it would let through.)"""
+    from localllm.server import ollama as ollama_routes
+    from localllm.server import openai_api
+
+    async def constraint(state: Any, fmt: Any, what: str = "format") -> Any:
+        return None if fmt is None or fmt == "" else object()
+
+    monkeypatch.setattr(ollama_routes, "format_constraint", constraint)
+    monkeypatch.setattr(openai_api, "format_constraint", constraint)
+    sched = use(server, '{"capital": "Paris"}', 2)
+    r = oc.chat(model="tiny-oss", messages=MSGS, format="json")
+    assert sched.prompts[-1].endswith("<|start|>assistant<|channel|>final<|message|>")
+    assert r.message.content == '{"capital": "Paris"}' and not r.message.thinking
+    c = ai.chat.completions.create(model="tiny-oss", messages=MSGS,
+                                   response_format={"type": "json_object"})
+    assert sched.prompts[-1].endswith("<|channel|>final<|message|>")
+    assert c.choices[0].message.content == '{"capital": "Paris"}'
+    g = oc.generate(model="tiny-oss", prompt="Capital?", format="json")
+    assert sched.prompts[-1].endswith("<|channel|>final<|message|>")
+    assert g.response == '{"capital": "Paris"}'
+    use(server, ANSWER)  # without a format: the model reasons first
+    oc.chat(model="tiny-oss", messages=MSGS)
+    assert sched.prompts[-1].endswith("<|start|>assistant")

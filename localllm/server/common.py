@@ -388,6 +388,21 @@ def shown_tokens(engine: Engine, harmony: bool) -> frozenset[int]:
     return preserved_ids(engine.tokenizer) if harmony else frozenset()
 
 
+def harmony_answer_first(engine: Engine, ids: list[int], text: str, constraint: Any,
+                         harmony: bool) -> tuple[list[int], str]:
+    """A harmony prompt under a structured-output constraint opens the final channel
+    (`<|channel|>final<|message|>`, as Ollama prompts the answer after gpt-oss's
+    thinking): the grammar knows no channels, so the constrained value is the answer
+    itself. The model does not reason first. Anything else: the prompt unchanged."""
+    if constraint is None or not harmony:
+        return ids, text
+    from localllm.text.harmony import CHANNEL, MESSAGE
+
+    opening = CHANNEL + "final" + MESSAGE
+    return ids + engine.tokenizer.encode(opening, add_special=False, parse_special=True), \
+        text + opening
+
+
 class ThinkStream:
     """A reply's text pieces as (thinking, content) when `think` is on, else all content.
     `prompt_text` (the rendered prompt) says whether the reply starts inside thinking.

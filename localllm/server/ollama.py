@@ -30,6 +30,7 @@ from localllm.server.common import (
     check_tools,
     format_constraint,
     get,
+    harmony_answer_first,
     ns,
     ollama_defaults,
     parse_options,
@@ -104,13 +105,14 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
         msgs = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": prompt}]
         ids, text = await asyncio.to_thread(render_prompt, eng, msgs, template, None, think)
+    constraint = await format_constraint(state, body.get("format"))
+    ids, text = harmony_answer_first(eng, ids, text, constraint, harmony)
     split = ThinkStream(think, text, harmony)
     if context:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in context):
             raise ApiError(400, "'context' must be an array of token ids")
         bos = eng.tokenizer.bos_id
         ids = list(context) + (ids[1:] if ids and ids[0] == bos else ids)
-    constraint = await format_constraint(state, body.get("format"))
     req = _request(state, ids, options, truncate, constraint, harmony)
     s = Stream(state, req)
 
@@ -164,8 +166,9 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
     harmony = state.engine.template.caps.harmony
     # thinking first, then tool calls in the content (a harmony reply has its own channel
     # for calls: the splitter finds them)
-    split = ThinkStream(think, prompt_text, harmony)
     constraint = await format_constraint(state, body.get("format"))
+    ids, prompt_text = harmony_answer_first(state.engine, ids, prompt_text, constraint, harmony)
+    split = ThinkStream(think, prompt_text, harmony)
     s = Stream(state, _request(state, ids, options, truncate, constraint, harmony))
     # with tools, the reply is parsed for calls; a stream holds text back where one may start
     calls_in = ToolStream(state.engine.template.caps, tool_names(tools)) \

@@ -31,6 +31,7 @@ from localllm.server.common import (
     check_tools,
     format_constraint,
     get,
+    harmony_answer_first,
     parse_stop,
     raw_prompt,
     read_json,
@@ -154,8 +155,10 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
     # a harmony reply (gpt-oss) is parsed into its channels unless reasoning_format is
     # "none": then, as llama-server, it is all content, channels and all
     harmony = caps.harmony and extract
-    split = ThinkStream(extract, prompt_text, harmony)
     constraint = await _response_format(body, state)
+    ids, prompt_text = harmony_answer_first(state.engine, ids, prompt_text, constraint,
+                                            caps.harmony)
+    split = ThinkStream(extract, prompt_text, harmony)
     s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop, constraint=constraint,
                               show_tokens=shown_tokens(state.engine, caps.harmony)))
     rid, created = f"chatcmpl-{s.handle.id}", int(time.time())
