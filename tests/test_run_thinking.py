@@ -158,7 +158,7 @@ def test_think_levels_reach_the_template(models, tmp_path, capsys) -> None:
     from localllm.text.tokenizer import Tokenizer
 
     oss = tmp_path / "oss.gguf"
-    write_tiny_model(oss, "qwen3", seed=1, chat_template=HARMONY_TEMPLATE)
+    write_tiny_model(oss, "qwen3", seed=1, chat_template=HARMONY_TEMPLATE, context_length=1024)
     for flag, effort in (("--think=low", "low"), ("--think=max", "high"), ("--think", "medium"),
                          ("--no-think", "medium")):
         assert main(["run", str(oss), "--show-prompt", flag, "hi"]) == 0
@@ -181,6 +181,13 @@ def test_think_levels_reach_the_template(models, tmp_path, capsys) -> None:
     gf.close()
     assert j["text"] and j["thinking"] == ""
     assert j["text"] == tok.decode(j["tokens"], skip_special=True)
+    # --format: the prompt opens the final channel; the constrained JSON is the answer
+    assert main(["run", str(oss), "hi", "-n", "6", "--temperature", "0", "--json",
+                 "--format", "json"]) == 0
+    j = json.loads(capsys.readouterr().out)
+    assert tok.decode(j["prompt_tokens"], skip_special=True).endswith(
+        "<|start|>assistant<|channel|>final<|message|>")
+    assert j["text"].startswith("{") and j["thinking"] == ""
 
 
 def test_view_with_harmony_splitter(capsys) -> None:

@@ -182,6 +182,10 @@ def cmd_run(ns: argparse.Namespace) -> int:
         sys.stdout.write((engine.tokenizer.decode(ids) if ns.raw else rendered) + "\n")
         return 0
     ids, rendered = _prompt_ids(engine, prompt, ns, history=[])
+    if fmt is not None and _harmony(engine, ns):
+        from localllm.text.harmony import open_final
+
+        ids, rendered = open_final(engine.tokenizer, ids, rendered)  # the JSON is the answer
     return _one_shot(session, ids, cfg, load_s, str(path), _thinking_split(engine, ns, rendered))
 
 

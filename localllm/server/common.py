@@ -391,16 +391,12 @@ def shown_tokens(engine: Engine, harmony: bool) -> frozenset[int]:
 def harmony_answer_first(engine: Engine, ids: list[int], text: str, constraint: Any,
                          harmony: bool) -> tuple[list[int], str]:
     """A harmony prompt under a structured-output constraint opens the final channel
-    (`<|channel|>final<|message|>`, as Ollama prompts the answer after gpt-oss's
-    thinking): the grammar knows no channels, so the constrained value is the answer
-    itself. The model does not reason first. Anything else: the prompt unchanged."""
+    (localllm.text.harmony.open_final); anything else: the prompt unchanged."""
     if constraint is None or not harmony:
         return ids, text
-    from localllm.text.harmony import CHANNEL, MESSAGE
+    from localllm.text.harmony import open_final
 
-    opening = CHANNEL + "final" + MESSAGE
-    return ids + engine.tokenizer.encode(opening, add_special=False, parse_special=True), \
-        text + opening
+    return open_final(engine.tokenizer, ids, text)
 
 
 class ThinkStream:

@@ -67,6 +67,16 @@ def preserved_ids(tokenizer: Any) -> frozenset[int]:
     return frozenset(i for i in ids if i is not None)
 
 
+def open_final(tokenizer: Any, ids: list[int], text: str) -> tuple[list[int], str]:
+    """A rendered prompt (ids, text) extended to open the final channel: for a reply under
+    a structured-output constraint, whose grammar knows no channels, so the constrained
+    value is the answer (as Ollama prompts it after gpt-oss's thinking; here the model
+    does not reason first)."""
+    opening = CHANNEL + "final" + MESSAGE
+    return ids + tokenizer.encode(opening, add_special=False, parse_special=True), \
+        text + opening
+
+
 def effort_for(level: str) -> str:
     """A think level as a gpt-oss reasoning effort ("max", Ollama's top level, is "high")."""
     return level if level in EFFORTS else "high"
