@@ -164,10 +164,10 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
     ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages, None, tools,
                                                think)
     harmony = state.engine.template.caps.harmony
-    # thinking first, then tool calls in the content (a harmony reply has its own channel
-    # for calls: the splitter finds them)
     constraint = await format_constraint(state, body.get("format"))
     ids, prompt_text = harmony_answer_first(state.engine, ids, prompt_text, constraint, harmony)
+    # thinking first, then tool calls in the content (a harmony reply has its own channel
+    # for calls: the splitter finds them)
     split = ThinkStream(think, prompt_text, harmony)
     s = Stream(state, _request(state, ids, options, truncate, constraint, harmony))
     # with tools, the reply is parsed for calls; a stream holds text back where one may start

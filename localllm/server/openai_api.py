@@ -100,9 +100,9 @@ def _think(body: dict[str, Any], can_think: bool) -> tuple[bool | str | None, bo
     unless `reasoning_format` is "none"; `chat_template_kwargs.enable_thinking`
     (llama-server) turns thinking on or off in the template. `reasoning_effort` (or
     `reasoning.effort`, or llama-server's `chat_template_kwargs.reasoning_effort`) is read
-    as Ollama reads it: "none" is off, a level is on at that
-    effort (gpt-oss's "Reasoning: ..."), anything else a 400, and so is any effort but
-    "none" for a model that cannot think."""
+    as Ollama reads it: "none" is off, a level is on at that effort (gpt-oss's
+    "Reasoning: ..."), anything else a 400, and so is any effort but "none" for a model
+    that cannot think."""
     kwargs = get(body, "chat_template_kwargs", dict, {})
     enable: bool | str | None = get(kwargs, "enable_thinking", bool,
                                     where="chat_template_kwargs.")
