@@ -250,6 +250,8 @@ def load_standard_layers(w: WeightLoader, cfg: ModelConfig) -> list[LayerWeights
 class DecoderModel:
     """A decoder-only transformer: forward(batch, kv) -> logits for the rows that ask."""
 
+    is_encoder = False  # models/bert.py's EncoderModel: True (embeddings only, no forward)
+
     def __init__(
         self,
         cfg: ModelConfig,
