@@ -63,7 +63,8 @@ def write_tiny_encoder(path: str | os.PathLike[str], arch: str, *,
                        **overrides: Any) -> dict[str, Any]:
     """Write the tiny encoder and return its metadata. overrides: n_embd, n_layer, n_head,
     n_ff, context_length, pooling (llama.cpp's enum: 1 mean, 2 cls, 3 last; None: no key),
-    eps, rope_freq_base (nomic-bert). qtype: the 2-D weights' type (F32, F16, Q8_0 ...)."""
+    eps, rope_freq_base (nomic-bert). qtype: the 2-D weights' type (F32, F16, Q8_0 ...;
+    token_types and position_embd stay F32)."""
     if arch not in _DEFAULTS:
         raise ValueError(f"unknown tiny encoder {arch!r}; choose from {ENCODER_ARCHS}")
     cfg = dict(_DEFAULTS[arch])
@@ -145,7 +146,11 @@ def write_tiny_encoder(path: str | os.PathLike[str], arch: str, *,
         "tokenizer.ggml.mask_token_id": 103,
         "tokenizer.ggml.cls_token_id": 101,
     })
-    qtypes = {n: (GGMLQuantizationType.F32 if arr.ndim == 1 else GGMLQuantizationType(qtype))
+    # token_types/position_embd stay F32 (llama.cpp adds a token_types row as it is stored,
+    # and its CPU add takes no quantized operand)
+    kept_f32 = ("token_types.weight", "position_embd.weight")
+    qtypes = {n: (GGMLQuantizationType.F32 if arr.ndim == 1 or n in kept_f32
+                  else GGMLQuantizationType(qtype))
               for n, arr in t.items()}
 
     def encode(arr: np.ndarray, q: GGMLQuantizationType) -> np.ndarray:
