@@ -112,8 +112,15 @@ class Engine:
             n_ctx = min(n_ctx, model.max_positions)
         if n_ctx <= 0:
             raise InvalidValueError(f"context size must be positive, got {n_ctx}")
-        kv = cache_class(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v,
-                         layer_window=cfg.layer_window, **kv_opts)
+        if getattr(model, "is_encoder", False):
+            # an encoder keeps no K/V (embeddings run whole inputs through Engine.encode):
+            # a token-sized placeholder, so the engine's shape stays the same for its callers
+            kv_opts = {**kv_opts, "n_slots": 1, "kv_memory": None}
+            kv = cache_class(cfg.n_layer, 1, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v,
+                             layer_window=cfg.layer_window, **kv_opts)
+        else:
+            kv = cache_class(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim,
+                             cfg.head_dim_v, layer_window=cfg.layer_window, **kv_opts)
         self.model, self.cfg, self.n_ctx, self.kv, self.device = model, cfg, n_ctx, kv, device
 
     @property
