@@ -221,3 +221,32 @@ def test_cli_embed_and_run(bert_path: Path) -> None:
     r = _cli("run", str(bert_path), "hello")
     assert r.returncode != 0 and r.stderr.count("\n") == 1
     assert r.stderr.startswith("error:") and "embedding model" in r.stderr
+
+
+# --- against llama-tokenize, where a llama.cpp build is at hand -------------------------------
+
+_TOKENIZE_TEXTS = [
+    "Hello, World! The QUICK brown fox.", "Caf\u00e9 \u00c5ngstr\u00f6m na\u00efve \u0130stanbul",
+    "\u4e2d\u6587\u5b57 and \u2603 \u20ac5 \u00b2\u2460 \uff48\uff45\u200bllo",
+    "tabs\tand\nnewlines\u00a0\u3000spaces  ", "x[SEP]y [CLS] a-b_c/d@e#f",
+    "\u01c5\u01c8 \u03a3\u03c3\u03c2 \ufb01ne \u1e2f", "the\x07 \x7fdog",
+]
+
+
+def test_tokenization_matches_llama_tokenize(bert_path: Path, tok: Tokenizer) -> None:
+    import os
+
+    bin_dir = os.environ.get("LLAMA_CPP_BIN")
+    if not bin_dir:
+        pytest.skip("set LLAMA_CPP_BIN to a llama.cpp build/bin folder to cross-check against it")
+    exe = Path(bin_dir) / "llama-tokenize"
+    if not exe.is_file():
+        pytest.skip(f"llama.cpp binary {exe} not built")
+    for text in _TOKENIZE_TEXTS:
+        for special in (True, False):  # llama-tokenize parses special-token text by default
+            args = [str(exe), "-m", str(bert_path), "-p", text, "--ids", "--log-disable"]
+            out = subprocess.run(args + ([] if special else ["--no-parse-special"]),
+                                 capture_output=True, text=True, timeout=60,
+                                 env={**os.environ, "LD_LIBRARY_PATH": bin_dir}, check=True)
+            want = json.loads(out.stdout.strip().splitlines()[-1])
+            assert tok.encode(text, add_special=True, parse_special=special) == want, text
