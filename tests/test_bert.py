@@ -250,3 +250,25 @@ def test_tokenization_matches_llama_tokenize(bert_path: Path, tok: Tokenizer) ->
                                  env={**os.environ, "LD_LIBRARY_PATH": bin_dir}, check=True)
             want = json.loads(out.stdout.strip().splitlines()[-1])
             assert tok.encode(text, add_special=True, parse_special=special) == want, text
+
+
+def test_real_bge_vocab_matches_llama_cpp_test_set() -> None:
+    """llama.cpp's own tokenizer test set for a real WordPiece vocab (models/ggml-vocab-bert-
+    bge.gguf with its .inp texts and .out ids, no special tokens), found beside the build
+    folder LLAMA_CPP_BIN names (<llama.cpp>/build/bin)."""
+    import os
+
+    from localllm.formats import read_gguf
+
+    bin_dir = os.environ.get("LLAMA_CPP_BIN")
+    if not bin_dir:
+        pytest.skip("set LLAMA_CPP_BIN to a llama.cpp build/bin folder to cross-check against it")
+    vocab = Path(bin_dir).resolve().parent.parent / "models" / "ggml-vocab-bert-bge.gguf"
+    if not vocab.is_file():
+        pytest.skip(f"{vocab} not found (a llama.cpp source tree has it)")
+    real = Tokenizer.from_metadata(read_gguf(vocab).metadata)
+    texts = vocab.with_suffix(".gguf.inp").read_text("utf-8").split("\n__ggml_vocab_test__\n")
+    ids = vocab.with_suffix(".gguf.out").read_text("utf-8").split("\n")
+    assert len(texts) > 40
+    for text, want in zip(texts, ids, strict=False):
+        assert real.encode(text, add_special=False) == [int(x) for x in want.split()], text
