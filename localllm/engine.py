@@ -74,6 +74,8 @@ class Engine:
                        kv_memory=kv_memory)
         self.device_note: str | None = None  # why "auto" fell back to the CPU, if it did
         on_gpu = False
+        if device == "auto" and is_encoder_arch(str(self.metadata.get("general.architecture"))):
+            device = "cpu"  # encoders run on the CPU only: no GPU attempt, no note
         if device == "auto":  # the GPU where CuPy sees one and it can run this model
             from localllm.kernels.cuda.loader import resolve_device
 
