@@ -114,6 +114,19 @@ def test_wordpiece_rules(tok: Tokenizer) -> None:
     assert tok.decode(tok.encode("hello world", add_special=False)) == " hello world"
 
 
+def test_cls_and_sep_whatever_the_flags_say(tmp_path: Path, bert_path: Path) -> None:
+    """As llama.cpp's WPM encode: [CLS] and [SEP] once each with add_special, even where the
+    converter wrote BERT's template as add_bos false / add_eos true with eos = [SEP]."""
+    from localllm.formats import read_gguf
+
+    md = dict(read_gguf(bert_path).metadata)
+    md.update({"tokenizer.ggml.eos_token_id": 102, "tokenizer.ggml.add_eos_token": True,
+               "tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_sep_token": False})
+    t = Tokenizer.from_metadata(md)
+    assert t.encode("hello") == [101, t.token_to_id("\u2581hello"), 102]
+    assert t.encode("hello", add_special=False) == [t.token_to_id("\u2581hello")]
+
+
 # --- pooling, truncation, refusing to generate ------------------------------------------------
 
 
@@ -218,9 +231,12 @@ def test_cli_embed_and_run(bert_path: Path) -> None:
              "-t", "1")
     raw = embed_texts(eng, ["hello world"], pooling="cls", normalize=False)
     np.testing.assert_allclose(json.loads(r.stdout)["embeddings"], raw, atol=1e-6)
-    r = _cli("run", str(bert_path), "hello")
-    assert r.returncode != 0 and r.stderr.count("\n") == 1
-    assert r.stderr.startswith("error:") and "embedding model" in r.stderr
+    r = _cli("embed", str(bert_path), "dog " * 100, "--no-truncate", "-t", "1")
+    assert r.returncode != 0 and r.stderr.startswith("error: text 1 is 102 tokens")
+    for cmd in (["run", str(bert_path), "hello"], ["chat", str(bert_path), "--no-tui"]):
+        r = _cli(*cmd)
+        assert r.returncode != 0 and r.stderr.count("\n") == 1
+        assert r.stderr.startswith("error:") and "embedding model" in r.stderr
 
 
 # --- against llama-tokenize, where a llama.cpp build is at hand -------------------------------

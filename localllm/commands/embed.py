@@ -35,7 +35,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def cmd_embed(ns: argparse.Namespace) -> int:
     from localllm.engine import Engine
-    from localllm.generation.embed import embed_tokens, encode_inputs
+    from localllm.generation.embed import InputTooLongError, embed_tokens, encode_inputs
     from localllm.store.default import resolve_model
 
     texts = [sys.stdin.read() if t == "-" else t for t in ns.texts]
@@ -46,7 +46,12 @@ def cmd_embed(ns: argparse.Namespace) -> int:
     if opts["device"] == "auto":
         opts["device"] = "cpu"  # one-off vectors: not worth a GPU upload
     engine = Engine(path, **opts)
-    ids = encode_inputs(engine, texts, truncate=not ns.no_truncate)
+    try:
+        ids = encode_inputs(engine, texts, truncate=not ns.no_truncate)
+    except InputTooLongError as e:  # its own words are the server's: say it in the CLI's
+        raise InvalidValueError(
+            f"text {e.index + 1} is {e.n_tokens} tokens but the context holds {e.n_ctx} "
+            "(without --no-truncate only its start is embedded)") from None
     vecs = embed_tokens(engine, ids, ns.pooling, normalize=not ns.no_normalize)
     out = {"model": str(ns.model), "embeddings": vecs.tolist(),
            "prompt_eval_count": sum(len(t) for t in ids)}

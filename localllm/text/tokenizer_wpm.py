@@ -107,8 +107,12 @@ class WpmTokenizer(Tokenizer):
         n = self.vocab_size
         sep = _opt_int(md, "tokenizer.ggml.seperator_token_id")
         self.sep_id = sep if sep is not None and 0 <= sep < n else (102 if n > 102 else None)
-        add_sep = _opt_bool(md, "tokenizer.ggml.add_sep_token")
-        self.add_sep = (True if add_sep is None else add_sep) and self.sep_id is not None
+        # llama.cpp's WPM encode adds [CLS] and [SEP] whenever specials are asked for,
+        # whatever add_bos/add_eos/add_sep say: the converter writes add_eos_token true with
+        # eos = [SEP] for BERT's "[CLS] $A [SEP]" template, which must not give two [SEP]s
+        self.add_bos = self.bos_id is not None
+        self.add_eos = False
+        self.add_sep = self.sep_id is not None
         lower = _opt_bool(md, "tokenizer.ggml.normalizer.lowercase")
         self.lowercase = True if lower is None else lower
         strip = _opt_bool(md, "tokenizer.ggml.normalizer.strip_accents")
