@@ -2,8 +2,8 @@
 forward pass over one Batch.
 
 The families (llama, qwen2/3, gemma2/3, olmo2, smollm3) differ only in configuration (norm
-placement, QK-norm, biases, activation, rope layout and which layers rotate, windows): each family module builds a ModelConfig and the
-layer weights, and this module runs them. Shapes: N = batch rows, D = n_embd, H/Hkv = query/
+placement, QK-norm, biases, activation, rope layout and which layers rotate, windows): each
+family module builds a ModelConfig and the layer weights, and this module runs them. Shapes: N = batch rows, D = n_embd, H/Hkv = query/
 key-value heads, Dh = head_dim, F = n_ff, V = n_vocab.
 """
 
@@ -325,15 +325,16 @@ class DecoderModel:
         for il, L in enumerate(self.layers):
             L.qkv(self._pre_norm(x, L.attn_norm, h), [q, k, v])
             add_qkv_biases(L, q, k, v)
+            q3 = q.reshape(n, H, Dh)  # views: the norms below write through them
+            k3 = k.reshape(n, Hkv, Dh)
             if cfg.qk_norm_whole:  # olmo2: each row of Q (and of K) normed whole
                 ops.rms_norm(q, L.q_norm, cfg.rms_eps, q, checked=True)
                 ops.rms_norm(k, L.k_norm, cfg.rms_eps, k, checked=True)
-            q3 = q.reshape(n, H, Dh)
-            k3 = k.reshape(n, Hkv, Dh)
-            if L.q_norm is not None and not cfg.qk_norm_whole:
-                ops.rms_norm_heads(q3, L.q_norm, cfg.rms_eps, q3)
-            if L.k_norm is not None and not cfg.qk_norm_whole:
-                ops.rms_norm_heads(k3, L.k_norm, cfg.rms_eps, k3)
+            else:  # qwen3 / gemma3: each head, where the file has the norms
+                if L.q_norm is not None:
+                    ops.rms_norm_heads(q3, L.q_norm, cfg.rms_eps, q3)
+                if L.k_norm is not None:
+                    ops.rms_norm_heads(k3, L.k_norm, cfg.rms_eps, k3)
             if cfg.layer_rope[il]:
                 cos, sin = rope_tables(il)
                 ops.rope_apply(q3, cos, sin, cfg.rope_neox, checked=True)
