@@ -45,6 +45,11 @@ CASES: dict[str, tuple[str, int, dict]] = {
     "gemma2-caps50-30": ("gemma2", 1, {"attn_logit_softcapping": 50.0,
                                        "final_logit_softcapping": 30.0, "n_layer": 3,
                                        "sliding_window": 5}),
+    "olmo2": ("olmo2", 0, {}),
+    # OLMo 3's layout: the converter's per-layer pattern (every 4th layer global), window 5
+    "olmo2-swa": ("olmo2", 1, {"n_layer": 4, "sliding_window": 5,
+                               "sliding_window_pattern": [True, True, True, False]}),
+    "smollm3": ("smollm3", 0, {}),
 }
 
 

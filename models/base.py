@@ -1,9 +1,9 @@
 """Shared blocks of the decoder-only transformers: weights straight from the GGUF mmap and a
 forward pass over one Batch.
 
-The families (llama, qwen2/3, gemma2/3) differ only in configuration (norm placement, QK-norm,
-biases, activation, rope layout, windows): each family module builds a ModelConfig and the
-layer weights, and this module runs them. Shapes: N = batch rows, D = n_embd, H/Hkv = query/
+The families (llama, qwen2/3, gemma2/3, olmo2, smollm3) differ only in configuration (norm
+placement, QK-norm, biases, activation, rope layout and which layers rotate, windows): each
+family module builds a ModelConfig and the layer weights, and this module runs them. Shapes: N = batch rows, D = n_embd, H/Hkv = query/
 key-value heads, Dh = head_dim, F = n_ff, V = n_vocab.
 """
 
@@ -129,12 +129,12 @@ class WeightGroup:
 
 @dataclass
 class LayerWeights:
-    attn_norm: np.ndarray  # [D]
+    attn_norm: np.ndarray | None  # [D]; None: no pre-norm (olmo2)
     wq: QWeight  # [H*Dh, D]
     wk: QWeight  # [Hkv*Dh, D]
     wv: QWeight  # [Hkv*Dv, D]
     wo: QWeight  # [D, H*Dv]
-    ffn_norm: np.ndarray  # [D]
+    ffn_norm: np.ndarray | None  # [D]; None: no pre-norm (olmo2)
     w_gate: QWeight  # [F, D]
     w_up: QWeight  # [F, D]
     w_down: QWeight  # [D, F]
@@ -142,8 +142,8 @@ class LayerWeights:
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
     bo: np.ndarray | None = None  # [D]
-    q_norm: np.ndarray | None = None  # [Dh]
-    k_norm: np.ndarray | None = None  # [Dh]
+    q_norm: np.ndarray | None = None  # [Dh], or [H*Dh] with cfg.qk_norm_whole
+    k_norm: np.ndarray | None = None  # [Dh], or [Hkv*Dh] with cfg.qk_norm_whole
     post_attn_norm: np.ndarray | None = None  # [D]
     post_ffn_norm: np.ndarray | None = None  # [D]
 
@@ -221,14 +221,22 @@ def load_standard_layers(w: WeightLoader, cfg: ModelConfig) -> list[LayerWeights
     layers = []
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
+        if cfg.qk_norm_whole:  # olmo2: required, one weight over all heads
+            q_norm = w.vector(p + "attn_q_norm.weight", H * Dh)
+            k_norm = w.vector(p + "attn_k_norm.weight", Hkv * Dh)
+        elif cfg.qk_norm:
+            q_norm = w.optional_vector(p + "attn_q_norm.weight", Dh)
+            k_norm = w.optional_vector(p + "attn_k_norm.weight", Dh)
+        else:
+            q_norm = k_norm = None
         layers.append(
             LayerWeights(
-                attn_norm=w.vector(p + "attn_norm.weight", D),
+                attn_norm=w.vector(p + "attn_norm.weight", D) if cfg.pre_norms else None,
                 wq=w.matrix(p + "attn_q.weight", H * Dh, D),
                 wk=w.matrix(p + "attn_k.weight", Hkv * Dh, D),
                 wv=w.matrix(p + "attn_v.weight", Hkv * Dv, D),
                 wo=w.matrix(p + "attn_output.weight", D, H * Dv),
-                ffn_norm=w.vector(p + "ffn_norm.weight", D),
+                ffn_norm=w.vector(p + "ffn_norm.weight", D) if cfg.pre_norms else None,
                 w_gate=w.matrix(p + "ffn_gate.weight", F, D),
                 w_up=w.matrix(p + "ffn_up.weight", F, D),
                 w_down=w.matrix(p + "ffn_down.weight", D, F),
@@ -236,8 +244,8 @@ def load_standard_layers(w: WeightLoader, cfg: ModelConfig) -> list[LayerWeights
                 bk=w.optional_vector(p + "attn_k.bias", Hkv * Dh),
                 bv=w.optional_vector(p + "attn_v.bias", Hkv * Dv),
                 bo=w.optional_vector(p + "attn_output.bias", D),
-                q_norm=w.optional_vector(p + "attn_q_norm.weight", Dh) if cfg.qk_norm else None,
-                k_norm=w.optional_vector(p + "attn_k_norm.weight", Dh) if cfg.qk_norm else None,
+                q_norm=q_norm,
+                k_norm=k_norm,
                 post_attn_norm=(
                     w.vector(p + "post_attention_norm.weight", D) if cfg.post_norms else None
                 ),
@@ -317,18 +325,22 @@ class DecoderModel:
 
 
         for il, L in enumerate(self.layers):
-            ops.rms_norm(x, L.attn_norm, cfg.rms_eps, h, checked=True)
-            L.qkv(h, [q, k, v])
+            L.qkv(self._pre_norm(x, L.attn_norm, h), [q, k, v])
             add_qkv_biases(L, q, k, v)
-            q3 = q.reshape(n, H, Dh)
+            q3 = q.reshape(n, H, Dh)  # views: the norms below write through them
             k3 = k.reshape(n, Hkv, Dh)
-            if L.q_norm is not None:
-                ops.rms_norm_heads(q3, L.q_norm, cfg.rms_eps, q3)
-            if L.k_norm is not None:
-                ops.rms_norm_heads(k3, L.k_norm, cfg.rms_eps, k3)
-            cos, sin = rope_tables(il)
-            ops.rope_apply(q3, cos, sin, cfg.rope_neox, checked=True)
-            ops.rope_apply(k3, cos, sin, cfg.rope_neox, checked=True)
+            if cfg.qk_norm_whole:  # olmo2: each row of Q (and of K) normed whole
+                ops.rms_norm(q, L.q_norm, cfg.rms_eps, q, checked=True)
+                ops.rms_norm(k, L.k_norm, cfg.rms_eps, k, checked=True)
+            else:  # qwen3 / gemma3: each head, where the file has the norms
+                if L.q_norm is not None:
+                    ops.rms_norm_heads(q3, L.q_norm, cfg.rms_eps, q3)
+                if L.k_norm is not None:
+                    ops.rms_norm_heads(k3, L.k_norm, cfg.rms_eps, k3)
+            if cfg.layer_rope[il]:
+                cos, sin = rope_tables(il)
+                ops.rope_apply(q3, cos, sin, cfg.rope_neox, checked=True)
+                ops.rope_apply(k3, cos, sin, cfg.rope_neox, checked=True)
             v3 = v.reshape(n, Hkv, Dv)
             kv.store_rows(il, placed, k3, v3)
             if il == last:
@@ -355,8 +367,7 @@ class DecoderModel:
                 ops.rms_norm(o, L.post_attn_norm, cfg.rms_eps, o, checked=True)
             x += o
 
-            ops.rms_norm(x, L.ffn_norm, cfg.rms_eps, h, checked=True)
-            L.gate_up(h, [gate, up])
+            L.gate_up(self._pre_norm(x, L.ffn_norm, h), [gate, up])
             act(gate, up, gate)
             L.down(gate, [o])
             if L.post_ffn_norm is not None:
@@ -366,6 +377,14 @@ class DecoderModel:
         if not batch.want_logits.any():
             return np.empty((0, cfg.n_embd if hidden else cfg.n_vocab), dtype=np.float32)
         return self.final_norm(x) if hidden else self.logits(x)
+
+    def _pre_norm(self, x: np.ndarray, norm: np.ndarray | None, h: np.ndarray) -> np.ndarray:
+        """A block's input: rms_norm(x) written into h [N, D], or x itself where the family
+        has no pre-norm (olmo2 norms the block outputs instead)."""
+        if norm is None:
+            return x
+        ops.rms_norm(x, norm, self.cfg.rms_eps, h, checked=True)
+        return h
 
     def _buffers(self, n: int) -> tuple[np.ndarray, ...]:
         """Activation buffers for an n-row step, kept between calls (decode reuses the same

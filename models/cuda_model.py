@@ -75,7 +75,11 @@ def _products(ws: list[GpuWeight], act: dict) -> list[Any]:
 def _normed_group(ws: list[GpuWeight], x: Any, norm_w: Any, eps: float) -> list[Any]:
     """_group of rms_norm(x): where every product reads Q8_1 activations, the norm writes
     them directly (one launch instead of two, the same bits), and weights of one type share
-    a launch."""
+    a launch. norm_w None (olmo2: no pre-norm): the products of x itself."""
+    if norm_w is None:
+        if len({w.act for w in ws}) == 1 and ws[0].act != "f32":
+            return _products(ws, loader.quantize_act(x, ws[0].act))
+        return _group(ws, x)
     if all(w.act == "q8_1" for w in ws) and x.shape[1] % 32 == 0:
         return _products(ws, loader.rms_norm_q8_1(x, norm_w, eps))
     h = loader.rms_norm(x, norm_w, eps)
@@ -276,10 +280,18 @@ class CudaModel:
         for il, L in enumerate(self.layers):
             q, k, v = _normed_group(L.qkv, x, L.attn_norm, eps)
             add_qkv_biases(L, q, k, v)
+            q_norm, k_norm = L.q_norm, L.k_norm
+            if cfg.qk_norm_whole:  # olmo2: each row of Q (of K) normed whole, then rope alone
+                q, k = loader.rms_norm(q, q_norm, eps), loader.rms_norm(k, k_norm, eps)
+                q_norm = k_norm = None
             q3, k3, v3 = q.reshape(n, H, Dh), k.reshape(n, Hkv, Dh), v.reshape(n, Hkv, Dv)
             j = self.layer_rope[il]  # QK-norms (where the family has them) and rope: 1 launch
-            loader.qk_norm_rope(q3, k3, L.q_norm, L.k_norm, a[f"cos{j}"], a[f"sin{j}"],
-                                cfg.rope_neox, eps)
+            if cfg.layer_rope[il]:
+                cos, sin = a[f"cos{j}"], a[f"sin{j}"]
+            else:  # a NoPE layer (smollm3): tables of zero pairs, so the launch only norms
+                cos = sin = cupy.empty((n, 0), dtype=cupy.float32)
+            if cfg.layer_rope[il] or q_norm is not None or k_norm is not None:
+                loader.qk_norm_rope(q3, k3, q_norm, k_norm, cos, sin, cfg.rope_neox, eps)
             kv.store_dev(il, a[f"ent{kv.layer_window[il]}"], k3, v3)
             if il == last and keep is not None:
                 # past the last K/V store only the rows that want logits matter

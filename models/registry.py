@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from localllm.formats import GGUFFile
-from localllm.models import bert, gemma2, gemma3, llama, qwen
+from localllm.models import bert, gemma2, gemma3, llama, olmo2, qwen, smollm3
 from localllm.models.base import DecoderModel
 from localllm.models.config import ModelConfig, ModelError
 
@@ -16,6 +16,8 @@ BUILDERS: dict[str, Callable[[GGUFFile], DecoderModel | bert.EncoderModel]] = {
     "qwen3": qwen.build_qwen3,
     "gemma2": gemma2.build,
     "gemma3": gemma3.build,
+    "olmo2": olmo2.build,
+    "smollm3": smollm3.build,
     # encoders (embeddings only)
     "bert": bert.build_bert,
     "nomic-bert": bert.build_nomic_bert,
@@ -28,6 +30,8 @@ CONFIGS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {
     "qwen3": qwen.config_qwen3,
     "gemma2": gemma2.config,
     "gemma3": gemma3.config,
+    "olmo2": olmo2.config,
+    "smollm3": smollm3.config,
     "bert": bert.config_bert,
     "nomic-bert": bert.config_nomic_bert,
 }

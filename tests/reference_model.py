@@ -4,7 +4,7 @@
 sequence at positions 0..n-1, computed the obvious way: every weight dequantized with
 `gguf.quants.dequantize` (the ground truth for the block formats) and every op written out in
 float64, one function per block. It follows llama.cpp's semantics (src/models/llama.cpp,
-qwen2.cpp, qwen3.cpp, gemma2.cpp, gemma3.cpp; hparams from src/llama-model.cpp `load_hparams` and each
+qwen2.cpp, qwen3.cpp, gemma2.cpp, gemma3.cpp, olmo2.cpp, smollm3.cpp; hparams from src/llama-model.cpp `load_hparams` and each
 model's `load_arch_hparams`); comments name the behaviour each step mirrors.
 
 It deliberately shares no code with the engine (localllm.*): it has its own ~100-line GGUF
@@ -29,7 +29,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3")
 
 # ----------------------------------------------------------------------------------------------
 # GGUF file parsing (spec: ggml/docs/gguf.md; little-endian, versions 2 and 3)
@@ -178,6 +178,7 @@ class HParams:
     is_swa: list[bool] = field(default_factory=list)
     rope_base_swa: float = 10000.0
     rope_freq_scale_swa: float = 1.0
+    use_rope: list[bool] = field(default_factory=list)  # per layer; False: NoPE (smollm3)
 
 
 def _meta(meta: dict[str, Any], key: str, default: Any = None, required: bool = False) -> Any:
@@ -224,7 +225,7 @@ def read_hparams(gguf: GGUFFile) -> HParams:
                           ("rope.dimension_count_swa", n_rot)):
         if int(_meta(meta, f"{arch}.{swa_key}", full)) != full:
             raise NotImplementedError(f"{arch}.{swa_key} != its full-attention value")
-    if arch in ("llama", "qwen2", "qwen3") and not (head_dim_k == head_dim_v == n_rot):
+    if arch in ("llama", "qwen2", "qwen3", "olmo2", "smollm3") and not (head_dim_k == head_dim_v == n_rot):
         # these graphs GGML_ASSERT(n_embd_head == n_rot) and k == v head sizes
         raise ValueError(f"{arch} needs key_length == value_length == rope.dimension_count")
 
@@ -248,12 +249,18 @@ def read_hparams(gguf: GGUFFile) -> HParams:
         n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
         head_dim_k=head_dim_k, head_dim_v=head_dim_v, n_rot=n_rot,
         rms_eps=float(_meta(meta, f"{arch}.attention.layer_norm_rms_epsilon", required=True)),
-        rope_neox=arch in ("qwen2", "qwen3", "gemma2", "gemma3"),
+        rope_neox=arch in ("qwen2", "qwen3", "gemma2", "gemma3", "olmo2"),
         rope_base=rope_base, rope_freq_scale=rope_freq_scale, rope_attn_factor=rope_attn_factor,
         kq_scale=1.0 / math.sqrt(head_dim_v if arch == "llama" else head_dim_k),
         q_scale=1.0, embd_scale=1.0, final_logit_softcap=0.0, attn_softcap=0.0, n_swa=0,
-        is_swa=[False] * n_layer,
+        is_swa=[False] * n_layer, use_rope=[True] * n_layer,
     )
+    if arch == "smollm3":
+        # llama_model_smollm3: n_no_rope_layer_step = 4, fixed (no GGUF key); the graph skips
+        # rope where (il + 1) % step == 0
+        hp.use_rope = [(il + 1) % 4 != 0 for il in range(n_layer)]
+    if arch == "olmo2":
+        _olmo2_hparams(meta, hp)
     if arch == "gemma3":
         _gemma3_hparams(meta, hp)
     if arch == "gemma2":
@@ -287,6 +294,24 @@ def _gemma2_hparams(meta: dict[str, Any], hp: HParams) -> None:
         hp.q_scale = 1.0 / math.sqrt(hp.head_dim_k)
     hp.kq_scale = 1.0
     hp.embd_scale = math.sqrt(hp.n_embd)
+
+
+def _olmo2_hparams(meta: dict[str, Any], hp: HParams) -> None:
+    """llama_model_olmo2::load_arch_hparams: SWA only when the file has sliding_window > 0
+    (OLMo 3); load_swa_pattern(ml, 4): a per-layer bool array, else the period (default 4);
+    sliding layers rope with freq_base_swa (default: the global base) and scale 1."""
+    n_swa = int(_meta(meta, "olmo2.attention.sliding_window", 0))
+    if n_swa <= 0:
+        return
+    hp.n_swa = n_swa
+    pattern = _meta(meta, "olmo2.attention.sliding_window_pattern", 4)
+    if isinstance(pattern, list):
+        hp.is_swa = [bool(p) for p in pattern]
+    else:
+        n = int(pattern)
+        hp.is_swa = [n == 0 or il % n < n - 1 for il in range(hp.n_layer)]
+    hp.rope_base_swa = float(_meta(meta, "olmo2.rope.freq_base_swa", hp.rope_base))
+    hp.rope_freq_scale_swa = 1.0
 
 
 def _gemma3_hparams(meta: dict[str, Any], hp: HParams) -> None:
@@ -394,6 +419,8 @@ _OPTIONAL = {
     "qwen3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
     "gemma2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
     "gemma3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+    "olmo2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+    "smollm3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
 }
 _REQUIRED = {
     "llama": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
@@ -407,6 +434,10 @@ _REQUIRED = {
     "gemma3": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
                "attn_output", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up",
                "ffn_down", "post_ffw_norm"),
+    "olmo2": ("attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
+              "post_attention_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"),
+    "smollm3": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                "ffn_gate", "ffn_up", "ffn_down"),
 }
 
 # Output head rows dequantized at a time (262144 x 640 would be 1.3 GB in float64).
@@ -477,8 +508,13 @@ class ReferenceModel:
         n = x.shape[0]
         n_head, n_head_kv = hp.n_head[il], hp.n_head_kv[il]
         # build_qkv: separate Q/K/V matmuls, optional biases, reshape to heads
-        q = self._linear(x, p + "attn_q.weight", p + "attn_q.bias").reshape(n, n_head, -1)
-        k = self._linear(x, p + "attn_k.weight", p + "attn_k.bias").reshape(n, n_head_kv, -1)
+        q = self._linear(x, p + "attn_q.weight", p + "attn_q.bias")
+        k = self._linear(x, p + "attn_k.weight", p + "attn_k.bias")
+        if hp.arch == "olmo2":  # olmo2: RMS norm over the whole Q (K) row, before the reshape
+            q = rms_norm(q, self._w(p + "attn_q_norm.weight"), hp.rms_eps)
+            k = rms_norm(k, self._w(p + "attn_k_norm.weight"), hp.rms_eps)
+        q = q.reshape(n, n_head, -1)
+        k = k.reshape(n, n_head_kv, -1)
         v = self._linear(x, p + "attn_v.weight", p + "attn_v.bias").reshape(n, n_head_kv, -1)
         # qwen3 / gemma3: RMS norm over each head's vector before rope (attn_q/k_norm)
         if hp.arch in ("qwen3", "gemma3"):
@@ -491,8 +527,9 @@ class ReferenceModel:
         scale = hp.rope_freq_scale_swa if swa else hp.rope_freq_scale
         factors = self._w_opt("rope_freqs.weight") if hp.arch == "llama" else None
         pos = np.arange(n)
-        q = rope(q, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors)
-        k = rope(k, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors)
+        if hp.use_rope[il]:  # smollm3's NoPE layers leave q and k as they are
+            q = rope(q, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors)
+            k = rope(k, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors)
         q = q * hp.q_scale  # gemma2/3: ggml_scale(Qcur, f_attention_scale); 1 elsewhere
         # build_attn_mha: kq = K.Q per head; GQA broadcast maps query head h to kv head
         # h // (n_head / n_head_kv) (ggml_mul_mat broadcasting); masked softmax with scale
@@ -532,7 +569,13 @@ class ReferenceModel:
             x = x + rms_norm(a, self._w(p + "post_attention_norm.weight"), hp.rms_eps)
             f = self.ffn(rms_norm(x, self._w(p + "ffn_norm.weight"), hp.rms_eps), il)
             return x + rms_norm(f, self._w(p + "post_ffw_norm.weight"), hp.rms_eps)
-        # llama.cpp / qwen2.cpp / qwen3.cpp: pre-norm residual blocks
+        if hp.arch == "olmo2":
+            # olmo2.cpp: no pre-norms; attn -> post_attention_norm -> residual; ffn ->
+            # post_ffw_norm -> residual
+            x = x + rms_norm(self.attention(x, il), self._w(p + "post_attention_norm.weight"),
+                             hp.rms_eps)
+            return x + rms_norm(self.ffn(x, il), self._w(p + "post_ffw_norm.weight"), hp.rms_eps)
+        # llama.cpp / qwen2.cpp / qwen3.cpp / smollm3.cpp: pre-norm residual blocks
         x = x + self.attention(rms_norm(x, self._w(p + "attn_norm.weight"), hp.rms_eps), il)
         return x + self.ffn(rms_norm(x, self._w(p + "ffn_norm.weight"), hp.rms_eps), il)
 

@@ -114,15 +114,26 @@ def test_fresh_compile_and_cached_kernels_give_the_same_perplexity(tmp_path: Pat
     assert runs[0]["ppl"] == runs[1]["ppl"]
 
 
-def test_tiny_gemma2_logits_bit_identical_however_computed(tmp_path: Path) -> None:
-    """The same on a tiny gemma2 (soft-capped attention and logits, alternating window 8, so
-    the 60-token text crosses it many times): one prefill, chunks of 1 and 7, decode, and
-    next to another sequence all give the same bits for the last 40 positions."""
+# Tiny models of the architectures the default model does not cover, with what makes each
+# differ: gemma2 (soft-capped attention and logits, alternating window 8, so the 60-token
+# text crosses it many times), olmo2 (no pre-norms, whole-row QK-norm; OLMo 3's windows: 8,
+# every 4th layer global), smollm3 (a NoPE layer between rotated ones).
+TINY_CASES = {
+    "gemma2": {},
+    "olmo2": {"n_layer": 4, "sliding_window": 8},
+    "smollm3": {},
+}
+
+
+@pytest.mark.parametrize("arch", list(TINY_CASES))
+def test_tiny_logits_bit_identical_however_computed(tmp_path: Path, arch: str) -> None:
+    """The same on tiny models: one prefill, chunks of 1 and 7, decode, and next to another
+    sequence all give the same bits for the last 40 positions."""
     from gguf import GGMLQuantizationType as QT
     from tiny_models import write_tiny_model
 
-    path = tmp_path / "gemma2.gguf"
-    write_tiny_model(path, "gemma2", qtype=QT.Q8_0, seed=3)
+    path = tmp_path / f"{arch}.gguf"
+    write_tiny_model(path, arch, qtype=QT.Q8_0, seed=3, **TINY_CASES[arch])
     e = Engine(path, n_ctx=128, n_slots=2, kv_type="f16")
     rng = np.random.default_rng(0)
     ids = rng.integers(3, e.cfg.n_vocab, 60).tolist()

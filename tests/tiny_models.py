@@ -1,10 +1,10 @@
 """Tiny random-weight GGUF models for tests (llama, mistral-style llama, qwen2, qwen3, gemma2,
-gemma3).
+gemma3, olmo2, smollm3).
 
 `write_tiny_model(path, arch)` writes a complete, llama.cpp-loadable GGUF: the metadata keys the
 real converters (llama.cpp convert_hf_to_gguf.py) write for that architecture, a small but real
 tokenizer section (SPM-style "llama" vocab for llama/gemma2/gemma3, byte-level BPE "gpt2" vocab with
-merges for qwen2/qwen3) and random weights in a chosen quantization type. The weights are
+merges for qwen2/qwen3/olmo2/smollm3) and random weights in a chosen quantization type. The weights are
 random normal scaled by 1/sqrt(fan_in) so activations keep unit-ish scale and logits are spread
 out (std of a few units) without saturating, so greedy tokens are well separated.
 
@@ -36,7 +36,7 @@ from tiny_models_kquants import K_QUANT_TYPES, quantize_k
 
 from localllm.text.tokenizer_bpe import bytes_to_unicode  # GPT-2 byte table
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3")
 
 # Types `gguf.quants.quantize` implements (checked against gguf 0.19) plus our K-quant encoders.
 _GGUF_QUANTIZABLE = frozenset(
@@ -206,8 +206,9 @@ def _train_bpe(text: str, n_merges: int) -> list[tuple[str, str]]:
     return merges
 
 
-def build_bpe_vocab(n_merges: int = 240) -> dict[str, Any]:
-    """Qwen-style byte-level BPE vocab ("gpt2" tokenizer model, "qwen2" pre-tokenizer):
+def build_bpe_vocab(n_merges: int = 240, pre: str = "qwen2") -> dict[str, Any]:
+    """Qwen-style byte-level BPE vocab ("gpt2" tokenizer model, pre-tokenizer `pre`: "qwen2";
+    OLMo 2's GGUFs say "dbrx" (its cl100k-style split), SmolLM3's "llama-bpe"):
     256 byte symbols, one token per learned merge, then <|endoftext|>, <|im_start|>,
     <|im_end|> control tokens (Qwen puts its specials after the BPE tokens too)."""
     b2u = bytes_to_unicode()
@@ -218,7 +219,7 @@ def build_bpe_vocab(n_merges: int = 240) -> dict[str, Any]:
     tokens = tokens + specials
     assert len(set(tokens)) == len(tokens)
     ids = {t: i for i, t in enumerate(tokens)}
-    return {"model": "gpt2", "pre": "qwen2", "tokens": tokens, "scores": None,
+    return {"model": "gpt2", "pre": pre, "tokens": tokens, "scores": None,
             "token_type": types, "merges": [f"{a} {b}" for a, b in merges],
             "ids": {"bos": ids["<|endoftext|>"], "eos": ids["<|im_end|>"],
                     "padding": ids["<|endoftext|>"]},
@@ -266,6 +267,13 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     # enough here to bend the tiny model's logits (the real models: 50 and 30).
     "gemma2": dict(n_layer=4, n_head=4, n_head_kv=2, tie_embeddings=True, sliding_window=8,
                    attn_logit_softcapping=4.0, final_logit_softcapping=6.0),
+    # olmo2: no pre-norms, post-norms, whole-row QK-norm, NEOX rope, untied head like
+    # OLMo-2-1124-7B (full MHA there; GQA 4/2 here to cover the K norm's narrower width).
+    # sliding_window (+ pattern, default every 4th layer global) makes it OLMo 3-like.
+    "olmo2": dict(n_layer=3, n_head=4, n_head_kv=2, tie_embeddings=False, rope_freq_base=5e5),
+    # smollm3: llama blocks, NORM rope, tied head like SmolLM3-3B; 5 layers so layer 3 (the
+    # (il + 1) % 4 == 0 rule) is a NoPE layer with rotated layers on both sides.
+    "smollm3": dict(n_layer=5, n_head=4, n_head_kv=2, tie_embeddings=True, rope_freq_base=5e6),
 }
 
 _COMMON_DEFAULTS: dict[str, Any] = dict(
@@ -280,7 +288,7 @@ _COMMON_DEFAULTS: dict[str, Any] = dict(
 _KQUANT_DIMS: dict[str, Any] = dict(n_embd=256, head_dim=64, n_ff=512)
 
 _ARCH_OF = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-            "gemma2": "gemma2", "gemma3": "gemma3"}
+            "gemma2": "gemma2", "gemma3": "gemma3", "olmo2": "olmo2", "smollm3": "smollm3"}
 
 
 def _config(arch: str, qtype: GGMLQuantizationType, overrides: Mapping[str, Any]) -> dict:
@@ -372,7 +380,8 @@ def _tensors(arch: str, cfg: dict, n_vocab: int, rng: np.random.Generator) -> di
     t["token_embd.weight"] = (emb_std * rng.standard_normal((n_vocab, d))).astype(np.float32)
     for i in range(cfg["n_layer"]):
         p = f"blk.{i}."
-        t[p + "attn_norm.weight"] = norm(d)
+        if arch != "olmo2":  # olmo2 norms block outputs only
+            t[p + "attn_norm.weight"] = norm(d)
         t[p + "attn_q.weight"] = mat(nq, d)
         t[p + "attn_k.weight"] = mat(nkv, d)
         t[p + "attn_v.weight"] = mat(nkv, d)
@@ -383,15 +392,23 @@ def _tensors(arch: str, cfg: dict, n_vocab: int, rng: np.random.Generator) -> di
         if arch in ("qwen3", "gemma3"):
             t[p + "attn_q_norm.weight"] = norm(hd)
             t[p + "attn_k_norm.weight"] = norm(hd)
+        if arch == "olmo2":  # one norm over all heads of Q, one over all of K
+            t[p + "attn_q_norm.weight"] = norm(nq)
+            t[p + "attn_k_norm.weight"] = norm(nkv)
         t[p + "attn_output.weight"] = mat(d, nq)
         if arch in ("gemma2", "gemma3"):
             t[p + "post_attention_norm.weight"] = norm(d, _GEMMA_POST_NORM)
-        t[p + "ffn_norm.weight"] = norm(d)
+        if arch == "olmo2":
+            t[p + "post_attention_norm.weight"] = norm(d)
+        else:
+            t[p + "ffn_norm.weight"] = norm(d)
         t[p + "ffn_gate.weight"] = mat(ff, d)
         t[p + "ffn_up.weight"] = mat(ff, d)
         t[p + "ffn_down.weight"] = mat(d, ff)
         if arch in ("gemma2", "gemma3"):
             t[p + "post_ffw_norm.weight"] = norm(d, _GEMMA_POST_NORM)
+        if arch == "olmo2":
+            t[p + "post_ffw_norm.weight"] = norm(d)
     t["output_norm.weight"] = norm(d)
     if not cfg["tie_embeddings"]:
         t["output.weight"] = mat(n_vocab, d) * 2.0  # x2: spread the logits a bit more
@@ -426,12 +443,13 @@ def write_tiny_model(
     """Write a tiny random-weight GGUF for `arch` and return the metadata written (key -> value).
 
     arch: "llama", "mistral" (llama arch + sliding_window key), "qwen2", "qwen3", "gemma2",
-    "gemma3".
+    "gemma3", "olmo2", "smollm3".
     qtype: type of the 2-D weight matrices (norms, biases and rope_freqs stay F32). The same
     seed gives the same float weights for every qtype, so a quantized model can be compared with
     its F32 twin.
     overrides: n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, context_length, rms_eps,
-    rope_freq_base, rope_freq_base_swa, sliding_window, sliding_window_pattern (gemma3; 0 makes
+    rope_freq_base, rope_freq_base_swa, sliding_window, sliding_window_pattern (gemma3; olmo2: a
+    period or per-layer booleans; 0 makes
     every layer local), final_logit_softcapping, attn_logit_softcapping, rope_scaling_factor
     (writes linear rope scaling), rope_freqs (True: llama3-style rope_freqs.weight), tie_embeddings,
     tensor_qtypes ({'attn_q': GGMLQuantizationType.Q5_0, ...} by short tensor name), name,
@@ -441,7 +459,8 @@ def write_tiny_model(
     cfg = _config(arch, qtype, overrides)
     gguf_arch = _ARCH_OF[arch]
     vocab = build_spm_vocab("gemma" if arch in ("gemma2", "gemma3") else "llama") \
-        if arch in ("llama", "mistral", "gemma2", "gemma3") else build_bpe_vocab()
+        if arch in ("llama", "mistral", "gemma2", "gemma3") else \
+        build_bpe_vocab(pre={"olmo2": "dbrx", "smollm3": "llama-bpe"}.get(arch, "qwen2"))
     n_vocab = len(vocab["tokens"])
 
     tensors = _tensors(gguf_arch, cfg, n_vocab, np.random.default_rng(seed))
