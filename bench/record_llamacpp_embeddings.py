@@ -52,6 +52,9 @@ CASES: dict[str, tuple[str, int, str, dict]] = {
     "bert-q8_0": ("bert", 2, "Q8_0", {}),
     "nomic-bert": ("nomic-bert", 0, "F32", {}),
     "nomic-bert-f16": ("nomic-bert", 3, "F16", {"n_layer": 3}),
+    "nomic-bert-last": ("nomic-bert", 4, "F32", {"pooling": 3}),
+    # K-quant rows of 256: hidden 256, FFN 512 (4 heads of 64)
+    "bert-q4_k": ("bert", 5, "Q4_K", {"n_embd": 256, "n_ff": 512}),
 }
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, LlamaFileType, TokenType
 from gguf import quants as gguf_quants
 from gguf_files import write_model_gguf
+from tiny_models_kquants import K_QUANT_TYPES, quantize_k
 
 ENCODER_ARCHS = ("bert", "nomic-bert")
 WORD_START = "\u2581"
@@ -49,6 +50,11 @@ def build_wpm_vocab() -> dict[str, Any]:
     types = [int(TokenType.CONTROL)] * len(specials) + [int(TokenType.NORMAL)] * len(pieces)
     return {"tokens": tokens, "token_type": types}
 
+
+_FILE_TYPES = {GGMLQuantizationType.F32: LlamaFileType.ALL_F32,
+               GGMLQuantizationType.F16: LlamaFileType.MOSTLY_F16,
+               GGMLQuantizationType.Q8_0: LlamaFileType.MOSTLY_Q8_0,
+               GGMLQuantizationType.Q4_K: LlamaFileType.MOSTLY_Q4_K_M}
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "bert": dict(n_embd=64, n_layer=2, n_head=4, n_ff=128, context_length=64, pooling=1,
@@ -118,9 +124,8 @@ def write_tiny_encoder(path: str | os.PathLike[str], arch: str, *,
     meta: dict[str, Any] = {
         "general.architecture": a,
         "general.name": f"tiny-{arch}",
-        "general.file_type": int(LlamaFileType.ALL_F32 if qtype == GGMLQuantizationType.F32
-                                 else LlamaFileType.MOSTLY_F16 if qtype == GGMLQuantizationType.F16
-                                 else LlamaFileType.MOSTLY_Q8_0),
+        "general.file_type": int(_FILE_TYPES.get(GGMLQuantizationType(qtype),
+                                                 LlamaFileType.ALL_F32)),
         f"{a}.context_length": ctx,
         f"{a}.embedding_length": d,
         f"{a}.feed_forward_length": ff,
@@ -158,6 +163,8 @@ def write_tiny_encoder(path: str | os.PathLike[str], arch: str, *,
             return arr
         if q == GGMLQuantizationType.F16:
             return arr.astype(np.float16)
+        if q in K_QUANT_TYPES:  # rows of 256: n_embd and n_ff multiples of 256
+            return quantize_k(arr, q)
         return gguf_quants.quantize(arr, q)
 
     write_model_gguf(path, meta, {n: encode(arr, qtypes[n]) for n, arr in t.items()}, qtypes)
