@@ -47,7 +47,9 @@ def config(md: dict[str, Any], arch: str) -> ModelConfig:
         rms_eps=mv.float("attention.layer_norm_epsilon", 1e-12),
         n_ctx_train=mv.int("context_length", 512),
         rope_neox=True,
-        activation="gelu_ggml" if arch == "bert" else "silu",
+        # the FFN's activation (GELU through ggml's float16 table for bert, SiLU-gated for
+        # nomic-bert); EncoderModel.encode applies it, ungated or gated by the weights present
+        activation="gelu_tanh_ggml" if arch == "bert" else "silu",
     )
 
 
