@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from localllm.formats import GGUFFile
-from localllm.models import gemma2, gemma3, llama, qwen
+from localllm.models import gemma2, gemma3, granite, llama, phi3, qwen
 from localllm.models.base import DecoderModel
 from localllm.models.config import ModelConfig, ModelError
 
@@ -16,6 +16,8 @@ BUILDERS: dict[str, Callable[[GGUFFile], DecoderModel]] = {
     "qwen3": qwen.build_qwen3,
     "gemma2": gemma2.build,
     "gemma3": gemma3.build,
+    "phi3": phi3.build,
+    "granite": granite.build,
 }
 # The configuration each builder reads (metadata only: no tensor is touched), for what a model
 # needs before it is loaded (`localllm show`). Same keys as BUILDERS.
@@ -25,6 +27,8 @@ CONFIGS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {
     "qwen3": qwen.config_qwen3,
     "gemma2": gemma2.config,
     "gemma3": gemma3.config,
+    "phi3": phi3.config,
+    "granite": granite.config,
 }
 
 
