@@ -57,6 +57,9 @@ def load_layers(w: WeightLoader, cfg: ModelConfig) -> list[LayerWeights]:
             b = w.optional_vector(p + "attn_qkv.bias", nq + 2 * nkv)  # [nq + 2 nkv]
             if b is not None:
                 bq, bk, bv = b[:nq], b[nq:nq + nkv], b[nq + nkv:]
+        elif not w.has(p + "attn_q.weight"):
+            raise ModelError(f"{w.gf.path}: missing tensor '{p}attn_qkv.weight' (and no "
+                             f"separate attn_q/attn_k/attn_v)")
         else:
             wq = w.matrix(p + "attn_q.weight", nq, D)
             wk = w.matrix(p + "attn_k.weight", nkv, D)
