@@ -168,8 +168,10 @@ def build_spm_vocab(style: str) -> dict[str, Any]:
 
     ids = {t: i for i, t in enumerate(tokens)}
     if style == "phi3":
-        meta_ids = {"bos": ids["<s>"], "eos": ids["<|endoftext|>"], "unk": ids["<unk>"]}
-        flags = {"add_bos_token": False, "add_eos_token": False}
+        # as the Phi-3-mini GGUF: eos and padding <|endoftext|>, a BOS added
+        meta_ids = {"bos": ids["<s>"], "eos": ids["<|endoftext|>"], "unk": ids["<unk>"],
+                    "padding": ids["<|endoftext|>"]}
+        flags = {"add_bos_token": True, "add_eos_token": False}
     elif style == "llama":
         meta_ids = {"bos": ids["<s>"], "eos": ids["</s>"], "unk": ids["<unk>"]}
         flags = {"add_bos_token": True, "add_eos_token": False}
