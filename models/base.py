@@ -1,9 +1,10 @@
 """Shared blocks of the decoder-only transformers: weights straight from the GGUF mmap and a
 forward pass over one Batch.
 
-The families (llama, qwen2/3, gemma2/3) differ only in configuration (norm placement, QK-norm,
-biases, activation, rope layout, windows): each family module builds a ModelConfig and the
-layer weights, and this module runs them. Shapes: N = batch rows, D = n_embd, H/Hkv = query/
+The families (llama, qwen2/3, gemma2/3, phi3, granite) differ only in configuration (norm
+placement, QK-norm, biases, activation, rope layout and factors, windows, multipliers) and in
+how their tensors are named or fused: each family module builds a ModelConfig and the layer
+weights, and this module runs them. Shapes: N = batch rows, D = n_embd, H/Hkv = query/
 key-value heads, Dh = head_dim, F = n_ff, V = n_vocab.
 """
 
