@@ -483,7 +483,7 @@ def _run(cmd: list[str]) -> bytes:
 PROMPT = "The capital of France is Paris. The quick brown fox jumps over the lazy dog"
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "phi3", "granite"])
 def test_greedy_text_matches_llama_cpp(tmp_path: Path, arch: str) -> None:
     """llama.cpp's llama-simple (greedy) and the reference produce the same continuation on a
     tiny F32 model; the prompt (~20 tokens) crosses gemma3's window of 8. Comparison stops where
