@@ -11,7 +11,8 @@
 - LongRoPE (the 128k Phi-3 models, Phi-3.5, Phi-4-mini): `rope_factors_short.weight` and
   `rope_factors_long.weight` [n_rot/2] divide the rope frequencies; the long set applies when
   the context per sequence exceeds `rope.scaling.original_context_length`, chosen once for the
-  context as llama.cpp does (not per position as HF does). `rope.scaling.attn_factor` (the
+  context as llama.cpp does (not per position as HF does; llama.cpp first rounds the
+  context up to a multiple of 256, which changes nothing for the real models' 4096). `rope.scaling.attn_factor` (the
   converter writes sqrt(1 + ln(scale) / ln(original context))) multiplies rope's cos/sin,
   so the rotated dims of q and k are scaled by it and the others are not, as in ggml.
 - `attention.sliding_window`: llama.cpp reads the key but runs full attention (the
