@@ -402,8 +402,8 @@ def test_errors_are_clear() -> None:
     w = random_weight(T.Q8_0, 8, 64, rng)
     x = np.zeros((2, 64), np.float32)
     out = np.zeros((2, 8), np.float32)
-    with pytest.raises(ValueError, match="IQ2_XXS"):
-        mm.matmul(w, int(T.IQ2_XXS), x, out)
+    with pytest.raises(ValueError, match="NVFP4"):
+        mm.matmul(w, int(T.NVFP4), x, out)
     with pytest.raises(TypeError, match="qtype"):
         mm.matmul(w, "Q8_0", x, out)
     with pytest.raises(TypeError, match="qtype"):
