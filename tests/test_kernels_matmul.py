@@ -38,6 +38,10 @@ _BLOCKS = {
     T.Q2_K: (84, 256, [80, 82], 0.01), T.Q3_K: (110, 256, [108], 0.01),
     T.Q4_K: (144, 256, [0, 2], 0.01), T.Q5_K: (176, 256, [0, 2], 0.01),
     T.Q6_K: (210, 256, [208], 0.01), T.IQ4_XS: (136, 256, [0], 0.01),
+    # i-quants: every byte pattern of the rest of the block is a valid grid index / sign / scale
+    T.IQ2_XXS: (66, 256, [0], 0.01), T.IQ2_XS: (74, 256, [0], 0.01),
+    T.IQ2_S: (82, 256, [0], 0.01), T.IQ3_XXS: (98, 256, [0], 0.01),
+    T.IQ3_S: (110, 256, [0], 0.01),
 }
 ALL_TYPES = [T.F32, T.F16, T.BF16, *_BLOCKS]
 
