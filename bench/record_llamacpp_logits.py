@@ -45,7 +45,16 @@ CASES: dict[str, tuple[str, int, dict]] = {
     "gemma2-caps50-30": ("gemma2", 1, {"attn_logit_softcapping": 50.0,
                                        "final_logit_softcapping": 30.0, "n_layer": 3,
                                        "sliding_window": 5}),
+    # every i-quant weight type: one per matrix, IQ3_S token embeddings (get_rows), an IQ2_S
+    # output head (tiny_models_iquants encodes them)
+    "llama-iquants": ("llama", 0, {"qtype": 16, "tensor_qtypes": {
+        "token_embd": 21, "attn_q": 16, "attn_k": 18, "attn_v": 21, "attn_output": 17,
+        "ffn_gate": 22, "ffn_up": 18, "ffn_down": 16, "output": 22}}),
 }
+# Cases whose float64 reference (float activations) may differ from llama.cpp by more than
+# the test's default: quantized weights run against Q8_K-quantized activations in both
+# localllm and llama.cpp, but not in the reference. Measured 0.14 on llama-iquants.
+REFERENCE_TOLS: dict[str, float] = {"llama-iquants": 0.3}
 
 
 def build_dumper(llama_dir: Path, out_dir: Path) -> Path:
@@ -119,6 +128,8 @@ def main() -> None:
                 "greedy": greedy,
                 "llama_cpp": "F32 KV cache, no flash attention, 1 thread",
             }
+            if name in REFERENCE_TOLS:
+                record["reference_tol"] = REFERENCE_TOLS[name]
             (OUT / f"{name}.json").write_text(json.dumps(record, separators=(",", ":")) + "\n")
 
 

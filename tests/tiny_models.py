@@ -32,6 +32,7 @@ from gguf import (
 )
 from gguf import quants as gguf_quants
 from gguf_files import write_model_gguf
+from tiny_models_iquants import IQ_TYPES, quantize_iq
 from tiny_models_kquants import K_QUANT_TYPES, quantize_k
 
 from localllm.text.tokenizer_bpe import bytes_to_unicode  # GPT-2 byte table
@@ -51,7 +52,7 @@ _GGUF_QUANTIZABLE = frozenset(
         GGMLQuantizationType.Q8_0,
     }
 )
-SUPPORTED_QTYPES: frozenset[GGMLQuantizationType] = _GGUF_QUANTIZABLE | K_QUANT_TYPES
+SUPPORTED_QTYPES: frozenset[GGMLQuantizationType] = _GGUF_QUANTIZABLE | K_QUANT_TYPES | IQ_TYPES
 
 _FILE_TYPES: dict[GGMLQuantizationType, LlamaFileType] = {
     GGMLQuantizationType.F32: LlamaFileType.ALL_F32,
@@ -317,6 +318,8 @@ def _encode(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
         return data.astype(np.float16)
     if qtype in K_QUANT_TYPES:
         return quantize_k(data, qtype)
+    if qtype in IQ_TYPES:
+        return quantize_iq(data, qtype)
     if qtype in _GGUF_QUANTIZABLE:
         return gguf_quants.quantize(data.astype(np.float32), qtype)
     raise ValueError(f"cannot write tensors of type {qtype.name}; supported: "
