@@ -482,7 +482,8 @@ _HASWELL = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+f16c,+fma,+fsgsbase,+lzcn
 @pytest.mark.skipif(not FEATURES.simd, reason="no AVX2/FMA/F16C: the portable path runs")
 def test_plain_avx2_target() -> None:
     """Compiled for a plain AVX2 CPU (Numba told so via NUMBA_CPU_NAME/FEATURES), the kernels
-    take the no-VNNI code: sign trick for Q8_0/IQ4_NL, vpmaddubsw + vpmaddwd everywhere."""
+    take the no-VNNI code: sign trick for Q8_0/IQ4_NL, vpmaddubsw + vpmaddwd everywhere (the
+    i-quants' grid gathers included: IQ3_XXS)."""
     code = (
         "import sys\n"
         f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
@@ -492,7 +493,8 @@ def test_plain_avx2_target() -> None:
         "from test_kernels_matmul import check_product, random_weight\n"
         "assert mm.kernel_path() == 'avx2', mm.kernel_path()\n"
         "rng = np.random.default_rng(0)\n"
-        "for qt, k in ((T.Q8_0, 160), (T.IQ4_NL, 160), (T.Q5_0, 160), (T.Q4_K, 256)):\n"
+        "for qt, k in ((T.Q8_0, 160), (T.IQ4_NL, 160), (T.Q5_0, 160), (T.Q4_K, 256),\n"
+        "              (T.IQ3_XXS, 256)):\n"
         "    w = random_weight(qt, 37, k, rng)\n"
         "    for n in (1, 5):\n"
         "        x = rng.standard_normal((n, k)).astype(np.float32)\n"
