@@ -68,6 +68,11 @@ _FILE_TYPES: dict[GGMLQuantizationType, LlamaFileType] = {
     GGMLQuantizationType.Q4_K: LlamaFileType.MOSTLY_Q4_K_M,
     GGMLQuantizationType.Q5_K: LlamaFileType.MOSTLY_Q5_K_M,
     GGMLQuantizationType.Q6_K: LlamaFileType.MOSTLY_Q6_K,
+    GGMLQuantizationType.IQ2_XXS: LlamaFileType.MOSTLY_IQ2_XXS,
+    GGMLQuantizationType.IQ2_XS: LlamaFileType.MOSTLY_IQ2_XS,
+    GGMLQuantizationType.IQ2_S: LlamaFileType.MOSTLY_IQ2_S,
+    GGMLQuantizationType.IQ3_XXS: LlamaFileType.MOSTLY_IQ3_XXS,
+    GGMLQuantizationType.IQ3_S: LlamaFileType.MOSTLY_IQ3_S,
 }
 
 # The quantization mix of the real default model (gemma-3-270m Q4_K_M): pass as
