@@ -32,6 +32,7 @@ from gguf import (
 )
 from gguf import quants as gguf_quants
 from gguf_files import write_model_gguf
+from tiny_models_iquants import IQ_TYPES, quantize_iq
 from tiny_models_kquants import K_QUANT_TYPES, quantize_k
 
 from localllm.text.tokenizer_bpe import bytes_to_unicode  # GPT-2 byte table
@@ -52,7 +53,7 @@ _GGUF_QUANTIZABLE = frozenset(
         GGMLQuantizationType.Q8_0,
     }
 )
-SUPPORTED_QTYPES: frozenset[GGMLQuantizationType] = _GGUF_QUANTIZABLE | K_QUANT_TYPES
+SUPPORTED_QTYPES: frozenset[GGMLQuantizationType] = _GGUF_QUANTIZABLE | K_QUANT_TYPES | IQ_TYPES
 
 _FILE_TYPES: dict[GGMLQuantizationType, LlamaFileType] = {
     GGMLQuantizationType.F32: LlamaFileType.ALL_F32,
@@ -68,6 +69,11 @@ _FILE_TYPES: dict[GGMLQuantizationType, LlamaFileType] = {
     GGMLQuantizationType.Q4_K: LlamaFileType.MOSTLY_Q4_K_M,
     GGMLQuantizationType.Q5_K: LlamaFileType.MOSTLY_Q5_K_M,
     GGMLQuantizationType.Q6_K: LlamaFileType.MOSTLY_Q6_K,
+    GGMLQuantizationType.IQ2_XXS: LlamaFileType.MOSTLY_IQ2_XXS,
+    GGMLQuantizationType.IQ2_XS: LlamaFileType.MOSTLY_IQ2_XS,
+    GGMLQuantizationType.IQ2_S: LlamaFileType.MOSTLY_IQ2_S,
+    GGMLQuantizationType.IQ3_XXS: LlamaFileType.MOSTLY_IQ3_XXS,
+    GGMLQuantizationType.IQ3_S: LlamaFileType.MOSTLY_IQ3_S,
 }
 
 # The quantization mix of the real default model (gemma-3-270m Q4_K_M): pass as
@@ -359,6 +365,8 @@ def _encode(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
         return data.astype(np.float16)
     if qtype in K_QUANT_TYPES:
         return quantize_k(data, qtype)
+    if qtype in IQ_TYPES:
+        return quantize_iq(data, qtype)
     if qtype in _GGUF_QUANTIZABLE:
         return gguf_quants.quantize(data.astype(np.float32), qtype)
     raise ValueError(f"cannot write tensors of type {qtype.name}; supported: "
