@@ -28,7 +28,7 @@ from localllm.kernels.cpu import ops
 from localllm.kernels.cuda import loader
 from localllm.kv.batch import Batch
 from localllm.models.base import DecoderModel, QWeight, add_qkv_biases, check_tokens
-from localllm.models.config import ModelConfig
+from localllm.models.config import ModelConfig, ModelError
 
 __all__ = ["CudaModel", "GpuWeight"]
 
@@ -142,9 +142,12 @@ class CudaModel:
     """forward(batch, kv) -> host logits, as DecoderModel.forward, computed on the GPU."""
 
     def __init__(self, model: DecoderModel) -> None:
+        cfg = model.cfg
+        if any(L.moe is not None for L in model.layers):
+            raise ModelError(f"{cfg.arch}: mixture-of-experts models run on the CPU only "
+                             "for now (--device cpu)")
         import cupy
 
-        cfg = model.cfg
         if cfg.activation not in loader.GATES:
             raise ValueError(f"the CUDA path has no {cfg.activation!r} activation")
         if max(cfg.head_dim, cfg.head_dim_v) > loader.ATT_DMAX:
