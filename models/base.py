@@ -167,6 +167,7 @@ class WeightLoader:
     def __init__(self, gf: GGUFFile) -> None:
         self.gf = gf
         self.packed_bytes = 0  # bytes of repacked copies made for this model
+        self.expert_packed_bytes = 0  # of those for MoE experts (their own budget: moe.py)
 
     def has(self, name: str) -> bool:
         return name in self.gf.tensors
@@ -189,18 +190,26 @@ class WeightLoader:
         q = QWeight(name, t.data.reshape(rows, -1), int(t.type), rows, cols)
         return self.laid_out(q) if multiplied else q
 
-    def laid_out(self, q: QWeight, *, release: bool = True) -> QWeight:
+    def laid_out(self, q: QWeight, *, release: bool = True,
+                 expert_budget: int | None = None) -> QWeight:
         """q in the layout the kernels multiply fastest: with its r16 copy where this machine
         has r16 kernels for the type, the weight is within their size cap and the model's
         budget (R16_MAX_TOTAL, first come first served in load order) has room. The repacked
         weight's row-major file pages are then given back to the OS (release): only a tied
         embedding's lookups still read them, a page at a time, and they would otherwise count
-        twice in resident memory. q itself is left as it was."""
+        twice in resident memory. q itself is left as it was.
+        expert_budget: q is one expert of an MoE stack (models/moe.py), counted against this
+        budget of its own (expert_packed_bytes) instead of R16_MAX_TOTAL."""
+        used, limit = ((self.packed_bytes, R16_MAX_TOTAL) if expert_budget is None
+                       else (self.expert_packed_bytes, expert_budget))
         if not (not _RAW_LAYOUT.get() and r16_wanted(q.raw, q.qtype)
-                and self.packed_bytes + q.raw.nbytes <= R16_MAX_TOTAL):
+                and used + q.raw.nbytes <= limit):
             return q
         packed = repack_r16(q.raw, q.qtype)
-        self.packed_bytes += packed.nbytes
+        if expert_budget is None:
+            self.packed_bytes += packed.nbytes
+        else:
+            self.expert_packed_bytes += packed.nbytes
         if release:
             self.gf.release_pages(self.gf.tensors[q.name])
         return replace(q, packed=packed)
