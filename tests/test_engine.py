@@ -20,7 +20,7 @@ from localllm.kv.cache import KVCache
 from localllm.models.config import ModelError
 from localllm.models.registry import load_model
 
-ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3"]
+ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3", "phi3", "granite"]
 
 
 def _tol(qtype: QT, ref: np.ndarray) -> float:

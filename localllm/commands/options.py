@@ -73,6 +73,19 @@ def _kv_memory(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def refuse_embedding_model(path: object, command: str) -> None:
+    """One line (ModelError) when the model at `path` is an embedding-only encoder (bert,
+    nomic-bert), which cannot generate: said before any weight is loaded."""
+    from localllm.formats import read_gguf
+    from localllm.models.config import ModelError
+    from localllm.models.registry import is_encoder_arch
+
+    arch = read_gguf(path).metadata.get("general.architecture")  # type: ignore[arg-type]
+    if isinstance(arch, str) and is_encoder_arch(arch):
+        raise ModelError(f"{path}: {arch} is an embedding model and cannot {command}; use "
+                         "`localllm embed MODEL TEXT...` (or /api/embed under `localllm serve`)")
+
+
 def add_sampling_opts(p: argparse.ArgumentParser) -> None:
     """One flag per sampler setting, generated from its declaration (sampler_settings.py)."""
     g = p.add_argument_group("sampling")

@@ -26,6 +26,7 @@ from localllm.commands.options import (
     add_spec_opts,
     add_think_opt,
     engine_options,
+    refuse_embedding_model,
     sampler_config,
     spec_options,
 )
@@ -141,6 +142,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if ns.num_predict < -1:
         raise InvalidValueError("-n/--num-predict must be -1 (no limit) or >= 0")
     path = resolve_model(ns.model)
+    refuse_embedding_model(path, "generate text")
     interactive = prompt is None and sys.stdin.isatty() and not ns.json
     if prompt is None and not interactive:
         prompt = sys.stdin.read()

@@ -107,6 +107,14 @@ class ServerState:
                 "quantization_level": file_type_name(int(ftype)) if ftype is not None else ""}
 
 
+def require_generation(state: ServerState, what: str) -> None:
+    """400 for a generation route (what: "generate", "chat", ...) asked of an embedding-only
+    model (bert, nomic-bert), in Ollama's words; its embedding routes still answer."""
+    if getattr(state.engine, "is_encoder", False):
+        raise ApiError(400, f'"{state.name}" does not support {what}: it is an embedding '
+                            "model (use /api/embed or /v1/embeddings)")
+
+
 def default_name(path: Path) -> str:
     """A file name as an Ollama-style model name: 'SmolLM2-135M.Q4_1.gguf' -> 'smollm2-135m.q4_1:latest'."""
     return path.name.removesuffix(".gguf").lower().replace(":", "-") + ":latest"

@@ -36,6 +36,7 @@ from localllm.server.common import (
     raw_prompt,
     read_json,
     render_prompt,
+    require_generation,
     rfc3339,
     think_setting,
     tool_names,
@@ -76,6 +77,8 @@ def _request(state: ServerState, prompt: list[int], options: Any, truncate: bool
 
 async def generate(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
+    state.resolve(body.get("model"))
+    require_generation(state, "generate")
     model, options, stream, think = _common(body, state)
     prompt = get(body, "prompt", str, "")
     system = get(body, "system", str)
@@ -143,6 +146,8 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
 
 async def chat(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
+    state.resolve(body.get("model"))
+    require_generation(state, "chat")
     model, options, stream, think = _common(body, state)
     messages = check_messages(body.get("messages", []))
     truncate = get(body, "truncate", bool, False)

@@ -35,6 +35,7 @@ from localllm.server.common import (
     raw_prompt,
     read_json,
     render_prompt,
+    require_generation,
     tool_names,
     unsupported,
 )
@@ -111,6 +112,7 @@ def _sse(obj: Any) -> bytes:
 async def chat_completions(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
     model = state.resolve(body.get("model"))
+    require_generation(state, "chat")
     messages = check_messages(body.get("messages"))
     if not messages:
         raise ApiError(400, "[] is too short - 'messages'")
@@ -202,6 +204,7 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
 async def completions(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
     model = state.resolve(body.get("model"))
+    require_generation(state, "completions")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]

@@ -50,6 +50,9 @@ class TemplateCaps:
 # The names Ollama's /api/show "capabilities" uses (ollama types/model/capability.go) that a
 # GGUF decoder can have here; "chat" is localllm's own (`localllm show`), not Ollama's.
 OLLAMA_CAPABILITIES = ("completion", "tools", "thinking", "embedding")
+# Encoder architectures (models/bert.py ENCODER_ARCHS): embedding models whether or not the
+# file names a pooling (text/ sits beside models/, so the names are repeated here)
+ENCODER_ARCHS = ("bert", "nomic-bert")
 
 
 def model_capabilities(metadata: Mapping[str, Any], caps: TemplateCaps | None) -> list[str]:
@@ -58,7 +61,8 @@ def model_capabilities(metadata: Mapping[str, Any], caps: TemplateCaps | None) -
 
     caps: the probed chat template (None: the model has none). As Ollama decides it
     (server/images.go): a file that names its pooling (`{arch}.pooling_type`) is an
-    embedding model, "embedding" and not "completion"; any other is a decoder, "completion".
+    embedding model, "embedding" and not "completion", and so is an encoder architecture
+    (bert, nomic-bert: it cannot generate); any other is a decoder, "completion".
     A decoder with a chat template adds "chat", then "tools" when the template shows tool
     definitions or calls (those it cannot show are polyfilled into the system prompt, but that
     is not the model's trained format) and "thinking" when it knows a reasoning block.
@@ -66,7 +70,7 @@ def model_capabilities(metadata: Mapping[str, Any], caps: TemplateCaps | None) -
     it is not listed, because Ollama's client treats an "embedding" model as embedding-only.
     """
     arch = metadata.get("general.architecture")
-    if arch and f"{arch}.pooling_type" in metadata:
+    if arch and (f"{arch}.pooling_type" in metadata or arch in ENCODER_ARCHS):
         return ["embedding"]
     out = ["completion"]
     if caps is not None:
