@@ -163,3 +163,13 @@ def test_bad_moe_files_are_one_clear_model_error(tmp_path: Path, arch: str, chan
     path = _rewrite(tmp_path, arch, change)
     with read_gguf(path) as gf, pytest.raises(ModelError, match=message):
         load_model(gf)
+
+
+def test_cuda_path_refuses_moe_in_one_line(tmp_path: Path) -> None:
+    """No GPU kernels for experts yet: the CUDA model says so before touching CuPy."""
+    from localllm.models.cuda_model import CudaModel
+
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, "mixtral")
+    with read_gguf(path) as gf, pytest.raises(ModelError, match="run on the CPU only"):
+        CudaModel(load_model(gf))
