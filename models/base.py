@@ -167,8 +167,8 @@ class WeightLoader:
 
     def __init__(self, gf: GGUFFile) -> None:
         self.gf = gf
-        self.packed_bytes = 0  # bytes of repacked copies made for this model
-        self.expert_packed_bytes = 0  # of those for MoE experts (their own budget: moe.py)
+        self.packed_bytes = 0  # bytes of repacked copies made for this model (but experts)
+        self.expert_packed_bytes = 0  # bytes of repacked MoE experts (a budget of their own)
 
     def has(self, name: str) -> bool:
         return name in self.gf.tensors
