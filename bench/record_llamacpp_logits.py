@@ -67,6 +67,10 @@ CASES: dict[str, tuple[str, int, dict]] = {
     # MoE: Mixtral-style llama (4 experts, 2 per token) and qwen3moe (8 experts, 3 per token)
     "mixtral": ("mixtral", 0, {}),
     "qwen3moe": ("qwen3moe", 0, {}),
+    # quantized experts (write_tiny_model's qtype; GGML type ids): Q4_0, and Q4_K at the
+    # K-quant dims (hidden 256, experts 256 wide)
+    "mixtral-q4_0": ("mixtral", 1, {"qtype": 2}),
+    "qwen3moe-q4_k": ("qwen3moe", 1, {"qtype": 12}),
 }
 
 
