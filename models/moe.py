@@ -8,17 +8,18 @@ e's matrix is the row slice [e*R, (e+1)*R) of the tensor's [E*R, row_bytes] bloc
 expert is a zero-copy view of the memory-mapped file (ExpertStack).
 
 Layout. Each expert takes the r16 repacked layout where the machine has r16 kernels for its
-type (WeightLoader.laid_out), under a budget of its own, MOE_R16_MAX_TOTAL (4 GiB), first come
-first served in load order; a stack whose experts were all repacked gives its file pages
-back, so resident memory does not double. Why not the dense weights' budget (R16_MAX_TOTAL,
-256 MB): experts are most of an MoE model's bytes (Mixtral 8x7B: 45 of 47 GB), so that budget
-would cover a layer or two. Why repack at all: measured on the 4-layer Mixtral-shaped Q4_0
-file (bench/make_moe_file.py), one thread, an expert product at N=1 runs 17 GB/s from r16
-against 9 GB/s row-major (working set far above the caches), and decode is 2x faster
-(BENCHMARKS.md); llama.cpp repacks its Q4_0 experts too. The price: a load-time copy (~20 s
-for 3.2 GB of experts on the shared 2-core machine) and anonymous memory the OS cannot
-evict, hence the cap; past it experts stay zero-copy row-major views, read only when
-picked. The router and the attention weights take the usual layout.
+type (WeightLoader.laid_out), under a budget of its own, MOE_R16_MAX_TOTAL (4 GiB), first
+come first served in load order; a stack whose experts were all repacked gives its file
+pages back, so resident memory does not double. Why not the dense weights' budget
+(R16_MAX_TOTAL, 256 MB): experts are most of an MoE model (Mixtral 8x7B: 45 of its 47 B
+parameters), so that budget would cover a layer or two. Why repack at all: measured on the
+4-layer Mixtral-shaped Q4_0 file (bench/make_moe_file.py), one thread, an expert product at
+N=1 runs 17 GB/s from r16 against 9 GB/s row-major (working set far above the caches), and
+decode is 2x faster (BENCHMARKS.md); llama.cpp repacks Q4_0 experts at load too (ggml-cpu
+repack, MUL_MAT_ID). The price: a load-time copy (~20 s for 3.2 GB of experts on the shared
+2-core machine) and anonymous memory the OS cannot evict, hence the cap; past it experts
+stay zero-copy row-major views, read only when picked. The router and the attention weights
+take the usual layout.
 
 Execution (MoEWeights.__call__), for a batch of N rows:
   1. router logits [N, E] (one matmul), routing (kernels/cpu/moe_route.py): per row, k
