@@ -69,6 +69,13 @@ CASES: dict[str, tuple[str, int, dict]] = {
     "llama-iquants": ("llama", 0, {"qtype": 16, "tensor_qtypes": {
         "token_embd": 21, "attn_q": 16, "attn_k": 18, "attn_v": 21, "attn_output": 17,
         "ffn_gate": 22, "ffn_up": 18, "ffn_down": 16, "output": 22}}),
+    # MoE: Mixtral-style llama (4 experts, 2 per token) and qwen3moe (8 experts, 3 per token)
+    "mixtral": ("mixtral", 0, {}),
+    "qwen3moe": ("qwen3moe", 0, {}),
+    # quantized experts (write_tiny_model's qtype; GGML type ids): Q4_0, and Q4_K at the
+    # K-quant dims (hidden 256, experts 256 wide)
+    "mixtral-q4_0": ("mixtral", 1, {"qtype": 2}),
+    "qwen3moe-q4_k": ("qwen3moe", 1, {"qtype": 12}),
 }
 # Cases whose float64 reference (float activations) may differ from llama.cpp by more than
 # the test's default: quantized weights run against Q8_K-quantized activations in both

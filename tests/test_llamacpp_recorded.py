@@ -2,7 +2,7 @@
 bench/record_llamacpp_logits.py; llama.cpp is not needed here).
 
 Each file names a tiny random-weight model (tests/tiny_models.py: arch, seed, overrides; F32
-weights), a prompt with llama.cpp's token ids for it, llama.cpp's logits at the last prompt
+weights unless the overrides name a qtype), a prompt with llama.cpp's token ids for it, llama.cpp's logits at the last prompt
 positions (F32 KV cache, no flash attention) and its 32-token greedy continuation. localllm
 must tokenize the prompt the same, give the same logits within LOGIT_TOL and continue it with
 the same 32 tokens.
@@ -51,9 +51,13 @@ def test_logits_and_greedy_match_recorded_llama_cpp(tmp_path: Path, record: Path
     assert mine.shape == recorded.shape
     np.testing.assert_allclose(mine, recorded, atol=LOGIT_TOL, rtol=0)
     assert (mine.argmax(1) == recorded.argmax(1)).all()
-    ref = reference_logits(path, ids, n_ctx=len(ids) + n_predict + 8)[r["rows_from"]:]
-    # quantized-weight records carry their own: the reference does not quantize activations
-    np.testing.assert_allclose(ref, recorded, atol=r.get("reference_tol", REFERENCE_TOL), rtol=0)
+    # F32 records: the float64 reference too. Quantized ones only where the record measured
+    # its own tolerance: llama.cpp and localllm round activations to 8 bits and the reference
+    # does not (tests/test_moe.py bounds that gap for MoE)
+    ref_tol = REFERENCE_TOL if r["overrides"].get("qtype", 0) == 0 else r.get("reference_tol")
+    if ref_tol is not None:
+        ref = reference_logits(path, ids, n_ctx=len(ids) + n_predict + 8)[r["rows_from"]:]
+        np.testing.assert_allclose(ref, recorded, atol=ref_tol, rtol=0)
 
     greedy = [int(np.argmax(logits[-1]))]
     while len(greedy) < n_predict:
