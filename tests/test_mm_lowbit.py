@@ -81,3 +81,15 @@ def test_lowbit_get_rows() -> None:
         dq.get_rows(w, int(qt), np.array([10, 0, 4]), out)
         ref = quants.dequantize(w, qt).reshape(11, 512)[[10, 0, 4]]
         np.testing.assert_array_equal(out.view(np.uint32), ref.view(np.uint32))
+
+
+def test_cuda_path_refuses_lowbit_weights_in_one_line() -> None:
+    """The GPU kernels do not cover these types: loading one for --device cuda is a ModelError
+    naming the type and the weight (checked before CuPy is needed, so it runs anywhere)."""
+    from localllm.errors import LocalLLMError
+    from localllm.models.base import QWeight
+    from localllm.models.cuda_model import GpuWeight
+
+    w = random_lowbit(T.MXFP4, 4, 64, np.random.default_rng(0))
+    with pytest.raises(LocalLLMError, match=r"no kernel for MXFP4 weights \(blk.0.ffn_up\)"):
+        GpuWeight(QWeight("blk.0.ffn_up", w, int(T.MXFP4), 4, 64), {})
