@@ -7,6 +7,10 @@ outside it. Each product also checks that a row's bits do not depend on N."""
 
 from __future__ import annotations
 
+import ctypes
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -17,6 +21,7 @@ from test_kernels_matmul import ref_q8_0, ref_q8_k
 from localllm.formats.quants import dequantize
 from localllm.kernels.cpu import matmul as mm
 from localllm.kernels.cpu.mm_lowbit import LOWBIT_TYPES as KERNEL_TYPES
+from localllm.kernels.cpu.quant_act import quantize_row_q8_0, quantize_row_q8_k
 
 
 def _reference(qt: T, w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -93,3 +98,62 @@ def test_cuda_path_refuses_lowbit_weights_in_one_line() -> None:
     w = random_lowbit(T.MXFP4, 4, 64, np.random.default_rng(0))
     with pytest.raises(LocalLLMError, match=r"no kernel for MXFP4 weights \(blk.0.ffn_up\)"):
         GpuWeight(QWeight("blk.0.ffn_up", w, int(T.MXFP4), 4, 64), {})
+
+
+def _ggml_cpu() -> ctypes.CDLL | None:
+    """llama.cpp's libggml-cpu from $LLAMA_CPP_BIN (its build/bin folder), initialised."""
+    folder = os.environ.get("LLAMA_CPP_BIN")
+    try:
+        lib = ctypes.CDLL(str(Path(folder) / "libggml-cpu.so")) if folder else None
+    except OSError:
+        return None
+    if lib is not None:
+        lib.ggml_cpu_init()  # its fp16 tables
+    return lib
+
+
+def _ggml_act_blocks(qt: T, x: np.ndarray) -> np.ndarray:
+    """x [K] quantized by our quant_act, laid out as ggml's block_q8_0 (fp16 d, 32 qs) or
+    block_q8_K (f32 d, 256 qs, 16 int16 bsums): [blocks, block bytes] uint8."""
+    k = x.size
+    xq = np.empty(k, np.int8)
+    if qt == T.MXFP4:
+        xd, xs, xc = (np.empty(k // 32, np.float32) for _ in range(3))
+        quantize_row_q8_0(x, xq, xd, xs, xc)
+        return np.concatenate([xd.astype("<f2").view(np.uint8).reshape(-1, 2),
+                               xq.view(np.uint8).reshape(-1, 32)], axis=1)
+    xd = np.empty(k // 256, np.float32)
+    bs, b2 = np.empty(k // 16, np.int16), np.empty(k // 32, np.int16)
+    quantize_row_q8_k(x, xq, xd, bs, b2)
+    return np.concatenate([xd.view(np.uint8).reshape(-1, 4), xq.view(np.uint8).reshape(-1, 256),
+                           bs.view(np.uint8).reshape(-1, 32)], axis=1)
+
+
+@pytest.mark.skipif(_ggml_cpu() is None,
+                    reason="set LLAMA_CPP_BIN to a llama.cpp build/bin folder (libggml-cpu.so)")
+@pytest.mark.skipif(mm.kernel_path() == "portable",
+                    reason="the portable path sums in float, not in ggml's SIMD order")
+@pytest.mark.parametrize("qt", LOWBIT_TYPES, ids=lambda t: t.name)
+def test_bit_identical_to_ggml_vec_dot(qt: T) -> None:
+    """Each row's result has the bits of ggml's x86 vec_dot for the type on the same
+    quantized activations: the integers and the float order are ggml's (K of 33 blocks for
+    MXFP4: its odd last block takes ggml's scalar tail)."""
+    lib = _ggml_cpu()
+    act = "0" if qt == T.MXFP4 else "K"
+    fn = getattr(lib, f"ggml_vec_dot_{qt.name.lower()}_q8_{act}")
+    fn.restype = None
+    rng = np.random.default_rng(200 + int(qt))
+    rows, k = 24, 1056 if qt == T.MXFP4 else 1024
+    w = random_lowbit(qt, rows, k, rng)
+    for scale in (0.1, 1.0, 30.0):
+        x = (scale * rng.standard_normal(k)).astype(np.float32)
+        y = np.ascontiguousarray(_ggml_act_blocks(qt, x))
+        out = np.empty((1, rows), np.float32)
+        mm.matmul(w, int(qt), x[None].copy(), out)
+        for r in range(rows):
+            s = ctypes.c_float()
+            wr = np.ascontiguousarray(w[r])
+            fn(ctypes.c_int(k), ctypes.byref(s), ctypes.c_size_t(0),
+               wr.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(0),
+               y.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(0), ctypes.c_int(1))
+            assert np.float32(s.value).view(np.uint32) == out[0, r].view(np.uint32), (r, scale)

@@ -7,7 +7,7 @@ arithmetic, per block; only the block's total meets the float scales, in ggml's 
 
 * MXFP4: 32-weight blocks, sum(kv[q] * x) per block, times fp16(d_x) * 2^(e-128) (the
   e8m0 scale halved because the e2m1 levels are doubled to integers), accumulated in eight
-  float lanes like the Q8_0-family kernels (mm_b32) and summed in one fixed tree.
+  float lanes per parity of the block number (ggml's x86 order), summed in one fixed tree.
 * TQ1_0 / TQ2_0: trits t in 0..2 stand for t - 1, so sum((t - 1) * x) = sum(t * x) - sum(x)
   with sum(x) from the Q8_K block sums, per lane of 4 bytes; the lanes times d_x * d_w go
   into eight float lanes (FMA) and one tree sum, the order of ggml's x86 kernels.
@@ -52,6 +52,7 @@ from localllm.formats.quants import IQ1_DELTA, IQ1S_GRID, MXFP4_VALUES
 from localllm.kernels.cpu.dequant import _e8m0_half, half_to_float
 from localllm.kernels.cpu.mm_common import PREFETCH_BYTES, _literal, _p_f32, _p_i8, _p_i16, _p_u8
 from localllm.kernels.cpu.simd import (
+    F32x8,
     I8x32,
     I32x8,
     add32,
@@ -130,6 +131,18 @@ def ld_rows4(typingctx, table, i0, i1, i2, i3):
 
 
 @intrinsic
+def addf(typingctx, a, b):
+    """Lanewise a + b of two F32x8 (one rounding per lane)."""
+    if a != F32x8 or b != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+
+    return F32x8(F32x8, F32x8), codegen
+
+
+@intrinsic
 def hsum_i32(typingctx, v):
     """The sum of the 8 lanes of an I32x8 (exact: integer)."""
     if v != I32x8:
@@ -186,16 +199,38 @@ _TAIL_C = _trit_op("tq1_tail_c", _QS16 + [26, 27, 28, 29] * 4,
 
 
 @njit
+def _fma32(a, b, c):
+    """float32 a * b + c rounded once (the FMA a C compiler contracts `c += a * b` into): the
+    product is exact in float64, the sum rounds there and then to float32."""
+    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+
+
+@njit
 def _dot_mxfp4(w, o, nb, xq, xd, xbs, xb2, n):
+    # ggml's x86 order: even blocks into one set of eight float lanes, odd ones into another,
+    # the two added and tree-summed; an odd last block is added as a scalar (FMA)
     xo = n * nb * 32
-    acc = zerof()
+    acc1 = zerof()
+    acc2 = zerof()
     tab = mxfp4_table()
-    for b in range(nb):
+    b = 0
+    while b + 1 < nb:
+        ob = o + b * MXFP4_BYTES
+        q1 = lut16(tab, ld_nib16(w, ob + 1))
+        q2 = lut16(tab, ld_nib16(w, ob + MXFP4_BYTES + 1))
+        d1 = xd[n, b] * _e8m0_half(ld_u8(w, ob))
+        d2 = xd[n, b + 1] * _e8m0_half(ld_u8(w, ob + MXFP4_BYTES))
+        acc1 = fma_i(acc1, dot_ss(q1, ld_i8x32(xq, xo + 32 * b)), d1)
+        acc2 = fma_i(acc2, dot_ss(q2, ld_i8x32(xq, xo + 32 * b + 32)), d2)
+        b += 2
+    sumf = hsumf(addf(acc1, acc2))
+    if b < nb:
         ob = o + b * MXFP4_BYTES
         q = lut16(tab, ld_nib16(w, ob + 1))
         d = xd[n, b] * _e8m0_half(ld_u8(w, ob))
-        acc = fma_i(acc, dot_ss(q, ld_i8x32(xq, xo + 32 * b)), d)
-    return hsumf(acc)
+        sumi = hsum_i32(dot_ss(q, ld_i8x32(xq, xo + 32 * b)))
+        sumf = _fma32(d, np.float32(sumi), sumf)
+    return sumf
 
 
 @njit
@@ -250,13 +285,6 @@ def _dot_tq1_0(w, o, nb, xq, xd, xbs, xb2, n):
         d = xd[n, b] * ld_f16(w, ob + 52)
         acc = fma_i(acc, sub32(lanes, _bsum_lanes(xbs, n, b)), d)
     return hsumf(acc)
-
-
-@njit
-def _fma32(a, b, c):
-    """float32 a * b + c rounded once (the FMA a C compiler contracts `c += a * b` into): the
-    product is exact in float64, the sum rounds there and then to float32."""
-    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
 
 
 # IQ1_S / IQ1_M: the order of ggml's x86 kernels as well. Per super-block the scaled grid dots
