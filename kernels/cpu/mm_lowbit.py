@@ -21,8 +21,10 @@ matched: 0.12 apart from llama.cpp; after, 2e-6).
   a +-1 byte vector per 8 weights for IQ1_M): d_w * d_x * (sum_grid + 1/8 * sum_delta),
   summed in the float order of ggml's x86 kernels.
 
-Every activation row is computed alone (for N > 1 the rows are taken one after another), with
-one float order per row: a row's bits do not depend on N, the thread split or its neighbours.
+Every activation row has one float order: for N > 1, MXFP4, IQ1_S and IQ1_M decode a block
+once for four activation rows (4-row tiles), each row with its own accumulators and the same
+operations as alone; TQ1_0 / TQ2_0 (cheap to decode) take the rows one after another. A row's
+bits do not depend on N, the thread split or its neighbours.
 
 The kernels use the 256-bit intrinsics of `simd` (AVX2; the dots become vpdpbusd with VNNI);
 the portable path decodes these types through `dequant` like any other.
@@ -50,7 +52,15 @@ from localllm.formats.qtypes import (
 )
 from localllm.formats.quants import IQ1_DELTA, IQ1S_GRID, MXFP4_VALUES
 from localllm.kernels.cpu.dequant import _e8m0_half, half_to_float
-from localllm.kernels.cpu.mm_common import PREFETCH_BYTES, _literal, _p_f32, _p_i8, _p_i16, _p_u8
+from localllm.kernels.cpu.mm_common import (
+    PREFETCH_BYTES,
+    _literal,
+    _p_f32,
+    _p_i8,
+    _p_i16,
+    _p_u8,
+    _store4,
+)
 from localllm.kernels.cpu.simd import (
     F32x8,
     I8x32,
@@ -68,6 +78,7 @@ from localllm.kernels.cpu.simd import (
     ld_nib16,
     ld_u8,
     ld_u16,
+    ld_u32,
     lut16,
     madd16,
     prefetch,
@@ -376,6 +387,179 @@ def _ov_dot_lowbit(qt, w, o, nb, xq, xd, xbs, xb2, n):
     return lambda qt, w, o, nb, xq, xd, xbs, xb2, n: fn(w, o, nb, xq, xd, xbs, xb2, n)
 
 
+# ----------------------------------------------------------------------------- 4-row tiles
+# For N > 1 the types whose decoding costs most (e2m1 lookups, grid gathers) decode each block
+# once for four activation rows n0..n0+3 (the scratch has N padded to a multiple of 4). Every
+# row keeps its own accumulators and exactly the operations of its one-row kernel above, so
+# its bits do not depend on the tile it is in.
+
+
+@njit
+def _dot4_mxfp4(w, o, nb, xq, xd, xbs, xb2, n0):
+    k = nb * 32
+    x0 = n0 * k
+    x1, x2, x3 = x0 + k, x0 + 2 * k, x0 + 3 * k
+    a0, a1, a2, a3 = zerof(), zerof(), zerof(), zerof()  # even blocks, per row
+    b0, b1, b2, b3 = zerof(), zerof(), zerof(), zerof()  # odd blocks
+    tab = mxfp4_table()
+    b = 0
+    while b + 1 < nb:
+        ob = o + b * MXFP4_BYTES
+        q1 = lut16(tab, ld_nib16(w, ob + 1))
+        q2 = lut16(tab, ld_nib16(w, ob + MXFP4_BYTES + 1))
+        e1 = _e8m0_half(ld_u8(w, ob))
+        e2 = _e8m0_half(ld_u8(w, ob + MXFP4_BYTES))
+        xb = 32 * b
+        a0 = fma_i(a0, dot_ss(q1, ld_i8x32(xq, x0 + xb)), xd[n0, b] * e1)
+        a1 = fma_i(a1, dot_ss(q1, ld_i8x32(xq, x1 + xb)), xd[n0 + 1, b] * e1)
+        a2 = fma_i(a2, dot_ss(q1, ld_i8x32(xq, x2 + xb)), xd[n0 + 2, b] * e1)
+        a3 = fma_i(a3, dot_ss(q1, ld_i8x32(xq, x3 + xb)), xd[n0 + 3, b] * e1)
+        b0 = fma_i(b0, dot_ss(q2, ld_i8x32(xq, x0 + xb + 32)), xd[n0, b + 1] * e2)
+        b1 = fma_i(b1, dot_ss(q2, ld_i8x32(xq, x1 + xb + 32)), xd[n0 + 1, b + 1] * e2)
+        b2 = fma_i(b2, dot_ss(q2, ld_i8x32(xq, x2 + xb + 32)), xd[n0 + 2, b + 1] * e2)
+        b3 = fma_i(b3, dot_ss(q2, ld_i8x32(xq, x3 + xb + 32)), xd[n0 + 3, b + 1] * e2)
+        b += 2
+    s0, s1 = hsumf(addf(a0, b0)), hsumf(addf(a1, b1))
+    s2, s3 = hsumf(addf(a2, b2)), hsumf(addf(a3, b3))
+    if b < nb:
+        ob = o + b * MXFP4_BYTES
+        q = lut16(tab, ld_nib16(w, ob + 1))
+        e = _e8m0_half(ld_u8(w, ob))
+        xb = 32 * b
+        s0 = _fma32(xd[n0, b] * e, np.float32(hsum_i32(dot_ss(q, ld_i8x32(xq, x0 + xb)))), s0)
+        s1 = _fma32(xd[n0 + 1, b] * e, np.float32(hsum_i32(dot_ss(q, ld_i8x32(xq, x1 + xb)))),
+                    s1)
+        s2 = _fma32(xd[n0 + 2, b] * e, np.float32(hsum_i32(dot_ss(q, ld_i8x32(xq, x2 + xb)))),
+                    s2)
+        s3 = _fma32(xd[n0 + 3, b] * e, np.float32(hsum_i32(dot_ss(q, ld_i8x32(xq, x3 + xb)))),
+                    s3)
+    return s0, s1, s2, s3
+
+
+@njit
+def _sum1_iq1s(xb2, n, b, qhs):
+    """IQ1_S's delta term of activation row n, block b: sum over sub-blocks of
+    +-(2s + 1) * (the sub-block's activation sum); qhs: the block's 8 qh words packed into
+    the 16-bit fields of two int64 (for one load per block)."""
+    sumi1 = 0
+    for s in range(8):
+        qh = np.int32(((qhs[0] if s < 4 else qhs[1]) >> (16 * (s % 4))) & 0xFFFF)
+        ls = 2 * ((qh >> 12) & 7) + 1
+        xs = np.int32(xb2[n, 8 * b + s])
+        sumi1 += -ls * xs if qh & 0x8000 else ls * xs
+    return sumi1
+
+
+@njit
+def _dot4_iq1_s(w, o, nb, xq, xd, xbs, xb2, n0):
+    k = nb * 256
+    x0 = n0 * k
+    x1, x2, x3 = x0 + k, x0 + 2 * k, x0 + 3 * k
+    a0, a1, a2, a3 = zerof(), zerof(), zerof(), zerof()
+    c0 = c1 = c2 = c3 = np.float32(0.0)
+    for b in range(nb):
+        ob = o + b * IQ1_S_BYTES
+        l0, l1, l2, l3 = zero32(), zero32(), zero32(), zero32()
+        for s in range(8):
+            qh = np.int32(ld_u16(w, ob + 34 + 2 * s))
+            ls = 2 * ((qh >> 12) & 7) + 1
+            qo = ob + 2 + 4 * s
+            g = ld_rows4(_GRID_U64,
+                         np.int32(ld_u8(w, qo)) | ((qh & 7) << 8),
+                         np.int32(ld_u8(w, qo + 1)) | (((qh >> 3) & 7) << 8),
+                         np.int32(ld_u8(w, qo + 2)) | (((qh >> 6) & 7) << 8),
+                         np.int32(ld_u8(w, qo + 3)) | (((qh >> 9) & 7) << 8))
+            sc = splat16x2(ls, ls)
+            xs = 256 * b + 32 * s
+            l0 = add32(l0, dot_ss_sc(g, ld_i8x32(xq, x0 + xs), sc))
+            l1 = add32(l1, dot_ss_sc(g, ld_i8x32(xq, x1 + xs), sc))
+            l2 = add32(l2, dot_ss_sc(g, ld_i8x32(xq, x2 + xs), sc))
+            l3 = add32(l3, dot_ss_sc(g, ld_i8x32(xq, x3 + xs), sc))
+        dw = ld_f16(w, ob)
+        qhs = (np.int64(ld_u32(w, ob + 34)) | (np.int64(ld_u32(w, ob + 38)) << 32),
+               np.int64(ld_u32(w, ob + 42)) | (np.int64(ld_u32(w, ob + 46)) << 32))
+        d0, d1 = xd[n0, b] * dw, xd[n0 + 1, b] * dw
+        d2, d3 = xd[n0 + 2, b] * dw, xd[n0 + 3, b] * dw
+        a0, a1 = fma_i(a0, l0, d0), fma_i(a1, l1, d1)
+        a2, a3 = fma_i(a2, l2, d2), fma_i(a3, l3, d3)
+        c0 = _fma32(d0, np.float32(_sum1_iq1s(xb2, n0, b, qhs)), c0)
+        c1 = _fma32(d1, np.float32(_sum1_iq1s(xb2, n0 + 1, b, qhs)), c1)
+        c2 = _fma32(d2, np.float32(_sum1_iq1s(xb2, n0 + 2, b, qhs)), c2)
+        c3 = _fma32(d3, np.float32(_sum1_iq1s(xb2, n0 + 3, b, qhs)), c3)
+    return (hsumf(a0) + _F_DELTA * c0, hsumf(a1) + _F_DELTA * c1,
+            hsumf(a2) + _F_DELTA * c2, hsumf(a3) + _F_DELTA * c3)
+
+
+@njit
+def _dot4_iq1_m(w, o, nb, xq, xd, xbs, xb2, n0):
+    k = nb * 256
+    x0 = n0 * k
+    x1, x2, x3 = x0 + k, x0 + 2 * k, x0 + 3 * k
+    g0, g1, g2, g3 = zerof(), zerof(), zerof(), zerof()  # grid parts
+    e0, e1, e2, e3 = zerof(), zerof(), zerof(), zerof()  # delta parts
+    for b in range(nb):
+        ob = o + b * IQ1_M_BYTES
+        sc0 = np.int32(ld_u16(w, ob + 48))
+        sc1 = np.int32(ld_u16(w, ob + 50))
+        sc2 = np.int32(ld_u16(w, ob + 52))
+        sc3 = np.int32(ld_u16(w, ob + 54))
+        dw = half_to_float((sc0 >> 12) | ((sc1 >> 8) & 0x00F0) | ((sc2 >> 4) & 0x0F00)
+                           | (sc3 & 0xF000))
+        p0, p1, p2, p3 = zero32(), zero32(), zero32(), zero32()
+        m0, m1, m2, m3 = zero32(), zero32(), zero32(), zero32()
+        for s in range(8):
+            sw = sc0 if s < 2 else sc1 if s < 4 else sc2 if s < 6 else sc3
+            sh = 6 * (s % 2)
+            sc = splat16x2(2 * ((sw >> sh) & 7) + 1, 2 * ((sw >> (sh + 3)) & 7) + 1)
+            h0 = np.int32(ld_u8(w, ob + 32 + 2 * s))
+            h1 = np.int32(ld_u8(w, ob + 33 + 2 * s))
+            qo = ob + 4 * s
+            g = ld_rows4(_GRID_U64,
+                         np.int32(ld_u8(w, qo)) | ((h0 & 7) << 8),
+                         np.int32(ld_u8(w, qo + 1)) | (((h0 >> 4) & 7) << 8),
+                         np.int32(ld_u8(w, qo + 2)) | ((h1 & 7) << 8),
+                         np.int32(ld_u8(w, qo + 3)) | (((h1 >> 4) & 7) << 8))
+            sg = ld_rows4(_SIGN_U64, (h0 >> 3) & 1, (h0 >> 7) & 1, (h1 >> 3) & 1, (h1 >> 7) & 1)
+            xs = 256 * b + 32 * s
+            v0, v1 = ld_i8x32(xq, x0 + xs), ld_i8x32(xq, x1 + xs)
+            v2, v3 = ld_i8x32(xq, x2 + xs), ld_i8x32(xq, x3 + xs)
+            p0, p1 = add32(p0, dot_ss_sc(g, v0, sc)), add32(p1, dot_ss_sc(g, v1, sc))
+            p2, p3 = add32(p2, dot_ss_sc(g, v2, sc)), add32(p3, dot_ss_sc(g, v3, sc))
+            m0, m1 = add32(m0, dot_ss_sc(sg, v0, sc)), add32(m1, dot_ss_sc(sg, v1, sc))
+            m2, m3 = add32(m2, dot_ss_sc(sg, v2, sc)), add32(m3, dot_ss_sc(sg, v3, sc))
+        d0, d1 = xd[n0, b] * dw, xd[n0 + 1, b] * dw
+        d2, d3 = xd[n0 + 2, b] * dw, xd[n0 + 3, b] * dw
+        g0, g1, g2, g3 = fma_i(g0, p0, d0), fma_i(g1, p1, d1), fma_i(g2, p2, d2), fma_i(g3, p3, d3)
+        e0, e1, e2, e3 = fma_i(e0, m0, d0), fma_i(e1, m1, d1), fma_i(e2, m2, d2), fma_i(e3, m3, d3)
+    return (hsumf(g0) + _F_DELTA * hsumf(e0), hsumf(g1) + _F_DELTA * hsumf(e1),
+            hsumf(g2) + _F_DELTA * hsumf(e2), hsumf(g3) + _F_DELTA * hsumf(e3))
+
+
+def _dot4_lowbit(qt, w, o, nb, xq, xd, xbs, xb2, n0):
+    """Activation rows n0..n0+3 against the weight row at byte o (a tile kernel of _DOTS4, or
+    the one-row kernel four times)."""
+
+
+_DOTS4 = {MXFP4: _dot4_mxfp4, IQ1_S: _dot4_iq1_s, IQ1_M: _dot4_iq1_m}
+
+
+@overload(_dot4_lowbit, prefer_literal=True)
+def _ov_dot4_lowbit(qt, w, o, nb, xq, xd, xbs, xb2, n0):
+    t = _literal(qt)
+    fn4 = _DOTS4.get(t)
+    if fn4 is not None:
+        return lambda qt, w, o, nb, xq, xd, xbs, xb2, n0: fn4(w, o, nb, xq, xd, xbs, xb2, n0)
+    fn = _DOTS.get(t)
+    if fn is None:
+        return None
+
+    def impl(qt, w, o, nb, xq, xd, xbs, xb2, n0):  # the rows one after another
+        return (fn(w, o, nb, xq, xd, xbs, xb2, n0), fn(w, o, nb, xq, xd, xbs, xb2, n0 + 1),
+                fn(w, o, nb, xq, xd, xbs, xb2, n0 + 2), fn(w, o, nb, xq, xd, xbs, xb2, n0 + 3))
+
+    return impl
+
+
 @njit
 def _rows_lowbit(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ldo, n_act):
     """out[:, r0:r1] for low-bit type qt (a literal). Arrays arrive as addresses (see
@@ -393,8 +577,12 @@ def _rows_lowbit(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ld
         if n_act == 1:  # decode streams the weights: fetch the row PREFETCH_BYTES ahead
             for po in range(0, rb, 64):
                 prefetch(w, o + PREFETCH_BYTES + po)
-        for n in range(n_act):
-            out[n, r] = _dot_lowbit(qt, w, o, nb, xq, xd, xbs, xb2, n)
+        if n_act == 1:
+            out[0, r] = _dot_lowbit(qt, w, o, nb, xq, xd, xbs, xb2, 0)
+        else:
+            for n0 in range(0, n_act, 4):
+                v0, v1, v2, v3 = _dot4_lowbit(qt, w, o, nb, xq, xd, xbs, xb2, n0)
+                _store4(out, r, n0, n_act, v0, v1, v2, v3)
 
 
 # One C entry per type (module-level so that numba.cfunc can cache them); the arguments are
