@@ -75,6 +75,11 @@ _FILE_TYPES: dict[GGMLQuantizationType, LlamaFileType] = {
     GGMLQuantizationType.Q4_K: LlamaFileType.MOSTLY_Q4_K_M,
     GGMLQuantizationType.Q5_K: LlamaFileType.MOSTLY_Q5_K_M,
     GGMLQuantizationType.Q6_K: LlamaFileType.MOSTLY_Q6_K,
+    GGMLQuantizationType.MXFP4: LlamaFileType.MOSTLY_MXFP4_MOE,
+    GGMLQuantizationType.TQ1_0: LlamaFileType.MOSTLY_TQ1_0,
+    GGMLQuantizationType.TQ2_0: LlamaFileType.MOSTLY_TQ2_0,
+    GGMLQuantizationType.IQ1_S: LlamaFileType.MOSTLY_IQ1_S,
+    GGMLQuantizationType.IQ1_M: LlamaFileType.MOSTLY_IQ1_M,
 }
 
 # The quantization mix of the real default model (gemma-3-270m Q4_K_M): pass as
