@@ -157,3 +157,31 @@ def test_bit_identical_to_ggml_vec_dot(qt: T) -> None:
                wr.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(0),
                y.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(0), ctypes.c_int(1))
             assert np.float32(s.value).view(np.uint32) == out[0, r].view(np.uint32), (r, scale)
+
+
+@pytest.mark.parametrize("pair", [(T.MXFP4, T.Q8_0), (T.IQ1_S, T.Q4_K), (T.TQ2_0, T.IQ1_M)],
+                         ids=lambda p: "-".join(t.name for t in p))
+def test_shared_activations_keep_each_weights_bits(pair: tuple[T, T]) -> None:
+    """A low-bit weight grouped with another of the same activation format (gpt-oss: MXFP4
+    experts next to Q8_0 attention) gets from matmul_multi the bits it gets alone."""
+    from test_kernels_matmul import random_weight
+
+    rng = np.random.default_rng(9)
+    k = 512
+    ws = [random_lowbit(qt, 40, k, rng) if qt in LOWBIT_TYPES else random_weight(qt, 24, k, rng)
+          for qt in pair]
+    packs = [mm.repack_r16(w, int(qt)) if mm.r16_wanted(w, int(qt)) else None
+             for w, qt in zip(ws, pair, strict=True)]
+    assert mm.can_share_activations([int(t) for t in pair], k) == (mm.kernel_path() != "portable")
+    for n in (1, 6):
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        alone = []
+        for w, qt, p in zip(ws, pair, packs, strict=True):
+            out = np.empty((n, w.shape[0]), np.float32)
+            mm.matmul(w, int(qt), x, out, packed=p)
+            alone.append(out)
+        outs = [np.empty((n, w.shape[0]), np.float32) for w in ws]
+        mm.matmul_multi([(w, int(qt), p) for w, qt, p in zip(ws, pair, packs, strict=True)],
+                        x, outs)
+        for a, b in zip(alone, outs, strict=True):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), n
