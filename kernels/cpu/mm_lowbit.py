@@ -209,11 +209,20 @@ _TAIL_C = _trit_op("tq1_tail_c", _QS16 + [26, 27, 28, 29] * 4,
 # Each: the dot of weight row `o` (byte offset) with activation row n over nb blocks.
 
 
-@njit
-def _fma32(a, b, c):
-    """float32 a * b + c rounded once (the FMA a C compiler contracts `c += a * b` into): the
-    product is exact in float64, the sum rounds there and then to float32."""
-    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+@intrinsic
+def _fma32(typingctx, a, b, c):
+    """float32 a * b + c rounded once (vfmadd): what a C compiler contracts `c += a * b` in
+    ggml's scalar tails into."""
+    if not all(t == types.float32 for t in (a, b, c)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        f32 = ir.FloatType()
+        fnty = ir.FunctionType(f32, [f32, f32, f32])
+        f = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.f32")
+        return builder.call(f, args)
+
+    return types.float32(types.float32, types.float32, types.float32), codegen
 
 
 @njit
