@@ -101,8 +101,11 @@ _I32 = ir.IntType(32)
 
 # iq1s_grid as one u64 per row (8 int8 values -1/0/1, little-endian): four rows are one I8x32
 _GRID_U64 = np.ascontiguousarray(IQ1S_GRID.astype(np.int8)).view(np.uint64).reshape(2048)
-# IQ1_M's delta signs as rows of the same shape: row 0 eight +1 bytes, row 1 eight -1 bytes
-_SIGN_U64 = np.array([1, -1], dtype=np.int8).repeat(8).view(np.uint64)
+# IQ1_M's delta signs of a sub-block (four groups of 8 weights) as one 32-byte vector per
+# combination of its 4 sign bits: entry i, group j is -1 where bit j of i is set, else +1.
+# [16 * 32] int8, one load instead of building the vector.
+_SIGN_TAB = np.where((np.arange(16)[:, None] >> (np.arange(32)[None, :] // 8)) & 1, -1, 1
+                     ).astype(np.int8).reshape(16 * 32)
 _F_DELTA = IQ1_DELTA
 
 
@@ -369,7 +372,8 @@ def _dot_iq1_m(w, o, nb, xq, xd, xbs, xb2, n):
                          np.int32(ld_u8(w, qo + 1)) | (((h0 >> 4) & 7) << 8),
                          np.int32(ld_u8(w, qo + 2)) | ((h1 & 7) << 8),
                          np.int32(ld_u8(w, qo + 3)) | (((h1 >> 4) & 7) << 8))
-            sg = ld_rows4(_SIGN_U64, (h0 >> 3) & 1, (h0 >> 7) & 1, (h1 >> 3) & 1, (h1 >> 7) & 1)
+            sg = ld_i8x32(_SIGN_TAB, 32 * (((h0 >> 3) & 1) | ((h0 >> 6) & 2) | ((h1 >> 1) & 4)
+                                           | ((h1 >> 4) & 8)))
             x = ld_i8x32(xq, xb + 32 * s)
             lanes1 = add32(lanes1, dot_ss_sc(g, x, sc))
             lanes2 = add32(lanes2, dot_ss_sc(sg, x, sc))
@@ -528,7 +532,8 @@ def _dot4_iq1_m(w, o, nb, xq, xd, xbs, xb2, n0):
                          np.int32(ld_u8(w, qo + 1)) | (((h0 >> 4) & 7) << 8),
                          np.int32(ld_u8(w, qo + 2)) | ((h1 & 7) << 8),
                          np.int32(ld_u8(w, qo + 3)) | (((h1 >> 4) & 7) << 8))
-            sg = ld_rows4(_SIGN_U64, (h0 >> 3) & 1, (h0 >> 7) & 1, (h1 >> 3) & 1, (h1 >> 7) & 1)
+            sg = ld_i8x32(_SIGN_TAB, 32 * (((h0 >> 3) & 1) | ((h0 >> 6) & 2) | ((h1 >> 1) & 4)
+                                           | ((h1 >> 4) & 8)))
             xs = 256 * b + 32 * s
             v0, v1 = ld_i8x32(xq, x0 + xs), ld_i8x32(xq, x1 + xs)
             v2, v3 = ld_i8x32(xq, x2 + xs), ld_i8x32(xq, x3 + xs)
