@@ -20,6 +20,7 @@ from tiny_models import write_tiny_model
 
 from localllm.engine import Engine
 from localllm.formats import read_gguf
+from localllm.kernels.cpu.matmul import kernel_path
 from localllm.text.tokenizer import Tokenizer
 
 # (embedding records, "kind": "embedding", are tests/test_bert.py's)
@@ -30,8 +31,15 @@ RECORDS = sorted(p for p in (Path(__file__).parent / "data" / "llamacpp").glob("
 # order, which now and then moves a GELU input across a table step).
 LOGIT_TOL = 2e-3
 # The float64 reference computes GELU exactly, llama.cpp through a float16 table: measured
-# <= 2.5e-3 apart on gemma2 (as on gemma3, tests/test_reference_model.py).
+# <= 2.5e-3 apart on gemma2 (as on gemma3, tests/test_reference_model.py). A record of a
+# quantized model carries its own "reference_tol": the reference does not quantize
+# activations to 8 bits as llama.cpp does (bench/record_llamacpp_logits.py).
 REFERENCE_TOL = 1e-2
+# The portable kernels (LOCALLLM_NO_SIMD, CPUs without AVX2) sum a quantized weight's products
+# in a float order of their own, not ggml's integer lanes: on the coarse ternary tiny models
+# a last-bit difference that flips one 8-bit activation rounding downstream moves the logits
+# by up to 0.06 (measured, TQ1_0 / TQ2_0; the greedy tokens stay the same).
+PORTABLE_QUANT_TOL = 0.1
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=[p.stem for p in RECORDS])
@@ -49,12 +57,14 @@ def test_logits_and_greedy_match_recorded_llama_cpp(tmp_path: Path, record: Path
     recorded = np.array(r["logits"], dtype=np.float64)
     mine = logits[r["rows_from"]:]
     assert mine.shape == recorded.shape
-    np.testing.assert_allclose(mine, recorded, atol=LOGIT_TOL, rtol=0)
+    quantized = r["overrides"].get("qtype", 0) != 0
+    tol = PORTABLE_QUANT_TOL if quantized and kernel_path() == "portable" else LOGIT_TOL
+    np.testing.assert_allclose(mine, recorded, atol=tol, rtol=0)
     assert (mine.argmax(1) == recorded.argmax(1)).all()
     # F32 records: the float64 reference too. Quantized ones only where the record measured
     # its own tolerance: llama.cpp and localllm round activations to 8 bits and the reference
     # does not (tests/test_moe.py bounds that gap for MoE)
-    ref_tol = REFERENCE_TOL if r["overrides"].get("qtype", 0) == 0 else r.get("reference_tol")
+    ref_tol = r.get("reference_tol") if quantized else REFERENCE_TOL
     if ref_tol is not None:
         ref = reference_logits(path, ids, n_ctx=len(ids) + n_predict + 8)[r["rows_from"]:]
         np.testing.assert_allclose(ref, recorded, atol=ref_tol, rtol=0)

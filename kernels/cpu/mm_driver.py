@@ -64,6 +64,7 @@ from localllm.kernels.cpu.mm_kquants import (
     _dot4_k45,
     _dot4_q6k,
 )
+from localllm.kernels.cpu.mm_lowbit import LOWBIT_KERNELS
 from localllm.kernels.cpu.mm_r16 import (
     _rows_r16,
 )
@@ -341,6 +342,7 @@ _KERNEL_PY = {  # 256-bit kernels (every type)
     IQ2_XXS: _k_iq2_xxs, IQ2_XS: _k_iq2_xs, IQ2_S: _k_iq2_s, IQ3_XXS: _k_iq3_xxs,
     IQ3_S: _k_iq3_s,
 }
+_KERNEL_PY.update(LOWBIT_KERNELS)  # MXFP4, TQ1_0, TQ2_0, IQ1_S, IQ1_M (mm_lowbit)
 _KERNELS: dict[tuple[int, object], object] = {}  # (qtype, wide or "r16") -> numba.cfunc
 
 
