@@ -45,13 +45,16 @@ from localllm.server.common import (
 from localllm.text.chat_caps import model_capabilities, ollama_capabilities
 
 NDJSON = "application/x-ndjson"
-FAR_FUTURE = "2318-01-01T00:00:00Z"  # expires_at of a model that never unloads
 
 
 def _metrics(ev: Event, t0: float) -> dict[str, Any]:
     st = ev.stats
     return {"total_duration": ns(time.perf_counter() - t0), "load_duration": 0,
-            "prompt_eval_count": st.prompt_eval_tokens, "prompt_eval_duration": ns(st.prompt_eval_s),
+            # the whole prompt, as Ollama counts it; the part the prefix cache held is in
+            # prompt_cache_count (ours: Ollama has no such field)
+            "prompt_eval_count": st.prompt_tokens,
+            "prompt_cache_count": st.prompt_tokens - st.prompt_eval_tokens,
+            "prompt_eval_duration": ns(st.prompt_eval_s),
             "eval_count": st.eval_tokens, "eval_duration": ns(st.eval_s)}
 
 
@@ -220,23 +223,6 @@ def _line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
 
 
-async def _entry(state: ServerState) -> dict[str, Any]:
-    digest = await asyncio.to_thread(lambda: state.digest)  # hashes the file once: GBs
-    return {"name": state.name, "model": state.name, "modified_at": state.modified_at(),
-            "size": state.path.stat().st_size, "digest": digest, "details": state.details()}
-
-
-async def tags(request: HttpRequest, state: ServerState) -> Response:
-    return JSONResponse({"models": [await _entry(state)]})
-
-
-async def ps(request: HttpRequest, state: ServerState) -> Response:
-    e = await _entry(state)
-    e.pop("modified_at")
-    e.update(expires_at=FAR_FUTURE, size_vram=0, context_length=state.engine.n_ctx)
-    return JSONResponse({"models": [e]})
-
-
 async def show(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
     state.resolve(body.get("model", body.get("name")))
@@ -260,6 +246,7 @@ async def show(request: HttpRequest, state: ServerState) -> Response:
         "model_info": info, "capabilities": ollama_capabilities(
             model_capabilities(md, state.engine.template.caps)),
         "modified_at": state.modified_at(),
+        "context_length": state.engine.n_ctx,  # served per slot (-c), as /api/ps says
     })
 
 
@@ -285,15 +272,6 @@ async def version(request: HttpRequest, state: ServerState) -> Response:
 
 async def root(request: HttpRequest, state: ServerState) -> Response:
     return PlainTextResponse("Ollama is running")
-
-
-async def pull(request: HttpRequest, state: ServerState) -> Response:
-    """Nothing is downloaded: the served model is already here; any other name is a 404."""
-    body = await read_json(request, state.body_limit)
-    state.resolve(body.get("model", body.get("name")))
-    if get(body, "stream", bool, True):
-        return Response(_line({"status": "success"}), media_type=NDJSON)
-    return JSONResponse({"status": "success"})
 
 
 async def not_supported(request: HttpRequest, state: ServerState) -> Response:

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from localllm.errors import LocalLLMError
-from localllm.store.names import BadModelName, ModelName, check_part, parse_name
+from localllm.store.names import BadModelName, ModelName, check_part, looks_like_name, parse_name
 
 # A pull reports (bytes done, bytes total or None, what) as it goes.
 ProgressFn = Callable[[int, "int | None", str], None]
@@ -311,6 +311,21 @@ def import_file(src: Path, name_text: str, copy: bool = True) -> ModelEntry:
     with name_lock(name):
         blob = add_blob(src, sha, move=not copy)
         return write_manifest(name, name.tag or "latest", blob, sha, f"file:{src.name}")
+
+
+def copy_model(src_text: str, src_path: Path, dst_text: str) -> ModelEntry:
+    """`dst_text` as a second name of the model `src_text` (at `src_path`): in our store a
+    new manifest for the same blob; for another tool's model (or a file), its file copied in
+    (their stores are never written, nor pointed into)."""
+    dst = parse_name(dst_text)
+    if dst.is_hf:
+        raise BadModelName("hf.co/... names are for `pull`; copy to a plain NAME[:TAG]")
+    src_entry = find_in_store(parse_name(src_text)) if looks_like_name(src_text) else None
+    if src_entry is None or src_entry.path != src_path or src_entry.sha256 is None:
+        return import_file(src_path, dst_text, copy=True)
+    with name_lock(dst):
+        return write_manifest(dst, dst.tag or "latest", src_entry.path, src_entry.sha256,
+                              src_entry.source or f"copy:{src_entry.ref}")
 
 
 def remove(name_text: str) -> list[ModelEntry]:
