@@ -228,11 +228,14 @@ def build_app(state: ServerState | ModelManager) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        reaper = asyncio.create_task(manager.run_reaper())  # keep_alive expiry
+        tasks = [asyncio.create_task(manager.run_reaper())]  # keep_alive expiry
+        if manager.startup is not None:  # served meanwhile: /health says 503 until it is in
+            tasks.append(asyncio.create_task(manager.preload(*manager.startup)))
         try:
             yield
         finally:
-            reaper.cancel()
+            for t in tasks:
+                t.cancel()
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error},
                     lifespan=lifespan)
@@ -385,21 +388,10 @@ def cmd_serve(ns: argparse.Namespace) -> int:
           f"shows by name; up to {ns.max_loaded} loaded, keep_alive {ns.keep_alive})",
           file=sys.stderr)
 
-    async def main() -> None:
-        if first is not None:
-            # the server answers meanwhile: /health says 503 until the model is in
-            async def preload() -> None:
-                await manager.preload(*first)
-                if manager.preload_error is not None:
-                    server.should_exit = True  # the command line's model cannot be served
-
-            task = asyncio.ensure_future(preload())
-        # uvicorn handles SIGINT/SIGTERM: it stops accepting and lets open responses finish
-        await server.serve()
-        if first is not None:
-            task.cancel()
-
-    asyncio.run(main())
+    manager.startup = first
+    manager.on_preload_failed = lambda: setattr(server, "should_exit", True)
+    # uvicorn handles SIGINT/SIGTERM: it stops accepting and lets open responses finish
+    server.run()
     manager.close()
     if manager.preload_error is not None:
         e = manager.preload_error

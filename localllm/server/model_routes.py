@@ -272,7 +272,7 @@ async def delete(request: HttpRequest, m: ModelManager) -> Response:
     if served is not None:
         if served.refs > 0:
             raise ApiError(409, f"'{name}' is answering a request; try again when it is done")
-        await m.unload(served.name)
+        await m.unload(served.name, "deleted")
     try:
         await asyncio.to_thread(remove, name)
     except LocalLLMError as e:

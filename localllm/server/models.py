@@ -21,6 +21,7 @@ Everything here runs on the event loop except loading and closing, which run in 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import re
 import time
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from localllm.engine import Engine
     from localllm.generation.scheduler import Scheduler
 
+log = logging.getLogger("localllm.server")
 DEFAULT_KEEP_ALIVE = 300.0  # seconds: Ollama's 5m
 # Ollama keeps 3 models per GPU (and 3 on a CPU-only machine). On a CPU they share the same
 # cores and memory bandwidth: a second model answers while the first stays mapped, but each
@@ -123,6 +125,8 @@ class ModelManager:
         self.named: dict[str, Path] = {}  # names given on the command line (not from the store)
         self.default: str | None = None  # the preloaded model: a request without a name
         self.preload_error: BaseException | None = None
+        self.startup: tuple[str, Path] | None = None  # the command line's model: loaded at start
+        self.on_preload_failed: Callable[[], None] | None = None  # serve: stop the server
         self._lock = asyncio.Lock()  # room-making and registering are one step at a time
 
     # --- names -------------------------------------------------------------------------------
@@ -239,6 +243,7 @@ class ModelManager:
         assert self.loader is not None
         try:
             await self._make_room(path.stat().st_size)
+            t0 = time.perf_counter()
             engine, sched = await asyncio.to_thread(self.loader, path)
             state = ServerState(engine, sched, name, api_key=self.api_key,
                                 body_limit=self.body_limit)
@@ -246,6 +251,8 @@ class ModelManager:
             lo.expires_at = None if self.keep_alive is None else time.time() + self.keep_alive
             self.loaded[name] = lo
             fut.set_result(lo)
+            log.info("loaded %s (%s) in %.1f s: %.0f MiB with its KV pool, context %d",
+                     name, path, time.perf_counter() - t0, lo.size / 2**20, engine.n_ctx)
             await self._make_room(0)  # its KV pool is known now: still within --max-memory?
         except BaseException as e:  # noqa: BLE001 - the waiting requests get the error
             if not fut.done():
@@ -271,7 +278,7 @@ class ModelManager:
             if need and len(self.loaded) == 0:
                 return  # nothing to unload: a model larger than --max-memory loads alone
             if idle:
-                await self.unload(idle[0].name)
+                await self.unload(idle[0].name, "to make room (--max-loaded/--max-memory)")
                 continue
             if not need:
                 return  # the rest are serving: they leave when their keep_alive ends
@@ -281,13 +288,14 @@ class ModelManager:
                                {"Retry-After": "5"})
             await asyncio.sleep(0.1)
 
-    async def unload(self, name: str) -> bool:
+    async def unload(self, name: str, why: str = "keep_alive 0") -> bool:
         """Unload `name` now if it is loaded and idle; False otherwise."""
         lo = self.loaded.get(name)
         if lo is None or lo.refs > 0 or self.loader is None:
             return False
         del self.loaded[name]
         await asyncio.to_thread(lo.state.scheduler.close, False, 30)
+        log.info("unloaded %s (%s)", name, why)
         return True
 
     async def reap(self) -> None:
@@ -295,7 +303,7 @@ class ModelManager:
         now = time.time()
         for name, lo in list(self.loaded.items()):
             if lo.refs == 0 and lo.expires_at is not None and lo.expires_at <= now:
-                await self.unload(name)
+                await self.unload(name, "keep_alive ended")
 
     async def run_reaper(self) -> None:
         while True:
@@ -311,6 +319,8 @@ class ModelManager:
             lo.keep_alive = lo.expires_at = None  # the preloaded model stays (as `ollama run`)
         except BaseException as e:  # noqa: BLE001 - reported by serve, which then exits
             self.preload_error = e
+            if self.on_preload_failed is not None:
+                self.on_preload_failed()
 
     @property
     def ready(self) -> bool:
