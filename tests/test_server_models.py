@@ -273,3 +273,37 @@ def test_health_is_503_while_the_startup_model_loads(store) -> None:
         assert r["model"] == "tiny-a:latest"
         assert _ps(url)["tiny-a:latest"]["expires_at"].startswith("2318")
     m.close()
+
+
+def test_create_with_system_template_and_parameters(served, store) -> None:
+    url, m, _ = served
+    oc = ollama.Client(host=url)
+    tmpl = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+    r = oc.create(model="tiny-sys", from_="tiny-a", system="You are terse.", template=tmpl,
+                  parameters={"num_predict": 2, "temperature": 0}, stream=False)
+    assert r.status == "success"
+    assert "tiny-sys:latest" in {e.model for e in oc.list().models}
+    shown = httpx.post(url + "/api/show", json={"model": "tiny-sys"}).json()
+    assert shown["system"] == "You are terse." and shown["template"] == tmpl
+    assert "num_predict 2" in shown["parameters"]
+    # the defaults apply: num_predict 2 from the parameters, the system prompt and template
+    # in the prompt the model saw (the context holds its tokens)
+    g = oc.generate(model="tiny-sys", prompt="hello")
+    assert g.eval_count <= 2
+    eng = m.loaded["tiny-sys:latest"].state.engine
+    seen = eng.tokenizer.decode(g.context)
+    assert "<system>You are terse." in seen and "<user>hello" in seen
+    # a request's own options win over the created parameters
+    assert oc.generate(model="tiny-sys", prompt="hello",
+                       options={"num_predict": 4}).eval_count <= 4
+    for body, needle in (({"from": "tiny-a", "quantize": "q4_K_M"}, "quantiz"),
+                         ({"from": "tiny-a", "files": {"a.gguf": "sha256:00"}}, "files"),
+                         ({"from": "tiny-a", "template": "{{ .Prompt }}"}, "Jinja"),
+                         ({"from": "tiny-a", "parameters": {"temperature": "hot"}}, "temperature"),
+                         ({}, "'from' is required")):
+        r = httpx.post(url + "/api/create", json={"model": "tiny-bad", **body})
+        assert r.status_code == 400 and needle in r.json()["error"], (body, r.text)
+    r = httpx.post(url + "/api/create", json={"model": "tiny-bad", "from": "nope-nope"})
+    assert r.status_code == 404
+    assert oc.delete("tiny-sys").status == "success"

@@ -32,7 +32,12 @@ from starlette.routing import Route
 from localllm.errors import InvalidValueError, LocalLLMError, PromptTooLongError
 from localllm.server import access, embeddings, model_routes, ollama, openai_api
 from localllm.server.common import ApiError, ClientGone, ServerState, read_json, rfc3339
-from localllm.server.models import DEFAULT_MAX_LOADED, ModelManager, parse_keep_alive
+from localllm.server.models import (
+    DEFAULT_MAX_LOADED,
+    ModelManager,
+    apply_config,
+    parse_keep_alive,
+)
 
 Handler = Callable[[HttpRequest, Any], Awaitable[Response]]  # state: ServerState or ModelManager
 
@@ -119,6 +124,7 @@ def _wrap(fn: Handler, manager: ModelManager, path: str,
             if "keep_alive" not in body and lo.name == manager.default:
                 keep_alive = None  # the command line's model stays unless a request says
             rec.model = lo.name
+            apply_config(path, body, lo.state.config)
             response = await fn(request, lo.state)
         except Exception as e:  # noqa: BLE001 - every error is answered, by kind
             if lo is not None:
@@ -204,7 +210,7 @@ def build_app(state: ServerState | ModelManager) -> Starlette:
         ("/api/pull", mr.pull, ["POST"]),
         ("/api/embed", embeddings.api_embed, ["POST"]),
         ("/api/embeddings", embeddings.api_embeddings, ["POST"]),
-        ("/api/create", o.not_supported, ["POST"]),
+        ("/api/create", mr.create, ["POST"]),
         ("/api/copy", mr.copy, ["POST"]),
         ("/api/delete", mr.delete, ["DELETE"]),
         ("/api/push", o.not_supported, ["POST"]),

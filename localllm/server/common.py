@@ -60,6 +60,8 @@ class ServerState:
     api_key: str | None = None
     body_limit: int = DEFAULT_BODY_LIMIT
     loaded_at: float = field(default_factory=time.time)
+    # a created model's system, template and parameters (/api/create): request defaults
+    config: dict[str, Any] = field(default_factory=dict)
     _digest: str | None = None
 
     @property

@@ -280,5 +280,87 @@ async def delete(request: HttpRequest, m: ModelManager) -> Response:
     return Response(status_code=200)
 
 
+# /api/create fields that need what we do not have: uploaded blobs, LoRA adapters, a
+# quantizer, preset messages
+_CREATE_UNSUPPORTED = {
+    "files": "creating from uploaded files is not supported: give `from` a model or .gguf here",
+    "adapters": "adapters (LoRA) are not supported",
+    "quantize": "quantizing is not supported: pull or import the quantization you want",
+    "messages": "preset messages are not supported",
+}
+
+
+def create_config(body: dict[str, Any]) -> dict[str, Any]:
+    """A created model's system/template/parameters/license, each checked: the template must
+    be Jinja (a chat template as GGUF files carry; Ollama's Go templates are not read), the
+    parameters must be valid Ollama options."""
+    from localllm.server.common import ollama_defaults, parse_options
+
+    cfg: dict[str, Any] = {}
+    for key in ("system", "template"):
+        v = get(body, key, str)
+        if v:
+            cfg[key] = v
+    lic = body.get("license")
+    if lic:
+        if isinstance(lic, list) and all(isinstance(x, str) for x in lic):
+            lic = "\n".join(lic)
+        if not isinstance(lic, str):
+            raise ApiError(400, "'license' must be a string or an array of strings")
+        cfg["license"] = lic
+    if "template" in cfg:
+        import jinja2
+
+        try:
+            jinja2.Environment().parse(cfg["template"])
+        except jinja2.TemplateSyntaxError as e:
+            raise ApiError(400, f"'template' must be a Jinja chat template (Go templates are "
+                                f"not supported): {e}") from None
+    params = body.get("parameters")
+    if params:
+        if not isinstance(params, dict):
+            raise ApiError(400, "'parameters' must be an object")
+        parse_options(params, ollama_defaults(), 4096)  # 400 for a bad value
+        cfg["parameters"] = params
+    return cfg
+
+
+async def create(request: HttpRequest, m: ModelManager) -> Response:
+    """Ollama's create from a model already here (`from`: a name, or a path with
+    --allow-paths) with a system prompt, a Jinja template and parameters: a new name in our
+    store for the same file (another tool's file is copied in), served with those defaults.
+    Progress as `{"status": ...}` lines ending in success."""
+    from localllm.errors import LocalLLMError
+    from localllm.store.local import copy_model
+
+    body = await read_json(request, m.body_limit)
+    name = _name(body, "model", "name")
+    stream = get(body, "stream", bool, True)
+    for key, why in _CREATE_UNSUPPORTED.items():
+        if body.get(key):
+            raise ApiError(400, why)
+    if not body.get("from"):
+        raise ApiError(400, "'from' is required: the model (or, with --allow-paths, the .gguf) "
+                            "to create from")
+    src = _name(body, "from")
+    cfg = create_config(body)
+    _, path = m.lookup(src)  # 404 for a name that reaches nothing
+    if path is None:
+        raise ApiError(400, f"'{src}' has no file to create from")
+    served = m.loaded_for(name)
+    if served is not None:
+        await m.unload(served.name, "re-created")  # its next request loads the new settings
+    try:
+        e = await asyncio.to_thread(copy_model, src, path, name, cfg)
+    except LocalLLMError as err:
+        raise _store_error(err) from None
+    m.configs.pop(e.ref, None)
+    if not stream:
+        return JSONResponse({"status": "success"})
+    lines = [{"status": "using existing layer sha256:" + (e.sha256 or "")},
+             {"status": "writing manifest"}, {"status": "success"}]
+    return Response(b"".join(_line(x) for x in lines), media_type=NDJSON)
+
+
 def _line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode()

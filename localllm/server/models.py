@@ -123,6 +123,7 @@ class ModelManager:
         self.loaded: dict[str, Loaded] = {}
         self.loading: dict[str, asyncio.Future[Loaded]] = {}
         self.named: dict[str, Path] = {}  # names given on the command line (not from the store)
+        self.configs: dict[str, dict[str, Any]] = {}  # a created model's system/template/...
         self.default: str | None = None  # the preloaded model: a request without a name
         self.preload_error: BaseException | None = None
         self.startup: tuple[str, Path] | None = None  # the command line's model: loaded at start
@@ -164,6 +165,7 @@ class ModelManager:
             raise ApiError(400, str(e)) from None
         if entry is None:
             raise ApiError(404, f"model '{model}' not found, try pulling it first")
+        self.configs[entry.ref] = entry.config or {}
         return entry.ref, entry.path
 
     def _path(self, model: str) -> tuple[str, Path]:
@@ -246,7 +248,7 @@ class ModelManager:
             t0 = time.perf_counter()
             engine, sched = await asyncio.to_thread(self.loader, path)
             state = ServerState(engine, sched, name, api_key=self.api_key,
-                                body_limit=self.body_limit)
+                                body_limit=self.body_limit, config=self.configs.get(name, {}))
             lo = Loaded(state, model_size(state), keep_alive=self.keep_alive)
             lo.expires_at = None if self.keep_alive is None else time.time() + self.keep_alive
             self.loaded[name] = lo
@@ -346,3 +348,27 @@ def _as_api_error(e: BaseException, name: str) -> BaseException:
     if isinstance(e, (ApiError, LocalLLMError)):
         return e
     return ApiError(500, f"failed to load '{name}': {type(e).__name__}: {e}")
+
+
+def apply_config(path: str, body: dict[str, Any], config: dict[str, Any]) -> None:
+    """A created model's defaults onto a request body, where the request does not set them:
+    `parameters` under the request's Ollama `options`, its `system` as the system prompt
+    (generate's `system`, or a first system message in chat), its Jinja `template` for
+    generate's prompt. Raw prompts get neither system nor template, as in Ollama."""
+    if not config:
+        return
+    params, system, template = config.get("parameters"), config.get("system"), \
+        config.get("template")
+    if path in ("/api/generate", "/api/chat") and params:
+        opts = body.get("options")
+        body["options"] = {**params, **(opts if isinstance(opts, dict) else {})}
+    if path == "/api/generate" and not body.get("raw"):
+        if system and body.get("system") is None:
+            body["system"] = system
+        if template and body.get("template") is None:
+            body["template"] = template
+    elif path in ("/api/chat", "/v1/chat/completions") and system:
+        msgs = body.get("messages")
+        if isinstance(msgs, list) and msgs and not any(
+                isinstance(m, dict) and m.get("role") == "system" for m in msgs):
+            body["messages"] = [{"role": "system", "content": system}, *msgs]

@@ -159,7 +159,8 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
                              "message": {"role": "assistant", "content": ""},
                              "done": True, "done_reason": "load"})
     tools = check_tools(body.get("tools"))
-    ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages, None, tools,
+    ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages,
+                                               state.config.get("template"), tools,
                                                think)
     split = ThinkStream(think, prompt_text)  # thinking first, then tool calls in the content
     constraint = await format_constraint(state, body.get("format"))
@@ -239,9 +240,15 @@ async def show(request: HttpRequest, state: ServerState) -> Response:
     tmpl = md.get("tokenizer.chat_template")
     if isinstance(tmpl, (bytes, bytearray)):
         tmpl = bytes(tmpl).decode("utf-8", "replace")
+    cfg = state.config  # what /api/create set for this name
+    params = "\n".join(f"{k} {json.dumps(x) if isinstance(x, str) else x}"
+                       for k, v in (cfg.get("parameters") or {}).items()
+                       for x in (v if isinstance(v, list) else [v]))
     return JSONResponse({
-        "modelfile": f"FROM {state.path.name}\n", "parameters": "", "template": tmpl or "",
-        "system": "", "license": str(md.get("general.license", "")), "details": state.details(),
+        "modelfile": f"FROM {state.path.name}\n", "parameters": params,
+        "template": cfg.get("template") or tmpl or "", "system": cfg.get("system") or "",
+        "license": cfg.get("license") or str(md.get("general.license", "")),
+        "details": state.details(),
         # what `localllm show` lists, from the template this server renders with
         "model_info": info, "capabilities": ollama_capabilities(
             model_capabilities(md, state.engine.template.caps)),
