@@ -93,6 +93,8 @@ def test_every_store_model_is_listed_and_served_by_name(served) -> None:
 
     r = oc.generate(model="tiny-a", prompt="hello", options=OPTS)
     assert r.done and r.model == "tiny-a:latest"
+    assert 0 < r.load_duration < r.total_duration  # this request loaded the model
+    assert oc.generate(model="tiny-a", prompt="hello", options=OPTS).load_duration == 0
     ps = _ps(url)
     assert list(ps) == ["tiny-a:latest"]
     e = ps["tiny-a:latest"]
@@ -307,3 +309,22 @@ def test_create_with_system_template_and_parameters(served, store) -> None:
     r = httpx.post(url + "/api/create", json={"model": "tiny-bad", "from": "nope-nope"})
     assert r.status_code == 404
     assert oc.delete("tiny-sys").status == "success"
+
+
+def test_max_memory_unloads_the_least_recently_used(store) -> None:
+    """Room by bytes: with memory for about two models, a third load unloads the one used
+    longest ago (not the one used last), though --max-loaded would allow three."""
+    loader = CountingLoader()
+    m = ModelManager(loader, max_loaded=3)
+    for url in serve_state(m):
+        oc = ollama.Client(host=url)
+        oc.generate(model="tiny-a", prompt="x", options=OPTS)
+        one = _ps(url)["tiny-a:latest"]["size"]
+        m.max_memory = int(2.5 * one)
+        oc.generate(model="tiny-b:q8", prompt="x", options=OPTS)
+        oc.generate(model="tiny-a", prompt="y", options=OPTS)  # tiny-b is now the older
+        assert oc.copy("tiny-a", "tiny-d").status == "success"
+        oc.generate(model="tiny-d", prompt="x", options=OPTS)
+        assert set(_ps(url)) == {"tiny-a:latest", "tiny-d:latest"}
+        oc.delete("tiny-d")
+    m.close()

@@ -35,6 +35,7 @@ class Record:
     prompt: int | None = None  # the whole prompt's tokens
     cached: int | None = None  # of which came from the prefix cache
     output: int | None = None
+    load_s: float = 0.0  # time this request waited for its model to load
 
 
 _current: ContextVar[Record | None] = ContextVar("localllm_access", default=None)
@@ -59,6 +60,12 @@ def note_tokens(prompt: int, cached: int, output: int) -> None:
     rec = _current.get()
     if rec is not None:
         rec.prompt, rec.cached, rec.output = prompt, cached, output
+
+
+def load_seconds() -> float:
+    """How long the current request waited for its model to load (Ollama's load_duration)."""
+    rec = _current.get()
+    return rec.load_s if rec is not None else 0.0
 
 
 def line(rec: Record, status: int) -> str:

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -120,7 +121,11 @@ def _wrap(fn: Handler, manager: ModelManager, path: str,
             if (key := _PROBE.get(path)) and keep_alive == 0 and not body.get(key) \
                     and not body.get("context"):
                 return access.finish(rec, await _unload_now(manager, model, path))
+            t_load = time.perf_counter()
+            was_loaded = manager.loaded_for(model) is not None
             lo = await manager.acquire(model)
+            if not was_loaded:
+                rec.load_s = time.perf_counter() - t_load
             if "keep_alive" not in body and lo.name == manager.default:
                 keep_alive = None  # the command line's model stays unless a request says
             rec.model = lo.name

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 
 from localllm.generation.generate import Event
 from localllm.generation.scheduler import Request
+from localllm.server import access
 from localllm.server.common import (
     OLLAMA_VERSION,
     ApiError,
@@ -49,7 +50,8 @@ NDJSON = "application/x-ndjson"
 
 def _metrics(ev: Event, t0: float) -> dict[str, Any]:
     st = ev.stats
-    return {"total_duration": ns(time.perf_counter() - t0), "load_duration": 0,
+    load = access.load_seconds()  # this request waited for its model's load
+    return {"total_duration": ns(time.perf_counter() - t0 + load), "load_duration": ns(load),
             # the whole prompt, as Ollama counts it; the part the prefix cache held is in
             # prompt_cache_count (ours: Ollama has no such field)
             "prompt_eval_count": st.prompt_tokens,
