@@ -342,5 +342,7 @@ def test_serve_cli_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     assert main(["serve", "--port", "0"]) == 1
     assert main(["serve", str(tmp_path / "missing.gguf"), "--port", "1"]) == 1
     assert main(["serve", "--parallel", "0", "--port", "1"]) == 1
+    assert main(["serve", "--max-loaded", "0", "--port", "1"]) == 1
+    assert main(["serve", "--keep-alive", "5 min", "--port", "1"]) == 1
     err = capsys.readouterr().err
-    assert err.count("error: ") == 3 and "Traceback" not in err
+    assert err.count("error: ") == 5 and "Traceback" not in err and "--keep-alive" in err

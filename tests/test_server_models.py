@@ -328,3 +328,22 @@ def test_max_memory_unloads_the_least_recently_used(store) -> None:
         assert set(_ps(url)) == {"tiny-a:latest", "tiny-d:latest"}
         oc.delete("tiny-d")
     m.close()
+
+
+def test_startup_model_is_named_as_the_store_names_it(store) -> None:
+    """`localllm serve MODEL`: a store name, or the path of a store's blob, is served by the
+    store's name (never `sha256-...`); --name overrides; a file elsewhere by its file name."""
+    from localllm.cli import build_parser
+    from localllm.server.app import make_manager, startup_model
+    from localllm.store.resolve import resolve_name
+
+    parse = build_parser("serve").parse_args
+    blob = resolve_name("tiny-b:q8")
+    assert blob.name.startswith("sha256-")
+    assert startup_model(parse(["serve", "tiny-b:q8"])) == ("tiny-b:q8", blob)
+    assert startup_model(parse(["serve", str(blob)]))[0] == "tiny-b:q8"
+    assert startup_model(parse(["serve", "tiny-a", "--name", "mine"]))[0] == "mine:latest"
+    assert startup_model(parse(["serve", str(store["tiny-a"])]))[0] == "tiny-a:latest"
+    m = make_manager(parse(["serve", "--max-loaded", "2", "--keep-alive", "-1", "--max-memory",
+                            "1GiB", "--allow-paths"]))
+    assert (m.max_loaded, m.keep_alive, m.max_memory, m.allow_paths) == (2, None, 1 << 30, True)

@@ -356,7 +356,10 @@ def make_state(ns: argparse.Namespace) -> ServerState:
 
 def make_manager(ns: argparse.Namespace) -> ModelManager:
     _check(ns)
-    keep = parse_keep_alive(ns.keep_alive) if ns.keep_alive is not None else None
+    try:
+        keep = parse_keep_alive(ns.keep_alive)
+    except ApiError as e:
+        raise InvalidValueError(f"--keep-alive: {e.message}") from None
     max_memory = ns.max_memory
     if max_memory is None:
         import os

@@ -66,9 +66,10 @@ def served_models(m: ModelManager) -> list[tuple[str, Path, int | None]]:
 
         for e in list_models():
             out.setdefault(e.ref, (e.ref, e.path, e.size))
-    for name, path in m.named.items():
+    # copies: this runs in a thread while the event loop may load or unload
+    for name, path in list(m.named.items()):
         out.setdefault(name, (name, path, None))
-    for name, lo in m.loaded.items():
+    for name, lo in list(m.loaded.items()):
         if lo.state.engine is not None:
             out.setdefault(name, (name, lo.state.path, None))
     return list(out.values())
@@ -83,7 +84,7 @@ def listing(m: ModelManager) -> list[dict[str, Any]]:
             e = _entry(name, path, size)
         except OSError:
             continue  # removed meanwhile
-        if not e["digest"] and (lo := m.loaded.get(name)) is not None:
+        if not e["digest"] and (lo := m.loaded.get(name)) is not None:  # hashed once
             e["digest"] = lo.state.digest
         out.append(e)
     return out

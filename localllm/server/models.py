@@ -190,13 +190,11 @@ class ModelManager:
         request counted on it until `release`. No name: the preloaded model (the handler
         then says whether a name was required)."""
         if model is None or model == "":
-            name = self.default or next(iter(self.loaded), None)
-            if name is None:
+            # the handler answers "model is required" (or serves the only model it has, in a
+            # route that allows that): nothing is loaded for it
+            lo = self.loaded.get(self.default or "") or next(iter(self.loaded.values()), None)
+            if lo is None:
                 raise ApiError(400, "model is required")
-            if name in self.loading:
-                lo = await self._wait(name)
-            else:
-                lo = self.loaded[name]
             lo.refs += 1
             lo.expires_at = None
             return lo
@@ -244,14 +242,17 @@ class ModelManager:
     async def _load(self, name: str, path: Path, fut: asyncio.Future[Loaded]) -> None:
         assert self.loader is not None
         try:
-            await self._make_room(path.stat().st_size)
-            t0 = time.perf_counter()
-            engine, sched = await asyncio.to_thread(self.loader, path)
-            state = ServerState(engine, sched, name, api_key=self.api_key,
-                                body_limit=self.body_limit, config=self.configs.get(name, {}))
-            lo = Loaded(state, model_size(state), keep_alive=self.keep_alive)
-            lo.expires_at = None if self.keep_alive is None else time.time() + self.keep_alive
-            self.loaded[name] = lo
+            # one load at a time (as Ollama's scheduler): room is made for this model alone,
+            # and two loads cannot both count on the same free room
+            async with self._lock:
+                await self._make_room(path.stat().st_size)
+                t0 = time.perf_counter()
+                engine, sched = await asyncio.to_thread(self.loader, path)
+                state = ServerState(engine, sched, name, api_key=self.api_key,
+                                    body_limit=self.body_limit, config=self.configs.get(name, {}))
+                lo = Loaded(state, model_size(state), keep_alive=self.keep_alive)
+                lo.expires_at = None if self.keep_alive is None else time.time() + self.keep_alive
+                self.loaded[name] = lo
             fut.set_result(lo)
             log.info("loaded %s (%s) in %.1f s: %.0f MiB with its KV pool, context %d",
                      name, path, time.perf_counter() - t0, lo.size / 2**20, engine.n_ctx)
