@@ -141,6 +141,24 @@ def test_concurrent_requests_share_one_load(served) -> None:
     assert loader.loads[m.lookup("tiny-a")[1].name] == before + 1
 
 
+def test_a_load_past_the_load_timeout_is_a_503(served) -> None:
+    url, m, loader = served
+    httpx.post(url + "/api/generate", json={"model": "tiny-b:q8", "keep_alive": 0})
+    loader.gate.clear()
+    m.load_timeout = 0.3
+    try:
+        r = httpx.post(url + "/api/generate", json={"model": "tiny-b:q8", "prompt": "x"})
+        assert r.status_code == 503 and "timed out" in r.json()["error"]
+        assert r.headers["retry-after"]
+    finally:
+        m.load_timeout = 300.0
+        loader.gate.set()
+    # the load went on: the next request finds it loaded (or waits for its end)
+    r = httpx.post(url + "/api/generate", timeout=120, json={
+        "model": "tiny-b:q8", "prompt": "x", "stream": False, "options": OPTS})
+    assert r.status_code == 200 and r.json()["load_duration"] >= 0
+
+
 def test_keep_alive(served) -> None:
     url, m, _ = served
     oc = ollama.Client(host=url)
