@@ -80,9 +80,12 @@ async def _response_format(body: dict[str, Any], state: ServerState) -> Any:
     return await format_constraint(state, rf, "response_format")
 
 
-def _usage(ev: Event) -> dict[str, int]:
+def _usage(ev: Event) -> dict[str, Any]:
     p, c = ev.stats.prompt_tokens, ev.stats.eval_tokens
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    # the prefix cache's part of the prompt, where OpenAI and llama-server put it
+    cached = p - ev.stats.prompt_eval_tokens
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _include_usage(body: dict[str, Any]) -> bool:
