@@ -217,6 +217,8 @@ async def pull(request: HttpRequest, m: ModelManager) -> Response:
             yield _line({"status": "success"})
         except ApiError as e:
             yield _line({"error": e.message})
+        except Exception as e:  # noqa: BLE001 - mid-stream: the last line says what failed
+            yield _line({"error": f"pull failed: {type(e).__name__}: {e}"})
 
     return StreamingResponse(chunks(), media_type=NDJSON)
 
