@@ -6,10 +6,12 @@ with --allow-paths, and the access log. Tiny random-weight models in a temporary
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -164,9 +166,12 @@ def test_keep_alive(served) -> None:
     oc = ollama.Client(host=url)
     r = oc.generate(model="tiny-a", prompt="hi", options=OPTS, keep_alive=-1)
     assert _ps(url)["tiny-a:latest"]["expires_at"].startswith("2318")
+    engine = weakref.ref(m.loaded["tiny-a:latest"].state.engine)
     # an empty prompt with keep_alive 0 unloads now, without loading anything
     r = oc.generate(model="tiny-a", keep_alive=0)
     assert r.done_reason == "unload" and "tiny-a:latest" not in _ps(url)
+    gc.collect()
+    assert engine() is None  # nothing holds the unloaded model: its memory is freed
     r = oc.chat(model="tiny-b:q8", messages=[], keep_alive=0)
     assert r.done_reason == "unload" and _ps(url) == {}
     # a short keep_alive: unloaded by the reaper once it has run out
