@@ -394,8 +394,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
               + ("" if ns.api_key else " (no --api-key set)"), file=sys.stderr)
     setup_logging(level)
     app = build_app(manager)
-    server = uvicorn.Server(uvicorn.Config(app, host=ns.host, port=ns.port,
-                                           log_level="info" if level == "debug" else "warning",
+    # uvicorn's own access log stays off: ours says more (model, tokens)
+    server = uvicorn.Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level="warning",
                                            timeout_graceful_shutdown=30))
     what = f"{first[0]} loading, " if first else ""
     print(f"localllm serve: http://{ns.host}:{ns.port} ({what}every model `localllm list` "
