@@ -3,8 +3,8 @@
 Handlers are plain async functions `(request, state) -> Response`: a route that names a model
 gets that model's `ServerState` (the wrapper loads it through the `ModelManager`, models.py,
 and counts the request on it until the response is sent), the others get the manager. The
-wrapper checks the optional API key, writes the access line (access.py) and hands any exception to `error_response_for`, the one place that
-turns errors into HTTP: `ApiError` keeps the status it names, a `localllm.errors.LocalLLMError`
+wrapper checks the optional API key, writes the access line (access.py) and hands any
+exception to `error_response_for`, the one place that turns errors into HTTP: `ApiError` keeps the status it names, a `localllm.errors.LocalLLMError`
 (the client's mistake) is a 4xx, anything else is a bug of ours: its traceback is logged
 (never sent) and the answer is a bare 500. Each in the route family's error shape (Ollama or
 OpenAI). Unknown paths and wrong methods are JSON 404/405 too. Binding beyond loopback needs
@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localllm.errors import InvalidValueError, LocalLLMError, PromptTooLongError
-from localllm.server import access, embeddings, model_routes, ollama, openai_api
+from localllm.server import embeddings, ollama, openai_api
 from localllm.server.common import ApiError, ClientGone, ServerState, read_json, rfc3339
 from localllm.server.models import (
     DEFAULT_MAX_LOADED,
@@ -89,17 +89,21 @@ def error_response_for(e: Exception, openai: bool) -> Response:
     return error_response(openai, 500, f"internal server error: {type(e).__name__}")
 
 
-# Routes whose request names a model: the wrapper loads it (or waits for its load) and hands
-# the handler that model's ServerState. The rest get the ModelManager.
-MODEL_ROUTES = {"/api/generate", "/api/chat", "/api/show", "/api/embed", "/api/embeddings",
-                "/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+# Routes about the models rather than with one: their handlers get the ModelManager. Every
+# other route's body names a model: the wrapper loads it (or waits for its load) and hands
+# the handler that model's ServerState.
+MANAGER_ROUTES = {"/", "/api/version", "/api/tags", "/api/ps", "/api/pull", "/api/copy",
+                  "/api/delete", "/api/create", "/api/push", "/v1/models",
+                  "/v1/models/{model:path}", "/metrics", "/health", "/slots"}
 # where a model-loading route's empty request only loads or unloads (Ollama's probe)
 _PROBE = {"/api/generate": "prompt", "/api/chat": "messages"}
 
 
 def _wrap(fn: Handler, manager: ModelManager, path: str,
           openai: bool) -> Callable[[HttpRequest], Awaitable[Response]]:
-    per_model = path in MODEL_ROUTES
+    from localllm.server import access
+
+    per_model = path not in MANAGER_ROUTES
 
     async def endpoint(request: HttpRequest) -> Response:
         rec = access.begin(request)
@@ -202,8 +206,10 @@ async def metrics(request: HttpRequest, manager: ModelManager) -> Response:
 
 def build_app(state: ServerState | ModelManager) -> Starlette:
     """The app serving a manager's models, or one fixed model (a `ServerState`: tests)."""
+    from localllm.server import model_routes as mr
+
     manager = state if isinstance(state, ModelManager) else ModelManager.single(state)
-    o, oa, mr = ollama, openai_api, model_routes
+    o, oa = ollama, openai_api
     table: list[tuple[str, Handler, list[str]]] = [
         ("/", o.root, ["GET", "HEAD"]),
         ("/api/version", o.version, ["GET"]),

@@ -130,8 +130,7 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
     if body.get("tool_choice") == "none":
         tools = []
     enable_thinking, extract = _think(body, state.engine.template.caps.thinking)
-    ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages,
-                                               state.config.get("template"), tools,
+    ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages, None, tools,
                                                enable_thinking)
     split = ThinkStream(extract, prompt_text)
     constraint = await _response_format(body, state)
