@@ -32,7 +32,7 @@ from starlette.routing import Route
 
 from localllm.errors import InvalidValueError, LocalLLMError, PromptTooLongError
 from localllm.server import embeddings, ollama, openai_api
-from localllm.server.common import ApiError, ClientGone, ServerState, read_json, rfc3339
+from localllm.server.common import ApiError, ClientGone, ServerState
 from localllm.server.models import (
     DEFAULT_MAX_LOADED,
     ModelManager,
@@ -102,6 +102,7 @@ _PROBE = {"/api/generate": "prompt", "/api/chat": "messages"}
 def _wrap(fn: Handler, manager: ModelManager, path: str,
           openai: bool) -> Callable[[HttpRequest], Awaitable[Response]]:
     from localllm.server import access
+    from localllm.server.common import read_json
 
     per_model = path not in MANAGER_ROUTES
 
@@ -150,6 +151,8 @@ def _wrap(fn: Handler, manager: ModelManager, path: str,
 async def _unload_now(manager: ModelManager, model: object, path: str) -> Response:
     """keep_alive 0 with nothing to answer: unload the model now (never load it for this),
     as Ollama does, with done_reason "unload"."""
+    from localllm.server.common import rfc3339
+
     if not isinstance(model, str) or not model:
         raise ApiError(400, "model is required")
     name, _ = manager.lookup(model)  # a name that reaches nothing is still a 404
