@@ -163,8 +163,6 @@ def test_openai_chat_completions_and_models(server, ai) -> None:
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-2].choices[0].finish_reason == want and chunks[-1].usage.completion_tokens == n
-    # the same prompt again: all but its last token came from the prefix cache
-    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == r.usage.prompt_tokens - 1
     comp = ai.completions.create(model=m, prompt="The sky is", max_tokens=5, temperature=0)
     assert comp.choices[0].text and comp.usage.completion_tokens == 5
     assert [x.id for x in ai.models.list().data] == [server[1].name]

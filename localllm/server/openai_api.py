@@ -80,12 +80,9 @@ async def _response_format(body: dict[str, Any], state: ServerState) -> Any:
     return await format_constraint(state, rf, "response_format")
 
 
-def _usage(ev: Event) -> dict[str, Any]:
+def _usage(ev: Event) -> dict[str, int]:
     p, c = ev.stats.prompt_tokens, ev.stats.eval_tokens
-    # the prefix cache's part of the prompt, where OpenAI and llama-server put it
-    cached = p - ev.stats.prompt_eval_tokens
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
 def _include_usage(body: dict[str, Any]) -> bool:
