@@ -274,6 +274,11 @@ def test_health_slots_metrics_and_access_log(served, caplog) -> None:
     assert lines[-1].startswith('"POST /api/generate" 200 model=tiny-b:q8 ')
     assert f"prompt={done['prompt_eval_count']} cached={done['prompt_cache_count']} " \
            f"output={done['eval_count']}" in lines[-1]
+    assert not any("body:" in x.getMessage() for x in caplog.records)  # bodies: debug only
+    caplog.set_level(logging.DEBUG, logger="localllm.server")
+    httpx.post(url + "/api/show", json={"model": "tiny-b:q8"})
+    assert any(x.getMessage() == 'POST /api/show body: {"model": "tiny-b:q8"}'
+               for x in caplog.records)
 
 
 def test_health_is_503_while_the_startup_model_loads(store) -> None:
