@@ -302,6 +302,9 @@ def test_health_is_503_while_the_startup_model_loads(store) -> None:
                        json={"model": "tiny-a", "prompt": "x", "max_tokens": 2}).json()
         assert r["model"] == "tiny-a:latest"
         assert _ps(url)["tiny-a:latest"]["expires_at"].startswith("2318")
+        # unloaded later (keep_alive 0), the server is still ready
+        httpx.post(url + "/api/generate", json={"model": "tiny-a", "keep_alive": 0})
+        assert _ps(url) == {} and httpx.get(url + "/health").status_code == 200
     m.close()
 
 

@@ -126,6 +126,7 @@ class ModelManager:
         self.configs: dict[str, dict[str, Any]] = {}  # a created model's system/template/...
         self.default: str | None = None  # the preloaded model: a request without a name
         self.preload_error: BaseException | None = None
+        self.preloaded = False
         self.startup: tuple[str, Path] | None = None  # the command line's model: loaded at start
         self.on_preload_failed: Callable[[], None] | None = None  # serve: stop the server
         self._lock = asyncio.Lock()  # room-making and registering are one step at a time
@@ -320,6 +321,7 @@ class ModelManager:
         try:
             lo = await self.start_load(name, path)
             lo.keep_alive = lo.expires_at = None  # the preloaded model stays (as `ollama run`)
+            self.preloaded = True
         except BaseException as e:  # noqa: BLE001 - reported by serve, which then exits
             self.preload_error = e
             if self.on_preload_failed is not None:
@@ -327,8 +329,9 @@ class ModelManager:
 
     @property
     def ready(self) -> bool:
-        """Whether the preloaded model (if any) is loaded: /health's answer."""
-        return self.default is None or self.default in self.loaded
+        """Whether the startup model (if any) has loaded: /health's answer (it may have
+        been unloaded since, to make room: the server is still ready)."""
+        return self.default is None or self.preloaded
 
     def close(self) -> None:
         for lo in self.loaded.values():
