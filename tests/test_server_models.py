@@ -358,6 +358,10 @@ def test_max_memory_unloads_the_least_recently_used(store) -> None:
         oc.generate(model="tiny-d", prompt="x", options=OPTS)
         assert set(_ps(url)) == {"tiny-a:latest", "tiny-d:latest"}
         oc.delete("tiny-d")
+        # a model larger than --max-memory still loads, alone, and answers
+        m.max_memory = one // 2
+        r = oc.generate(model="tiny-b:q8", prompt="x", options=OPTS)
+        assert r.done and set(_ps(url)) == {"tiny-b:q8"}
     m.close()
 
 

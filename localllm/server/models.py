@@ -257,7 +257,8 @@ class ModelManager:
             fut.set_result(lo)
             log.info("loaded %s (%s) in %.1f s: %.0f MiB with its KV pool, context %d",
                      name, path, time.perf_counter() - t0, lo.size / 2**20, engine.n_ctx)
-            await self._make_room(0)  # its KV pool is known now: still within --max-memory?
+            # its KV pool is known now: still within --max-memory? (others leave, not it)
+            await self._make_room(0, keep=name)
         except BaseException as e:  # noqa: BLE001 - the waiting requests get the error
             if not fut.done():
                 fut.set_exception(_as_api_error(e, name))
@@ -265,9 +266,10 @@ class ModelManager:
         finally:
             self.loading.pop(name, None)
 
-    async def _make_room(self, need: int) -> None:
+    async def _make_room(self, need: int, keep: str | None = None) -> None:
         """Unload idle models, least recently used first, until one more model of `need`
-        bytes fits (need 0: until the loaded ones fit); wait for busy ones to finish."""
+        bytes fits (need 0: until the loaded ones fit, `keep` staying whatever its size);
+        wait for busy ones to finish."""
         deadline = time.monotonic() + self.load_timeout
         extra = 1 if need else 0
         while True:
@@ -277,7 +279,7 @@ class ModelManager:
             if not (over_count or over_mem):
                 return
             idle = sorted((lo for lo in self.loaded.values() if lo.refs == 0
-                           and lo.state.path is not None and _idle(lo)),
+                           and lo.name != keep and _idle(lo)),
                           key=lambda lo: lo.last_used)
             if need and len(self.loaded) == 0:
                 return  # nothing to unload: a model larger than --max-memory loads alone
