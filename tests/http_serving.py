@@ -10,10 +10,12 @@ from collections.abc import Iterator
 import uvicorn
 
 from localllm.server import ServerState, build_app
+from localllm.server.models import ModelManager
 
 
-def serve_state(state: ServerState) -> Iterator[str]:
-    """Yields the base URL while the app serves `state`; then shuts the server down."""
+def serve_state(state: ServerState | ModelManager) -> Iterator[str]:
+    """Yields the base URL while the app serves `state` (one model, or a manager's); then
+    shuts the server down."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -182,6 +182,11 @@ class Batcher:
                     **{f"kv_blocks_{k}": blocks[k]
                        for k in ("in_use", "shared", "cached", "free", "evictions")}}
 
+    def busy_slots(self) -> set[int]:
+        """The slots serving a sequence now (the server's /slots view)."""
+        with self.lock:
+            return set(self._active)
+
     # --- the engine's thread -----------------------------------------------------------------
 
     def step(self) -> None:

@@ -33,11 +33,12 @@ from localllm.generation.scheduler import (
     Scheduler,
     SchedulerClosedError,
 )
+from localllm.server import access
 
 if TYPE_CHECKING:
     from localllm.engine import Engine
 
-OLLAMA_VERSION = "0.6.5"  # what /api/version answers: tools gate features on >= 0.5
+OLLAMA_VERSION = "0.12.6"  # what /api/version answers (Ollama's of October 2025): tools gate features on it
 DEFAULT_BODY_LIMIT = 8 << 20
 
 
@@ -59,6 +60,8 @@ class ServerState:
     api_key: str | None = None
     body_limit: int = DEFAULT_BODY_LIMIT
     loaded_at: float = field(default_factory=time.time)
+    # a created model's system, template and parameters (/api/create): request defaults
+    config: dict[str, Any] = field(default_factory=dict)
     _digest: str | None = None
 
     @property
@@ -74,9 +77,7 @@ class ServerState:
             return self.name
         if not isinstance(model, str):
             raise ApiError(400, "model must be a string")
-        base, _, tag = model.partition(":")
-        ours, _, our_tag = self.name.partition(":")
-        if base == ours and (tag or "latest") == our_tag:
+        if model == self.name or same_name(model, self.name):
             return self.name
         raise ApiError(404, f"model '{model}' not found")
 
@@ -94,17 +95,30 @@ class ServerState:
         return rfc3339(self.path.stat().st_mtime)
 
     def details(self) -> dict[str, Any]:
-        from localllm.formats.describe import file_type_name
+        return gguf_details(self.engine.metadata, self.engine.gf.tensors.values())
 
-        md = self.engine.metadata
-        arch = md.get("general.architecture") or ""
-        ftype = md.get("general.file_type")
-        n_params = sum(t.n_elements for t in self.engine.gf.tensors.values())
-        from localllm.formats.describe import _param_label
 
-        return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
-                "parameter_size": _param_label(n_params),
-                "quantization_level": file_type_name(int(ftype)) if ftype is not None else ""}
+def gguf_details(md: Mapping[str, Any], tensors: Any) -> dict[str, Any]:
+    """Ollama's `details` of a model from its GGUF metadata and tensors."""
+    from localllm.formats.describe import _param_label, file_type_name
+
+    arch = md.get("general.architecture") or ""
+    ftype = md.get("general.file_type")
+    n_params = sum(t.n_elements for t in tensors)
+    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
+            "parameter_size": _param_label(n_params),
+            "quantization_level": file_type_name(int(ftype)) if ftype is not None else ""}
+
+
+def same_name(asked: str, served: str) -> bool:
+    """Whether a client's model name means the served one: `smollm2` is `smollm2:latest`;
+    names and tags compare case-insensitively (as the store's folders do)."""
+    def split(name: str) -> tuple[str, str]:
+        base, sep, tag = name.lower().rpartition(":")
+        return (base, tag) if sep else (tag, "latest")
+
+    (a_base, a_tag), (s_base, s_tag) = split(asked), split(served)
+    return a_base == s_base and (a_tag or "latest") == (s_tag or "latest")
 
 
 def require_generation(state: ServerState, what: str) -> None:
@@ -134,7 +148,11 @@ def ns(seconds: float) -> int:
 
 async def read_json(request: HttpRequest, limit: int) -> dict[str, Any]:
     """The JSON object of a request body: 413 past `limit` bytes, 400 when missing,
-    malformed or not an object."""
+    malformed or not an object. Read once: the route wrapper reads it for the model's name,
+    the handler gets the same object."""
+    cached = getattr(request.state, "localllm_json", None)
+    if cached is not None:
+        return cached
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > limit:
         raise ApiError(413, f"request body is larger than {limit} bytes")
@@ -153,6 +171,7 @@ async def read_json(request: HttpRequest, limit: int) -> dict[str, Any]:
         raise ApiError(400, "invalid JSON in the request body: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    request.state.localllm_json = data
     return data
 
 
@@ -520,6 +539,10 @@ class Stream:
                 continue
             if isinstance(ev, BaseException):
                 raise ApiError(500, f"generation failed: {ev}")
+            if ev.done:
+                st = ev.stats
+                access.note_tokens(st.prompt_tokens, st.prompt_tokens - st.prompt_eval_tokens,
+                                   st.eval_tokens)
             return ev
 
     async def collect(self, request: HttpRequest) -> tuple[str, Event]:

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 
 from localllm.generation.generate import Event
 from localllm.generation.scheduler import Request
+from localllm.server import access
 from localllm.server.common import (
     OLLAMA_VERSION,
     ApiError,
@@ -48,13 +49,17 @@ from localllm.text.chat_caps import model_capabilities, ollama_capabilities
 from localllm.text.harmony import is_harmony_template
 
 NDJSON = "application/x-ndjson"
-FAR_FUTURE = "2318-01-01T00:00:00Z"  # expires_at of a model that never unloads
 
 
 def _metrics(ev: Event, t0: float) -> dict[str, Any]:
     st = ev.stats
-    return {"total_duration": ns(time.perf_counter() - t0), "load_duration": 0,
-            "prompt_eval_count": st.prompt_eval_tokens, "prompt_eval_duration": ns(st.prompt_eval_s),
+    load = access.load_seconds()  # this request waited for its model's load
+    return {"total_duration": ns(time.perf_counter() - t0 + load), "load_duration": ns(load),
+            # the whole prompt, as Ollama counts it; the part the prefix cache held is in
+            # prompt_cache_count (ours: Ollama has no such field)
+            "prompt_eval_count": st.prompt_tokens,
+            "prompt_cache_count": st.prompt_tokens - st.prompt_eval_tokens,
+            "prompt_eval_duration": ns(st.prompt_eval_s),
             "eval_count": st.eval_tokens, "eval_duration": ns(st.eval_s)}
 
 
@@ -166,7 +171,8 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
                              "message": {"role": "assistant", "content": ""},
                              "done": True, "done_reason": "load"})
     tools = check_tools(body.get("tools"))
-    ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages, None, tools,
+    ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages,
+                                               state.config.get("template"), tools,
                                                think)
     harmony = state.engine.template.caps.harmony
     constraint = await format_constraint(state, body.get("format"))
@@ -234,23 +240,6 @@ def _line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
 
 
-async def _entry(state: ServerState) -> dict[str, Any]:
-    digest = await asyncio.to_thread(lambda: state.digest)  # hashes the file once: GBs
-    return {"name": state.name, "model": state.name, "modified_at": state.modified_at(),
-            "size": state.path.stat().st_size, "digest": digest, "details": state.details()}
-
-
-async def tags(request: HttpRequest, state: ServerState) -> Response:
-    return JSONResponse({"models": [await _entry(state)]})
-
-
-async def ps(request: HttpRequest, state: ServerState) -> Response:
-    e = await _entry(state)
-    e.pop("modified_at")
-    e.update(expires_at=FAR_FUTURE, size_vram=0, context_length=state.engine.n_ctx)
-    return JSONResponse({"models": [e]})
-
-
 async def show(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
     state.resolve(body.get("model", body.get("name")))
@@ -267,13 +256,20 @@ async def show(request: HttpRequest, state: ServerState) -> Response:
     tmpl = md.get("tokenizer.chat_template")
     if isinstance(tmpl, (bytes, bytearray)):
         tmpl = bytes(tmpl).decode("utf-8", "replace")
+    cfg = state.config  # what /api/create set for this name
+    params = "\n".join(f"{k} {json.dumps(x) if isinstance(x, str) else x}"
+                       for k, v in (cfg.get("parameters") or {}).items()
+                       for x in (v if isinstance(v, list) else [v]))
     return JSONResponse({
-        "modelfile": f"FROM {state.path.name}\n", "parameters": "", "template": tmpl or "",
-        "system": "", "license": str(md.get("general.license", "")), "details": state.details(),
+        "modelfile": f"FROM {state.path.name}\n", "parameters": params,
+        "template": cfg.get("template") or tmpl or "", "system": cfg.get("system") or "",
+        "license": cfg.get("license") or str(md.get("general.license", "")),
+        "details": state.details(),
         # what `localllm show` lists, from the template this server renders with
         "model_info": info, "capabilities": ollama_capabilities(
             model_capabilities(md, state.engine.template.caps)),
         "modified_at": state.modified_at(),
+        "context_length": state.engine.n_ctx,  # served per slot (-c), as /api/ps says
     })
 
 
@@ -299,15 +295,6 @@ async def version(request: HttpRequest, state: ServerState) -> Response:
 
 async def root(request: HttpRequest, state: ServerState) -> Response:
     return PlainTextResponse("Ollama is running")
-
-
-async def pull(request: HttpRequest, state: ServerState) -> Response:
-    """Nothing is downloaded: the served model is already here; any other name is a 404."""
-    body = await read_json(request, state.body_limit)
-    state.resolve(body.get("model", body.get("name")))
-    if get(body, "stream", bool, True):
-        return Response(_line({"status": "success"}), media_type=NDJSON)
-    return JSONResponse({"status": "success"})
 
 
 async def not_supported(request: HttpRequest, state: ServerState) -> Response:

@@ -11,7 +11,8 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -42,6 +43,9 @@ from localllm.server.common import (
     unsupported,
 )
 from localllm.text.tool_calls import to_openai_tool_calls
+
+if TYPE_CHECKING:
+    from localllm.server.models import ModelManager
 
 FINGERPRINT = "fp_localllm"
 
@@ -284,15 +288,19 @@ async def completions(request: HttpRequest, state: ServerState) -> Response:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def _model_obj(state: ServerState) -> dict[str, Any]:
-    return {"id": state.name, "object": "model", "created": int(state.path.stat().st_mtime),
+def _model_obj(name: str, path: Path) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": int(path.stat().st_mtime),
             "owned_by": "library"}
 
 
-async def models(request: HttpRequest, state: ServerState) -> Response:
-    return JSONResponse({"object": "list", "data": [_model_obj(state)]})
+async def models(request: HttpRequest, state: ModelManager) -> Response:
+    from localllm.server.model_routes import served_models
+
+    served = await asyncio.to_thread(served_models, state)
+    return JSONResponse({"object": "list", "data": [_model_obj(n, p) for n, p, _ in served]})
 
 
-async def model(request: HttpRequest, state: ServerState) -> Response:
-    state.resolve(request.path_params["model"])
-    return JSONResponse(_model_obj(state))
+async def model(request: HttpRequest, state: ModelManager) -> Response:
+    name, path = state.lookup(request.path_params["model"])
+    lo = state.loaded_for(name)
+    return JSONResponse(_model_obj(name, lo.state.path if lo else path))

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from localllm.errors import LocalLLMError
-from localllm.store.names import BadModelName, ModelName, check_part, parse_name
+from localllm.store.names import BadModelName, ModelName, check_part, looks_like_name, parse_name
 
 # A pull reports (bytes done, bytes total or None, what) as it goes.
 ProgressFn = Callable[[int, "int | None", str], None]
@@ -58,6 +58,8 @@ class ModelEntry:
     source: str | None = None
     added: str | None = None
     manifest: Path | None = None
+    # what `/api/create` set for this name: system, template (Jinja), parameters (options)
+    config: dict | None = None
 
     @property
     def ref(self) -> str:
@@ -109,7 +111,8 @@ def _read_manifest(path: Path, root: Path) -> ModelEntry | None:
         name, tag = parse_name(f"{m['name']}:{m['tag']}").model, str(m["tag"])
         return ModelEntry(name=name, tag=tag, path=blob, size=int(m["size"]),
                           sha256=str(m["sha256"]), source=m.get("source"), added=m.get("added"),
-                          manifest=path)
+                          manifest=path,
+                          config=m["config"] if isinstance(m.get("config"), dict) else None)
     except (OSError, ValueError, KeyError, TypeError, BadModelName):
         return None
 
@@ -263,7 +266,9 @@ def add_blob(src: Path, sha256: str, move: bool = True) -> Path:
     return dst
 
 
-def write_manifest(name: ModelName, tag: str, blob: Path, sha256: str, source: str) -> ModelEntry:
+def write_manifest(name: ModelName, tag: str, blob: Path, sha256: str, source: str,
+                   config: dict | None = None) -> ModelEntry:
+    """config: a created model's system/template/parameters, served with it."""
     root = store_dir()
     m = {
         "schema": MANIFEST_SCHEMA,
@@ -275,6 +280,8 @@ def write_manifest(name: ModelName, tag: str, blob: Path, sha256: str, source: s
         "source": source,
         "added": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    if config:
+        m["config"] = config
     path = _manifest_path(name, tag, root)
     _write_atomic(path, (json.dumps(m, indent=2) + "\n").encode())
     e = _read_manifest(path, root)
@@ -311,6 +318,28 @@ def import_file(src: Path, name_text: str, copy: bool = True) -> ModelEntry:
     with name_lock(name):
         blob = add_blob(src, sha, move=not copy)
         return write_manifest(name, name.tag or "latest", blob, sha, f"file:{src.name}")
+
+
+def copy_model(src_text: str, src_path: Path, dst_text: str,
+               config: dict | None = None) -> ModelEntry:
+    """`dst_text` as a second name of the model `src_text` (at `src_path`): in our store a
+    new manifest for the same blob; for another tool's model (or a file), its file copied in
+    (their stores are never written, nor pointed into). config: as `write_manifest`'s; the
+    source's settings are kept where it does not set them."""
+    dst = parse_name(dst_text)
+    if dst.is_hf:
+        raise BadModelName("hf.co/... names are for `pull`; copy to a plain NAME[:TAG]")
+    src_entry = find_in_store(parse_name(src_text)) if looks_like_name(src_text) else None
+    if src_entry is None or src_entry.path != src_path or src_entry.sha256 is None:
+        e = import_file(src_path, dst_text, copy=True)
+        if not config:
+            return e
+        src_entry = e
+    else:
+        config = {**(src_entry.config or {}), **(config or {})}
+    with name_lock(dst):
+        return write_manifest(dst, dst.tag or "latest", src_entry.path, src_entry.sha256,
+                              src_entry.source or f"copy:{src_entry.ref}", config)
 
 
 def remove(name_text: str) -> list[ModelEntry]:
