@@ -145,6 +145,12 @@ def compile_grammar(schema: Mapping[str, Any], tok: Tokenizer | None = None) -> 
     """The llguidance grammar for a JSON schema; ConstraintError names what is wrong."""
     from llguidance import LLMatcher
 
+    from localllm.generation.json_schema import SchemaError, prepare_schema
+
+    try:
+        schema = prepare_schema(schema)  # closed objects; refuses what cannot be enforced
+    except SchemaError as exc:
+        raise ConstraintError(f"unsupported JSON schema: {exc}") from None
     try:
         grammar = LLMatcher.grammar_from_json_schema(dict(schema), overrides=_JSON_OPTIONS)
     except (ValueError, TypeError) as exc:
