@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localllm.errors import InvalidValueError, LocalLLMError, PromptTooLongError
-from localllm.server import embeddings, ollama, openai_api
+from localllm.server import embeddings, ollama, openai_api, responses
 from localllm.server.common import ApiError, ClientGone, ServerState
 
 Handler = Callable[[HttpRequest, ServerState], Awaitable[Response]]
@@ -141,6 +141,7 @@ def build_app(state: ServerState) -> Starlette:
         ("/api/push", o.not_supported, ["POST"]),
         ("/v1/chat/completions", oa.chat_completions, ["POST"]),
         ("/v1/completions", oa.completions, ["POST"]),
+        ("/v1/responses", responses.responses, ["POST"]),
         ("/v1/models", oa.models, ["GET"]),
         ("/v1/models/{model:path}", oa.model, ["GET"]),
         ("/v1/embeddings", embeddings.v1_embeddings, ["POST"]),
