@@ -87,6 +87,11 @@ def test_completions_logprobs_and_echo(server, ai) -> None:  # noqa: F811
            for v in p.choices[0].logprobs.token_logprobs]
     assert got == el.token_logprobs
     assert "".join(p.choices[0].text for p in parts if p.choices) == e.choices[0].text
+    # max_tokens 0 (lm-eval's loglikelihood request): the prompt's log-probs alone
+    z = ai.completions.create(model=m, prompt=prompt, max_tokens=0, logprobs=1, echo=True)
+    zl = z.choices[0].logprobs
+    assert z.choices[0].text == prompt and z.usage.completion_tokens == 0
+    assert zl.tokens == el.tokens[:n_prompt] and zl.token_logprobs == el.token_logprobs[:n_prompt]
 
 
 def test_ollama_logprobs(server, oc) -> None:  # noqa: F811

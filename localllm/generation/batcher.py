@@ -136,7 +136,8 @@ class Batcher:
                 raise QueueFullError(
                     f"all {self.n_slots} slots are busy and {len(self._waiting)} requests are "
                     "waiting; retry later")
-            if req.max_tokens == 0:  # nothing to generate: done before taking a slot
+            if req.max_tokens == 0 and not req.prompt_logprobs:  # nothing to compute:
+                # done before taking a slot (the prompt's log-probs need its evaluation)
                 seq.finish("length")
                 return handle
             self._waiting.append(seq)

@@ -210,6 +210,8 @@ class Sequence:
         if self.resume_decode:  # back where preemption / a context shift stopped: last is next
             self.resume_decode = False
             return None
+        if self.req.max_tokens == 0:  # evaluated for the prompt's log-probs only
+            return "length"
         token = self.sampler(rows[-1], self.history)
         self.history.append(token)
         if self.spec is not None:

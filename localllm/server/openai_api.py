@@ -170,6 +170,8 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
         tools = []
     forced = tool_choice.call_schema(tools, choice, get(body, "parallel_tool_calls", bool, True))
     enable_thinking, extract = _think(body, state.engine.template.caps.thinking)
+    if forced is not None and state.engine.template.caps.thinking:
+        enable_thinking = False  # the grammar starts at the reply's first token: no <think>
     ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages, None, tools,
                                                enable_thinking)
     constraints = await _constraints(state, body, n, forced)

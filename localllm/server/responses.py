@@ -269,8 +269,9 @@ async def responses(request: HttpRequest, state: ServerState) -> Response:
     constraint = await format_constraint(state, forced if forced is not None else fmt,
                                          "tools" if forced is not None else "text.format")
     think = state.engine.template.caps.thinking
+    # a forced call's grammar starts at the reply's first token: no <think> block then
     ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages, None,
-                                               tools, None)
+                                               tools, False if think and forced else None)
     split = ThinkStream(True if think else None, prompt_text)
     calls_in = ToolStream(state.engine.template.caps, tool_names(tools)) if tools else None
     s = Stream(state, Request(ids, cfg, max_tokens=n_max, constraint=constraint))
