@@ -68,6 +68,10 @@ def test_previous_response_id(server, ai) -> None:  # noqa: F811
     assert follow.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
     with pytest.raises(openai.NotFoundError):
         ai.responses.create(model=m, input="x", previous_response_id="resp_nope")
+    kept_not = ai.responses.create(model=m, input="Hi", max_output_tokens=2, store=False)
+    assert kept_not.store is False
+    with pytest.raises(openai.NotFoundError):
+        ai.responses.create(model=m, input="x", previous_response_id=kept_not.id)
 
 
 @pytest.mark.parametrize("stream", [False, True])

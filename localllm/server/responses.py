@@ -9,7 +9,7 @@
   come back as `function_call` output items; `tool_choice` "required" / {type: "function",
   name} is enforced by the grammar, as in chat (localllm.server.tool_choice).
 - `previous_response_id`: a response made by this process (kept in a bounded store, the
-  newest STORE_SIZE) continues: its conversation and output come before the new input.
+  newest STORE_SIZE, unless it was made with `store: false`) continues: its conversation and output come before the new input.
 - `max_output_tokens` (status "incomplete" with reason max_output_tokens when hit),
   `temperature`, `top_p` (and the other sampler settings, as chat takes them),
   `text.format` {type: "text" | "json_object" | "json_schema", schema}.
@@ -179,7 +179,8 @@ class _Reply:
                      "parallel_tool_calls": body.get("parallel_tool_calls", True),
                      "previous_response_id": body.get("previous_response_id"),
                      "text": body.get("text") or {"format": {"type": "text"}},
-                     "metadata": body.get("metadata") or {}, "store": True}
+                     "metadata": body.get("metadata") or {},
+                     "store": body.get("store") is not False}
 
     def message(self, text: str, status: str = "completed") -> dict[str, Any]:
         return {"type": "message", "id": self.msg_id, "status": status, "role": "assistant",
@@ -215,6 +216,10 @@ def _reasoning(text: str) -> dict[str, Any]:
 
 def _remember(state: ServerState, reply: _Reply, messages: list[dict[str, Any]],
               output: list[dict[str, Any]]) -> None:
+    """Keep the conversation for previous_response_id (unless the request said store:
+    false)."""
+    if not reply.echo["store"]:
+        return
     conv = list(messages)
     for item in output:
         if item["type"] == "message":
