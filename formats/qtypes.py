@@ -77,6 +77,13 @@ _ROWS = (
     _row(_T.Q5_K, "d:f16, dmin:f16, scales:u8[12], qh:u8[32], qs:u8[128]", "q8_K"),
     _row(_T.Q6_K, "ql:u8[128], qh:u8[64], scales:i8[16], d:f16", "q8_K"),
     _row(_T.IQ4_XS, "d:f16, scales_h:u16, scales_l:u8[4], qs:u8[128]", "q8_K"),
+    # i-quants: grid indices + signs per 8 (IQ2) or 4 (IQ3) weights (formats/iq_tables.py)
+    _row(_T.IQ2_XXS, "d:f16, qs:u16[32] (per 32: 4 grid bytes, u32 of 4x7 sign bits + scale)",
+         "q8_K"),
+    _row(_T.IQ2_XS, "d:f16, qs:u16[32] (9-bit grid index, 7 sign bits), scales:u8[8]", "q8_K"),
+    _row(_T.IQ2_S, "d:f16, qs:u8[32], signs:u8[32], qh:u8[8], scales:u8[8]", "q8_K"),
+    _row(_T.IQ3_XXS, "d:f16, qs:u8[64], scales_signs:u8[32] (u32 per 32 weights)", "q8_K"),
+    _row(_T.IQ3_S, "d:f16, qs:u8[64], qh:u8[8], signs:u8[32], scales:u8[4]", "q8_K"),
 )
 
 #: id -> QType, for every type we read
@@ -99,6 +106,10 @@ Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_0_BYTES, IQ4_NL_BYTES = (
     BY_NAME[n].nbytes for n in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"))
 Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, IQ4_XS_BYTES = (
     BY_NAME[n].nbytes for n in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"))
+IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S = (
+    BY_NAME[n].id for n in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"))
+IQ2_XXS_BYTES, IQ2_XS_BYTES, IQ2_S_BYTES, IQ3_XXS_BYTES, IQ3_S_BYTES = (
+    BY_NAME[n].nbytes for n in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"))
 
 
 def type_name(qtype: int) -> str:

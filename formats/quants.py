@@ -26,6 +26,19 @@ half. A tensor row of `n` elements is `n / block_elems` consecutive blocks.
     IQ4_NL  32 el, 18 B: f16 d | 16 B nibbles indexing a fixed non-linear 16-entry table.
     IQ4_XS 256 el, 136 B: f16 d | u16 scales_h | 4 B scales_l | 128 B nibbles (IQ4_NL table);
                         eight 32-element sub-blocks with 6-bit scales (ls - 32).
+    i-quants (256 el): groups of 8 (IQ2) or 4 (IQ3) weights are one grid entry of unsigned
+    magnitudes (formats/iq_tables.py) times their signs; a 4-bit scale ls per 32 (or 16)
+    weights gives the sub-block scale. Sign bytes "k" are 7 stored bits -> 8 via KSIGNS.
+    IQ2_XXS  66 B: f16 d | per 32 weights: 4 grid bytes, u32 (4 x 7 sign bits, ls in bits 28..31).
+                        x = d*(0.5 + ls)*0.25 * grid * sign
+    IQ2_XS   74 B: f16 d | 32 x u16 (9-bit grid index, 7 sign bits) | 8 B ls nibbles per 16.
+                        x = d*(0.5 + ls)*0.25 * grid * sign
+    IQ2_S    82 B: f16 d | 32 B grid index low bits | 32 B sign bytes | 8 B 2-bit index high
+                        bits | 8 B ls nibbles per 16. x = d*(0.5 + ls)*0.25 * grid * sign
+    IQ3_XXS  98 B: f16 d | 64 B grid bytes (4 weights each) | per 32 weights a u32 as IQ2_XXS.
+                        x = d*(0.5 + ls)*0.5 * grid * sign
+    IQ3_S   110 B: f16 d | 64 B grid index low bits | 8 B high bits | 32 B sign bytes | 4 B ls
+                        nibbles per 32. x = d*(1 + 2*ls) * grid * sign
 
 `quantize` reproduces ggml's *reference* quantizers (quantize_row_*_ref) operation by operation
 in float32, including their sequential sums and round-half-even `nearest_int`, so its output is
@@ -41,6 +54,14 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from localllm.formats.gguf import GGUFError
+from localllm.formats.iq_tables import (
+    IQ2S_GRID,
+    IQ2XS_GRID,
+    IQ2XXS_GRID,
+    IQ3S_GRID,
+    IQ3XXS_GRID,
+    KSIGNS,
+)
 from localllm.formats.qtypes import QK_K, layouts
 
 __all__ = [
@@ -262,6 +283,78 @@ def _deq_iq4_xs(b: np.ndarray) -> np.ndarray:
     return (dl * _IQ4_VALUES[q.reshape(n, 8, 32)]).reshape(n, QK_K)
 
 
+# The i-quant decoders keep gguf.quants' float32 operation order (db = d * (0.5 + ls) * 0.25,
+# then db * grid * sign), so they are bit-identical to it and to ggml's dequantize_row_iq*.
+_SEVEN_BIT_SHIFTS = np.array([0, 7, 14, 21], dtype=np.uint32)
+
+
+def _sign_bits(signs: np.ndarray) -> np.ndarray:
+    """Sign bytes [...] -> +1/-1 float32 [..., 8] (bit j set: weight j is negative)."""
+    bits = (signs[..., None] >> _BIT_SHIFTS) & 1
+    return np.where(bits == 0, _F32(1), _F32(-1))
+
+
+def _ls_db(d: np.ndarray, ls: np.ndarray, mul: float) -> np.ndarray:
+    return d * (_F32(0.5) + ls.astype(np.float32)) * _F32(mul)
+
+
+def _deq_iq2_xxs(b: np.ndarray) -> np.ndarray:
+    n = len(b)
+    d = _f16(b[:, 0:2])
+    aux = np.ascontiguousarray(b[:, 2:66]).view("<u4").reshape(n, 8, 2)  # [n, 8 sub-blocks, 2]
+    db = _ls_db(d, aux[..., 1] >> 28, 0.25)[:, :, None, None]  # [n,8,1,1]
+    sidx = (aux[..., 1][..., None] >> _SEVEN_BIT_SHIFTS) & 0x7F  # [n,8,4]
+    signs = _sign_bits(KSIGNS[sidx])  # [n,8,4,8]
+    gidx = np.ascontiguousarray(aux[..., 0]).view(np.uint8).reshape(n, 8, 4)
+    grid = IQ2XXS_GRID[gidx].astype(np.float32)  # [n,8,4,8]
+    return (db * grid * signs).reshape(n, QK_K)
+
+
+def _deq_iq2_xs(b: np.ndarray) -> np.ndarray:
+    n = len(b)
+    d = _f16(b[:, 0:2])
+    qs = np.ascontiguousarray(b[:, 2:66]).view("<u2")  # [n,32]
+    ls = ((b[:, 66:74, None] >> _NIBBLE_SHIFTS) & 0x0F).reshape(n, 16)
+    db = _ls_db(d, ls, 0.25)[:, :, None, None]  # [n,16,1,1]
+    signs = _sign_bits(KSIGNS[qs >> 9]).reshape(n, 16, 2, 8)
+    grid = IQ2XS_GRID[qs & 511].astype(np.float32).reshape(n, 16, 2, 8)
+    return (db * grid * signs).reshape(n, QK_K)
+
+
+def _deq_iq2_s(b: np.ndarray) -> np.ndarray:
+    n = len(b)
+    d = _f16(b[:, 0:2])
+    ls = ((b[:, 74:82, None] >> _NIBBLE_SHIFTS) & 0x0F).reshape(n, 16)
+    db = _ls_db(d, ls, 0.25)[:, :, None, None]  # [n,16,1,1]
+    signs = _sign_bits(b[:, 34:66]).reshape(n, 16, 2, 8)
+    high = ((b[:, 66:74, None] >> _CRUMB_SHIFTS) & 3).reshape(n, 32).astype(np.uint16)
+    idx = b[:, 2:34].astype(np.uint16) | (high << 8)  # [n,32]
+    grid = IQ2S_GRID[idx].astype(np.float32).reshape(n, 16, 2, 8)
+    return (db * grid * signs).reshape(n, QK_K)
+
+
+def _deq_iq3_xxs(b: np.ndarray) -> np.ndarray:
+    n = len(b)
+    d = _f16(b[:, 0:2])
+    aux = np.ascontiguousarray(b[:, 66:98]).view("<u4")  # [n,8]
+    db = _ls_db(d, aux >> 28, 0.5)[:, :, None, None]  # [n,8,1,1]
+    signs = _sign_bits(KSIGNS[(aux[..., None] >> _SEVEN_BIT_SHIFTS) & 0x7F])  # [n,8,4,8]
+    grid = IQ3XXS_GRID[b[:, 2:66]].astype(np.float32).reshape(n, 8, 4, 8)
+    return (db * grid * signs).reshape(n, QK_K)
+
+
+def _deq_iq3_s(b: np.ndarray) -> np.ndarray:
+    n = len(b)
+    d = _f16(b[:, 0:2])
+    ls = ((b[:, 106:110, None] >> _NIBBLE_SHIFTS) & 0x0F).reshape(n, 8)
+    db = (d * (1 + 2 * ls))[:, :, None, None]  # [n,8,1,1]
+    signs = _sign_bits(b[:, 74:106]).reshape(n, 8, 4, 8)
+    high = ((b[:, 66:74, None] >> _BIT_SHIFTS) & 1).reshape(n, 64).astype(np.uint16)
+    idx = b[:, 2:66].astype(np.uint16) | (high << 8)  # [n,64]
+    grid = IQ3S_GRID[idx].astype(np.float32).reshape(n, 8, 4, 8)
+    return (db * grid * signs).reshape(n, QK_K)
+
+
 def _deq_f32(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view("<f4").astype(np.float32, copy=False)
 
@@ -292,6 +385,11 @@ _DEQUANTIZERS = {
     T.Q6_K: _deq_q6_k,
     T.IQ4_NL: _deq_iq4_nl,
     T.IQ4_XS: _deq_iq4_xs,
+    T.IQ2_XXS: _deq_iq2_xxs,
+    T.IQ2_XS: _deq_iq2_xs,
+    T.IQ2_S: _deq_iq2_s,
+    T.IQ3_XXS: _deq_iq3_xxs,
+    T.IQ3_S: _deq_iq3_s,
 }
 SUPPORTED_TYPES: frozenset[T] = frozenset(_DEQUANTIZERS)
 

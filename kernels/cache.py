@@ -7,7 +7,8 @@ compile time (the CPU features, the SIMD switches), so after an upgrade that cha
 simd.py, Numba would load stale kernels compiled from the old helpers. Instead every process
 points Numba at a folder keyed by a hash of
 
-* the bytes of every kernel source (kernels/**/*.py) and of formats/qtypes.py,
+* the bytes of every kernel source (kernels/**/*.py) and of formats/qtypes.py and
+  formats/iq_tables.py,
 * the Numba, llvmlite and Python versions,
 * the compile target (CPU name and features) and the switches that change code paths
   (LOCALLLM_NO_SIMD, LOCALLLM_NO_AVX512),
@@ -40,7 +41,8 @@ def kernel_sources() -> list[Path]:
         import localllm.formats.qtypes as q
 
         qtypes = Path(q.__file__)
-    return [*files, qtypes]
+    # the i-quant grids the kernels freeze as constants (read from gguf by this file)
+    return [*files, qtypes, qtypes.with_name("iq_tables.py")]
 
 
 def cache_key(sources: Iterable[Path], extra: str = "") -> str:

@@ -1,10 +1,11 @@
 """Shared blocks of the decoder-only transformers: weights straight from the GGUF mmap and a
 forward pass over one Batch.
 
-The families (llama, qwen2/3, gemma2/3, olmo2, smollm3) differ only in configuration (norm
-placement, QK-norm, biases, activation, rope layout and which layers rotate, windows): each
-family module builds a ModelConfig and the layer weights, and this module runs them. Shapes: N = batch rows, D = n_embd, H/Hkv = query/
-key-value heads, Dh = head_dim, F = n_ff, V = n_vocab.
+The families (llama, qwen2/3, gemma2/3, olmo2, smollm3, phi3, granite) differ only in
+configuration (norm placement, QK-norm, biases, activation, rope layout, factors and which
+layers rotate, windows, multipliers) and in how their tensors are named or fused: each family
+module builds a ModelConfig and the layer weights, and this module runs them. Shapes:
+N = batch rows, D = n_embd, H/Hkv = query/key-value heads, Dh = head_dim, F = n_ff, V = n_vocab.
 """
 
 from __future__ import annotations
@@ -206,6 +207,24 @@ class WeightLoader:
     def optional_vector(self, name: str, n: int) -> np.ndarray | None:
         return self.vector(name, n) if self.has(name) else None
 
+    def fused(self, name: str, parts: list[int], cols: int) -> list[QWeight]:
+        """The weight `name` [sum(parts), cols] as one QWeight per consecutive block of
+        parts[i] rows (phi3's attn_qkv: q, k, v; its ffn_up: gate, up). Each raw is a view
+        of its rows of the file's tensor, never a copy, so the slices still go through one
+        WeightGroup call (one quantization of their shared input). The file's pages are
+        given back only when every slice got its own r16 copy."""
+        whole = self.matrix(name, sum(parts), cols, multiplied=False)
+        out: list[QWeight] = []
+        start = 0
+        for rows in parts:
+            part = QWeight(f"{name}[{start}:{start + rows}]", whole.raw[start:start + rows],
+                           whole.qtype, rows, cols)
+            out.append(self.laid_out(part, release=False))
+            start += rows
+        if all(q.packed is not None for q in out):
+            self.gf.release_pages(self.gf.tensors[name])
+        return out
+
     def _get(self, name: str):
         t = self.gf.tensors.get(name)
         if t is None:
@@ -268,14 +287,25 @@ class DecoderModel:
         output_norm: np.ndarray,  # [D]
         output: QWeight,  # [V, D] (token_embd when tied)
         rope_freq_factors: np.ndarray | None = None,  # [n_rot/2] (llama 3 rope scaling)
+        rope_factors_long: np.ndarray | None = None,  # [n_rot/2] LongRoPE's long factors
     ) -> None:
         self.cfg = cfg
         self.token_embd = token_embd
         self.layers = layers
         self.output_norm = output_norm
         self.output = output
-        self.rope_freq_factors = rope_freq_factors
+        self.rope_freq_factors = rope_freq_factors  # LongRoPE: its short factors
+        self.rope_factors_long = rope_factors_long
         self._scratch: dict[int, tuple[np.ndarray, ...]] = {}  # row count -> buffers
+
+    def rope_factors(self, n_ctx: int) -> np.ndarray | None:
+        """Rope frequency factors [n_rot/2] for a cache of n_ctx positions per sequence:
+        LongRoPE's long set when that context exceeds the original training context, else
+        the file's one set (llama.cpp's get_rope_factors: chosen by the context size, so a
+        sequence's rotations never change as it grows)."""
+        if self.rope_factors_long is not None and n_ctx > self.cfg.rope_orig_ctx:
+            return self.rope_factors_long
+        return self.rope_freq_factors
 
     # --- the forward pass -----------------------------------------------------------------
 
@@ -312,6 +342,8 @@ class DecoderModel:
                              [b - a for _, a, b in segments])  # [N]
         act = ACTIVATIONS[cfg.activation]
         tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
+        freq_factors = self.rope_factors(kv.n_ctx)
+        res_scale = np.float32(cfg.residual_scale)
 
         def rope_tables(il: int) -> tuple[np.ndarray, np.ndarray]:
             """cos/sin [N, n_rot/2] for this batch's positions, once per distinct rope base
@@ -320,7 +352,8 @@ class DecoderModel:
             scale = cfg.layer_rope_scale[il]
             key = (base, scale)
             if key not in tables:
-                tables[key] = ops.rope_tables(pos, base, scale, cfg.n_rot, self.rope_freq_factors)
+                tables[key] = ops.rope_tables(pos, base, scale, cfg.n_rot, freq_factors,
+                                              cfg.rope_attn_factor)
             return tables[key]
 
 
@@ -365,6 +398,8 @@ class DecoderModel:
                 o += L.bo
             if L.post_attn_norm is not None:
                 ops.rms_norm(o, L.post_attn_norm, cfg.rms_eps, o, checked=True)
+            if cfg.residual_scale != 1.0:
+                o *= res_scale
             x += o
 
             L.gate_up(self._pre_norm(x, L.ffn_norm, h), [gate, up])
@@ -372,6 +407,8 @@ class DecoderModel:
             L.down(gate, [o])
             if L.post_ffn_norm is not None:
                 ops.rms_norm(o, L.post_ffn_norm, cfg.rms_eps, o, checked=True)
+            if cfg.residual_scale != 1.0:
+                o *= res_scale
             x += o
 
         if not batch.want_logits.any():
@@ -426,6 +463,8 @@ class DecoderModel:
             c = np.float32(cfg.final_softcap)
             np.tanh(out / c, out=out)
             out *= c
+        if cfg.logit_scale != 1.0:  # as llama.cpp: times the float32 reciprocal
+            out *= np.float32(1.0 / cfg.logit_scale)
         return out
 
 

@@ -52,6 +52,11 @@ class ModelConfig:
     # "silu" (llama/qwen), "gelu_tanh" (exact) or "gelu_tanh_ggml" (gemma, computed as
     # llama.cpp does: through a float16 table, which keeps our logits closest to its)
     activation: str = "silu"
+    residual_scale: float = 1.0  # multiplies each block's output before its residual add (granite)
+    logit_scale: float = 1.0  # the logits are divided by it (granite)
+    rope_attn_factor: float = 1.0  # multiplies rope's cos/sin: LongRoPE's attention factor
+    # LongRoPE: a context (positions per sequence) above this takes the long rope factors
+    rope_orig_ctx: int = 0
 
     def __post_init__(self) -> None:
         if self.n_rot == 0:

@@ -24,11 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from localllm.formats.qtypes import type_name
 from localllm.kernels.cpu import ops
 from localllm.kernels.cuda import loader
 from localllm.kv.batch import Batch
 from localllm.models.base import DecoderModel, QWeight, add_qkv_biases, check_tokens
-from localllm.models.config import ModelConfig
+from localllm.models.config import ModelConfig, ModelError
 
 __all__ = ["CudaModel", "GpuWeight"]
 
@@ -37,6 +38,10 @@ class GpuWeight:
     """A QWeight's raw blocks on the device: [rows, row_bytes] uint8."""
 
     def __init__(self, q: QWeight, uploaded: dict[int, Any]) -> None:
+        if q.qtype not in loader.MMV_KERNELS:  # the CPU reads more types than the GPU
+            raise ModelError(f"tensor {q.name} has quantization type {type_name(q.qtype)}, "
+                             f"which the CUDA path has no kernel for; run it on the CPU "
+                             f"(--device cpu)")
         import cupy
 
         self.name, self.qtype, self.rows, self.cols = q.name, q.qtype, q.rows, q.cols
@@ -89,15 +94,21 @@ def _normed_group(ws: list[GpuWeight], x: Any, norm_w: Any, eps: float) -> list[
 
 
 def _residual(w: GpuWeight, a: Any, bias: Any, post_norm: Any, x: Any, eps: float,
-              act: dict | None = None) -> None:
-    """x += post_norm(a @ W^T + bias), in as few launches as the layer allows: the norm adds
-    into x itself, and without norm or bias the product does (act: a already quantized)."""
-    if post_norm is None and bias is None:
+              act: dict | None = None, scale: float = 1.0) -> None:
+    """x += scale * post_norm(a @ W^T + bias), in as few launches as the layer allows: the
+    norm adds into x itself, and without norm, bias or scale (granite's residual_scale) the
+    product does (act: a already quantized)."""
+    if post_norm is None and bias is None and scale == 1.0:
         w(a, out=x, add=True, act=act)
         return
     o = w(a, act=act)
     if bias is not None:
         o += bias
+    if scale != 1.0:  # as the CPU: after the bias and post-norm, before the add
+        if post_norm is not None:
+            o = loader.rms_norm(o, post_norm, eps)
+            post_norm = None
+        o *= np.float32(scale)
     if post_norm is None:
         x += o
     else:
@@ -193,9 +204,10 @@ class CudaModel:
         for w, ent in placed.items():
             arrays[f"ent{w}"] = np.ascontiguousarray(ent, dtype=np.int64)
         arrays.update(kv.step_books())
+        factors = self.host.rope_factors(kv.n_ctx)  # LongRoPE: the set for this context
         for j, (base, scale) in enumerate(self.rope_keys):
             arrays[f"cos{j}"], arrays[f"sin{j}"] = ops.rope_tables(
-                pos, base, scale, cfg.n_rot, self.host.rope_freq_factors)
+                pos, base, scale, cfg.n_rot, factors, cfg.rope_attn_factor)
         return arrays
 
     # --- the forward pass -------------------------------------------------------------------
@@ -303,15 +315,18 @@ class CudaModel:
             attn = cupy.empty((m, H, Dv), dtype=cupy.float32)
             kv.attend_dev(il, q3, q_pos, row_slot, a, cfg.layer_window[il], cfg.attn_scale,
                           cfg.attn_softcap, si.n_pos, attn)
-            _residual(L.wo, attn.reshape(m, H * Dv), L.bo, L.post_attn_norm, x, eps)
+            _residual(L.wo, attn.reshape(m, H * Dv), L.bo, L.post_attn_norm, x, eps,
+                      scale=cfg.residual_scale)
             gate, up = _normed_group(L.gate_up, x, L.ffn_norm, eps)
             if L.down.act == "q8_1" and cfg.activation != "gelu_tanh" and gate.shape[1] % 32 == 0:
                 # the gate writes the down product's Q8_1 activations directly
                 _residual(L.down, None, None, L.post_ffn_norm, x, eps,
-                          act=loader.gated_q8_1(cfg.activation, gate, up))
+                          act=loader.gated_q8_1(cfg.activation, gate, up),
+                          scale=cfg.residual_scale)
             else:
                 loader.gated(cfg.activation, gate, up, out=gate)
-                _residual(L.down, gate, None, L.post_ffn_norm, x, eps)
+                _residual(L.down, gate, None, L.post_ffn_norm, x, eps,
+                          scale=cfg.residual_scale)
 
         h = loader.rms_norm(x, self.output_norm, eps)
         if hidden:
@@ -320,4 +335,6 @@ class CudaModel:
         if cfg.final_softcap:
             c = np.float32(cfg.final_softcap)
             out = cupy.tanh(out / c) * c
+        if cfg.logit_scale != 1.0:  # granite: times the float32 reciprocal, as the CPU
+            out *= np.float32(1.0 / cfg.logit_scale)
         return out

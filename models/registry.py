@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from localllm.formats import GGUFFile
-from localllm.models import bert, gemma2, gemma3, llama, olmo2, qwen, smollm3
+from localllm.models import bert, gemma2, gemma3, granite, llama, olmo2, phi3, qwen, smollm3
 from localllm.models.base import DecoderModel
 from localllm.models.config import ModelConfig, ModelError
 
@@ -21,6 +21,8 @@ BUILDERS: dict[str, Callable[[GGUFFile], DecoderModel | bert.EncoderModel]] = {
     # encoders (embeddings only)
     "bert": bert.build_bert,
     "nomic-bert": bert.build_nomic_bert,
+    "phi3": phi3.build,
+    "granite": granite.build,
 }
 # The configuration each builder reads (metadata only: no tensor is touched), for what a model
 # needs before it is loaded (`localllm show`). Same keys as BUILDERS.
@@ -34,6 +36,8 @@ CONFIGS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {
     "smollm3": smollm3.config,
     "bert": bert.config_bert,
     "nomic-bert": bert.config_nomic_bert,
+    "phi3": phi3.config,
+    "granite": granite.config,
 }
 
 

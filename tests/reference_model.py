@@ -4,7 +4,8 @@
 sequence at positions 0..n-1, computed the obvious way: every weight dequantized with
 `gguf.quants.dequantize` (the ground truth for the block formats) and every op written out in
 float64, one function per block. It follows llama.cpp's semantics (src/models/llama.cpp,
-qwen2.cpp, qwen3.cpp, gemma2.cpp, gemma3.cpp, olmo2.cpp, smollm3.cpp; hparams from src/llama-model.cpp `load_hparams` and each
+qwen2.cpp, qwen3.cpp, gemma2.cpp, gemma3.cpp, olmo2.cpp, smollm3.cpp, phi3.cpp, granite.cpp; hparams from
+src/llama-model.cpp `load_hparams` and each
 model's `load_arch_hparams`); comments name the behaviour each step mirrors.
 
 It deliberately shares no code with the engine (localllm.*): it has its own ~100-line GGUF
@@ -12,8 +13,8 @@ parser (memory-mapped, so the real 253 MB default model opens in well under a se
 gguf.GGUFReader's ~20 s), dequantizes only the embedding rows a prompt needs, and runs the
 262144-row tied output head in chunks so memory stays bounded.
 
-Not modelled (raise NotImplementedError): MoE, YaRN / LongRoPE rope scaling, per-layer SWA head
-sizes, fused attn_qkv tensors. llama.cpp's CPU GELU uses an fp16 lookup table; the reference
+Not modelled (raise NotImplementedError): MoE, YaRN rope scaling, per-layer SWA head sizes,
+fused attn_qkv tensors outside phi3 (phi3's fused qkv and gate/up and its LongRoPE factors are). llama.cpp's CPU GELU uses an fp16 lookup table; the reference
 uses the exact tanh formula it approximates.
 """
 
@@ -29,7 +30,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3", "phi3",
+                   "granite")
 
 # ----------------------------------------------------------------------------------------------
 # GGUF file parsing (spec: ggml/docs/gguf.md; little-endian, versions 2 and 3)
@@ -179,6 +181,10 @@ class HParams:
     rope_base_swa: float = 10000.0
     rope_freq_scale_swa: float = 1.0
     use_rope: list[bool] = field(default_factory=list)  # per layer; False: NoPE (smollm3)
+    residual_scale: float = 1.0  # granite: each block's output times this before the add
+    logit_scale: float = 1.0  # granite: logits divided by this
+    n_ctx_orig: int = 0  # LongRoPE (phi3): contexts above it take rope_factors_long
+    n_ctx: int = 0  # the context it runs in (phi3: picks the LongRoPE factor set)
 
 
 def _meta(meta: dict[str, Any], key: str, default: Any = None, required: bool = False) -> Any:
@@ -197,7 +203,9 @@ def _per_layer(value: Any, n_layer: int, key: str) -> list[int]:
     return [int(value)] * n_layer
 
 
-def read_hparams(gguf: GGUFFile) -> HParams:
+def read_hparams(gguf: GGUFFile, n_ctx: int | None = None) -> HParams:
+    """n_ctx: the context llama.cpp would run with (picks LongRoPE's factor set); default
+    the training context, as llama.cpp's n_ctx = 0."""
     meta = gguf.metadata
     arch = _meta(meta, "general.architecture", required=True)
     if arch not in SUPPORTED_ARCHS:
@@ -225,7 +233,8 @@ def read_hparams(gguf: GGUFFile) -> HParams:
                           ("rope.dimension_count_swa", n_rot)):
         if int(_meta(meta, f"{arch}.{swa_key}", full)) != full:
             raise NotImplementedError(f"{arch}.{swa_key} != its full-attention value")
-    if arch in ("llama", "qwen2", "qwen3", "olmo2", "smollm3") and not (head_dim_k == head_dim_v == n_rot):
+    if arch in ("llama", "qwen2", "qwen3", "olmo2", "smollm3", "granite") and not (
+            head_dim_k == head_dim_v == n_rot):
         # these graphs GGML_ASSERT(n_embd_head == n_rot) and k == v head sizes
         raise ValueError(f"{arch} needs key_length == value_length == rope.dimension_count")
 
@@ -249,7 +258,7 @@ def read_hparams(gguf: GGUFFile) -> HParams:
         n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
         head_dim_k=head_dim_k, head_dim_v=head_dim_v, n_rot=n_rot,
         rms_eps=float(_meta(meta, f"{arch}.attention.layer_norm_rms_epsilon", required=True)),
-        rope_neox=arch in ("qwen2", "qwen3", "gemma2", "gemma3", "olmo2"),
+        rope_neox=arch in ("qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "phi3"),
         rope_base=rope_base, rope_freq_scale=rope_freq_scale, rope_attn_factor=rope_attn_factor,
         kq_scale=1.0 / math.sqrt(head_dim_v if arch == "llama" else head_dim_k),
         q_scale=1.0, embd_scale=1.0, final_logit_softcap=0.0, attn_softcap=0.0, n_swa=0,
@@ -265,6 +274,24 @@ def read_hparams(gguf: GGUFFile) -> HParams:
         _gemma3_hparams(meta, hp)
     if arch == "gemma2":
         _gemma2_hparams(meta, hp)
+    if arch == "phi3":
+        # phi3.cpp: ggml_scale(Qcur, 1/sqrt(n_embd_head)), then build_attn(kq_scale = 1);
+        # the sliding window key is read and then switched off (full attention).
+        # n_ctx_orig_yarn: rope.scaling.original_context_length, default n_ctx_train
+        hp.q_scale, hp.kq_scale = 1.0 / math.sqrt(head_dim_k), 1.0
+        n_ctx_train = int(_meta(meta, "phi3.context_length", 2048))
+        hp.n_ctx_orig = int(_meta(meta, "phi3.rope.scaling.original_context_length",
+                                  n_ctx_train))
+        hp.n_ctx = n_ctx or n_ctx_train
+    if arch == "granite":
+        # granite.cpp: f_attention_scale (0: 1/sqrt(head)) as kq_scale; f_embedding_scale on
+        # the input embeddings, f_residual_scale on block outputs (0: off); logits / f_logit_scale
+        if not _meta(meta, "granite.rope.scaling.finetuned", True):
+            raise NotImplementedError("granite without rope is not modelled")
+        hp.kq_scale = float(_meta(meta, "granite.attention.scale", 0.0)) or hp.kq_scale
+        hp.embd_scale = float(_meta(meta, "granite.embedding_scale", 0.0)) or 1.0
+        hp.residual_scale = float(_meta(meta, "granite.residual_scale", 0.0)) or 1.0
+        hp.logit_scale = float(_meta(meta, "granite.logit_scale", required=True))
     return hp
 
 
@@ -421,6 +448,9 @@ _OPTIONAL = {
     "gemma3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
     "olmo2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
     "smollm3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+    "phi3": (),
+    "granite": ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
+                "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"),
 }
 _REQUIRED = {
     "llama": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
@@ -438,6 +468,10 @@ _REQUIRED = {
               "post_attention_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"),
     "smollm3": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
                 "ffn_gate", "ffn_up", "ffn_down"),
+    # fused: attn_qkv [q rows, k rows, v rows], ffn_up [gate rows, up rows]
+    "phi3": ("attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"),
+    "granite": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                "ffn_gate", "ffn_up", "ffn_down"),
 }
 
 # Output head rows dequantized at a time (262144 x 640 would be 1.3 GB in float64).
@@ -451,11 +485,11 @@ class ReferenceModel:
     go through a layer together), which keeps the real 270M model's memory small.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], n_ctx: int | None = None) -> None:
         self.gguf = GGUFFile(path)
         if "token_embd.weight" not in self.gguf.tensors:
             raise ValueError(f"{path}: no token_embd.weight tensor")
-        self.hp = read_hparams(self.gguf)
+        self.hp = read_hparams(self.gguf, n_ctx)
         self._check_tensors()
 
     # -- tensors ----------------------------------------------------------------------------
@@ -471,8 +505,10 @@ class ReferenceModel:
         optional = {"output.weight"}
         if hp.arch == "qwen2":
             optional.add("output.bias")
-        if hp.arch == "llama":
+        if hp.arch in ("llama", "granite"):
             optional.add("rope_freqs.weight")
+        if hp.arch == "phi3":
+            optional |= {"rope_factors_long.weight", "rope_factors_short.weight"}
         for il in range(hp.n_layer):
             optional |= {f"blk.{il}.{t}" for t in _OPTIONAL[hp.arch]}
         extra = sorted(names - expected - optional)
@@ -507,15 +543,23 @@ class ReferenceModel:
         hp, p = self.hp, f"blk.{il}."
         n = x.shape[0]
         n_head, n_head_kv = hp.n_head[il], hp.n_head_kv[il]
-        # build_qkv: separate Q/K/V matmuls, optional biases, reshape to heads
-        q = self._linear(x, p + "attn_q.weight", p + "attn_q.bias")
-        k = self._linear(x, p + "attn_k.weight", p + "attn_k.bias")
-        if hp.arch == "olmo2":  # olmo2: RMS norm over the whole Q (K) row, before the reshape
-            q = rms_norm(q, self._w(p + "attn_q_norm.weight"), hp.rms_eps)
-            k = rms_norm(k, self._w(p + "attn_k_norm.weight"), hp.rms_eps)
-        q = q.reshape(n, n_head, -1)
-        k = k.reshape(n, n_head_kv, -1)
-        v = self._linear(x, p + "attn_v.weight", p + "attn_v.bias").reshape(n, n_head_kv, -1)
+        if hp.arch == "phi3":
+            # build_qkv's fused path: one product, then views of its q, k, v columns
+            qkv = self._linear(x, p + "attn_qkv.weight")
+            nq, nk = n_head * hp.head_dim_k, n_head_kv * hp.head_dim_k
+            q = qkv[:, :nq].reshape(n, n_head, -1)
+            k = qkv[:, nq:nq + nk].reshape(n, n_head_kv, -1)
+            v = qkv[:, nq + nk:].reshape(n, n_head_kv, -1)
+        else:
+            # build_qkv: separate Q/K/V matmuls, optional biases, reshape to heads
+            q = self._linear(x, p + "attn_q.weight", p + "attn_q.bias")
+            k = self._linear(x, p + "attn_k.weight", p + "attn_k.bias")
+            if hp.arch == "olmo2":  # olmo2: RMS norm over the whole Q (K) row, before the reshape
+                q = rms_norm(q, self._w(p + "attn_q_norm.weight"), hp.rms_eps)
+                k = rms_norm(k, self._w(p + "attn_k_norm.weight"), hp.rms_eps)
+            q = q.reshape(n, n_head, -1)
+            k = k.reshape(n, n_head_kv, -1)
+            v = self._linear(x, p + "attn_v.weight", p + "attn_v.bias").reshape(n, n_head_kv, -1)
         # qwen3 / gemma3: RMS norm over each head's vector before rope (attn_q/k_norm)
         if hp.arch in ("qwen3", "gemma3"):
             q = rms_norm(q, self._w(p + "attn_q_norm.weight"), hp.rms_eps)
@@ -525,7 +569,10 @@ class ReferenceModel:
         swa = hp.is_swa[il]
         base = hp.rope_base_swa if swa else hp.rope_base
         scale = hp.rope_freq_scale_swa if swa else hp.rope_freq_scale
-        factors = self._w_opt("rope_freqs.weight") if hp.arch == "llama" else None
+        factors = self._w_opt("rope_freqs.weight") if hp.arch in ("llama", "granite") else None
+        if hp.arch == "phi3":  # get_rope_factors: long when n_ctx_seq > n_ctx_orig_yarn
+            factors = self._w_opt("rope_factors_long.weight" if hp.n_ctx > hp.n_ctx_orig
+                                  else "rope_factors_short.weight")
         pos = np.arange(n)
         if hp.use_rope[il]:  # smollm3's NoPE layers leave q and k as they are
             q = rope(q, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors)
@@ -547,13 +594,18 @@ class ReferenceModel:
         out = out.reshape(n, n_head * v.shape[-1])
         # wo, plus wo_b for llama only (qwen2/qwen3/gemma3 never load attn_output.bias)
         return self._linear(out, p + "attn_output.weight",
-                            p + "attn_output.bias" if hp.arch == "llama" else None)
+                            p + "attn_output.bias" if hp.arch in ("llama", "granite") else None)
 
     def ffn(self, x: np.ndarray, il: int) -> np.ndarray:
         """build_ffn(LLM_FFN_PAR): down(act(gate(x)) * up(x)); act = SiLU, or tanh-GELU for
         gemma2/gemma3. Biases only for llama (ffn_*_b)."""
         p = f"blk.{il}."
-        with_bias = self.hp.arch == "llama"
+        if self.hp.arch == "phi3":
+            # LLM_FFN_SWIGLU on the fused ffn_up: silu(first half) * second half
+            gate_up = self._linear(x, p + "ffn_up.weight")
+            ff = gate_up.shape[1] // 2
+            return self._linear(silu(gate_up[:, :ff]) * gate_up[:, ff:], p + "ffn_down.weight")
+        with_bias = self.hp.arch in ("llama", "granite")
         up = self._linear(x, p + "ffn_up.weight", p + "ffn_up.bias" if with_bias else None)
         gate = self._linear(x, p + "ffn_gate.weight", p + "ffn_gate.bias" if with_bias else None)
         act = gelu_tanh(gate) if self.hp.arch in ("gemma2", "gemma3") else silu(gate)
@@ -575,9 +627,11 @@ class ReferenceModel:
             x = x + rms_norm(self.attention(x, il), self._w(p + "post_attention_norm.weight"),
                              hp.rms_eps)
             return x + rms_norm(self.ffn(x, il), self._w(p + "post_ffw_norm.weight"), hp.rms_eps)
-        # llama.cpp / qwen2.cpp / qwen3.cpp / smollm3.cpp: pre-norm residual blocks
-        x = x + self.attention(rms_norm(x, self._w(p + "attn_norm.weight"), hp.rms_eps), il)
-        return x + self.ffn(rms_norm(x, self._w(p + "ffn_norm.weight"), hp.rms_eps), il)
+        # llama.cpp / qwen2.cpp / qwen3.cpp / smollm3.cpp / phi3.cpp / granite.cpp: pre-norm
+        # residual blocks (granite scales each block's output by f_residual_scale first)
+        rs = hp.residual_scale
+        x = x + rs * self.attention(rms_norm(x, self._w(p + "attn_norm.weight"), hp.rms_eps), il)
+        return x + rs * self.ffn(rms_norm(x, self._w(p + "ffn_norm.weight"), hp.rms_eps), il)
 
     def output(self, x: np.ndarray) -> np.ndarray:
         """output_norm, lm_head (output.weight, or token_embd when absent = tied), qwen2's
@@ -595,7 +649,7 @@ class ReferenceModel:
         if hp.final_logit_softcap:
             c = hp.final_logit_softcap
             logits = np.tanh(logits / c) * c
-        return logits
+        return logits / hp.logit_scale
 
     def logits(self, tokens: list[int] | np.ndarray) -> np.ndarray:
         """Logits [n_tokens, n_vocab] float64 for one sequence at positions 0..n-1."""
@@ -611,7 +665,8 @@ class ReferenceModel:
 
 
 def reference_logits(path: str | os.PathLike[str] | ReferenceModel,
-                     tokens: list[int] | np.ndarray) -> np.ndarray:
-    """Float64 reference logits [n_tokens, n_vocab] of `tokens` (positions 0..n-1)."""
-    model = path if isinstance(path, ReferenceModel) else ReferenceModel(path)
+                     tokens: list[int] | np.ndarray, n_ctx: int | None = None) -> np.ndarray:
+    """Float64 reference logits [n_tokens, n_vocab] of `tokens` (positions 0..n-1); n_ctx:
+    the context it runs in (only LongRoPE's choice of factors reads it)."""
+    model = path if isinstance(path, ReferenceModel) else ReferenceModel(path, n_ctx)
     return model.logits(tokens)

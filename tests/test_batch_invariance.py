@@ -151,3 +151,39 @@ def test_tiny_logits_bit_identical_however_computed(tmp_path: Path, arch: str) -
             "decode": _decode(e, ids), "with another": np.concatenate(mixed)[-LAST:]}
     for name, got in ways.items():
         assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got - ref).max()}"
+
+
+@pytest.mark.parametrize("arch,overrides", [
+    # fused q/k/v and gate/up row views (their r16 copies on VNNI machines), LongRoPE long
+    # factors with attn_factor, partial rotary, GQA
+    ("phi3", {"n_head_kv": 2, "rope_dims": 12, "context_length": 4096,
+              "original_context_length": 32}),
+    # embedding / residual / attention / logit multipliers
+    ("granite", {}),
+])
+def test_tiny_phi3_granite_logits_bit_identical_however_computed(
+        tmp_path: Path, arch: str, overrides: dict) -> None:
+    """As for gemma2: one prefill, chunks of 1 and 7, decode, and rows next to two other
+    sequences' give the same bits for the last 40 positions of a 60-token text."""
+    from gguf import GGMLQuantizationType as QT
+    from tiny_models import write_tiny_model
+
+    path = tmp_path / f"{arch}.gguf"
+    write_tiny_model(path, arch, qtype=QT.Q8_0, seed=3, **overrides)
+    e = Engine(path, n_ctx=128, n_slots=3, kv_type="f16")
+    rng = np.random.default_rng(0)
+    ids, other, quiet = (rng.integers(3, e.cfg.n_vocab, n).tolist() for n in (60, 70, 80))
+    ref = e.prefill(ids, logits="all").logits[-LAST:]
+    assert np.isfinite(ref).all()
+    for s in (0, 1, 2):
+        e.kv.clear(s)
+    mixed = []  # between another sequence's rows and rows of one that wants no logits
+    for i in range(0, len(ids), 6):
+        step = Batch.concat([Batch.for_sequence(other[i:i + 4], i, 1, "all"),
+                             Batch.for_sequence(ids[i:i + 6], i, 0, "all"),
+                             Batch.for_sequence(quiet[i:i + 8], i, 2, "none")])
+        mixed.append(e.step(step)[len(other[i:i + 4]):])
+    ways = {"chunks of 1": _chunked(e, ids, 1), "chunks of 7": _chunked(e, ids, 7),
+            "decode": _decode(e, ids), "with others": np.concatenate(mixed)[-LAST:]}
+    for name, got in ways.items():
+        assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got - ref).max()}"

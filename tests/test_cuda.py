@@ -246,6 +246,21 @@ def test_device_cuda_is_one_error_line(capsys: pytest.CaptureFixture[str]) -> No
         assert "no-such-model" in err[0]
 
 
+def test_weight_type_without_cuda_kernel_is_a_model_error() -> None:
+    """A type the CPU multiplies but the CUDA kernels do not (the i-quants): one ModelError
+    naming the tensor and type when the GPU model is built, before anything is uploaded."""
+    from localllm.models.base import QWeight
+    from localllm.models.config import ModelError
+    from localllm.models.cuda_model import GpuWeight
+
+    iq2 = 16  # IQ2_XXS: 66 bytes per 256 weights
+    assert iq2 not in loader.MMV_KERNELS
+    q = QWeight("blk.0.attn_q.weight", np.zeros((4, 66), np.uint8), iq2, 4, 256)
+    with pytest.raises(ModelError) as err:
+        GpuWeight(q, {})
+    assert all(w in str(err.value) for w in ("blk.0.attn_q.weight", "IQ2_XXS", "CUDA"))
+
+
 # ----------------------------------------------------------------------------- GPU numerics
 
 _SCALE_FIELDS = {2: [0], 3: [0, 2], 6: [0], 7: [0, 2], 8: [0], 12: [0, 2], 13: [0, 2],

@@ -34,6 +34,11 @@ TINY = [
     # no pre-norms, whole-row QK-norm, OLMo 3's windows (every 4th layer global)
     ("olmo2", QT.Q8_0, {"n_layer": 4, "sliding_window": 8}),
     ("smollm3", QT.Q4_K, {}),  # layer 3 without rope
+    # fused q/k/v and gate/up slices, LongRoPE's long factors (128 > 32) with attn_factor,
+    # partial rotary
+    ("phi3", QT.Q8_0, {"n_head_kv": 2, "rope_dims": 12, "context_length": 4096,
+                       "original_context_length": 32}),
+    ("granite", QT.Q4_K, {}),  # embedding, residual, attention and logit multipliers
 ]
 
 

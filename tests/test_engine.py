@@ -20,7 +20,7 @@ from localllm.kv.cache import KVCache
 from localllm.models.config import ModelError
 from localllm.models.registry import load_model
 
-ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3"]
+ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3", "phi3", "granite"]
 
 
 def _tol(qtype: QT, ref: np.ndarray) -> float:
@@ -160,7 +160,7 @@ def test_missing_tensor_is_named(tmp_path, models: dict) -> None:
 
 
 def test_weight_type_without_kernel_is_named_at_load(tmp_path, models: dict) -> None:
-    """A type the reader knows but no kernel runs (IQ2_XXS): named at load, not mid-forward."""
+    """A type the reader knows but no kernel runs (NVFP4): named at load, not mid-forward."""
     import struct
 
     data = bytearray(models["llama", QT.Q4_K].read_bytes())  # hidden 256: whole blocks
@@ -169,10 +169,10 @@ def test_weight_type_without_kernel_is_named_at_load(tmp_path, models: dict) -> 
     n_dims = struct.unpack_from("<I", data, at)[0]
     type_at = at + 4 + 8 * n_dims
     assert struct.unpack_from("<I", data, type_at)[0] == QT.Q4_K
-    struct.pack_into("<I", data, type_at, QT.IQ2_XXS)  # 66 bytes per block: fits in place
-    p = tmp_path / "iq2.gguf"
+    struct.pack_into("<I", data, type_at, QT.NVFP4)  # 144 bytes per 256 weights, as Q4_K
+    p = tmp_path / "nvfp4.gguf"
     p.write_bytes(bytes(data))
-    with pytest.raises(ModelError, match="blk.0.attn_q.weight.*IQ2_XXS"):
+    with pytest.raises(ModelError, match="blk.0.attn_q.weight.*NVFP4"):
         load_model(read_gguf(p))
 
 

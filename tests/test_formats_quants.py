@@ -29,6 +29,7 @@ F16_FIELDS: dict[T, tuple[int, ...]] = {
     T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
     T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
     T.IQ4_NL: (0,), T.IQ4_XS: (0,),
+    T.IQ2_XXS: (0,), T.IQ2_XS: (0,), T.IQ2_S: (0,), T.IQ3_XXS: (0,), T.IQ3_S: (0,),
 }
 
 
@@ -54,7 +55,8 @@ def _random_blocks(qtype: T, n_blocks: int, rng: np.random.Generator) -> np.ndar
 
 def test_layouts_match_ggml() -> None:
     assert {T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K,
-            T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS} == SUPPORTED_TYPES
+            T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS} <= SUPPORTED_TYPES
+    assert {T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S} <= SUPPORTED_TYPES
     for qtype in SUPPORTED_TYPES:
         assert block_size(qtype) == GGML_QUANT_SIZES[qtype], qtype.name
     assert row_nbytes(T.Q4_K, 1024) == 4 * 144
@@ -210,8 +212,8 @@ def test_round_trip_error(qtype: T) -> None:
 
 def test_errors_are_clear() -> None:
     raw = np.zeros(18, np.uint8)
-    with pytest.raises(QuantError, match="IQ2_XXS is not supported"):
-        dequantize(np.zeros(66, np.uint8), T.IQ2_XXS, (256,))
+    with pytest.raises(QuantError, match="NVFP4 is not supported"):
+        dequantize(np.zeros(36, np.uint8), T.NVFP4, (64,))
     with pytest.raises(QuantError, match="unknown ggml quant type id 99"):
         dequantize(raw, 99, (32,))
     with pytest.raises(QuantError, match="needs 36 bytes"):

@@ -84,7 +84,8 @@ def test_key_covers_sources_versions_and_switches(tmp_path: Path, monkeypatch) -
     monkeypatch.setenv("LOCALLLM_NO_SIMD", "" if os.environ.get("LOCALLLM_NO_SIMD") else "1")
     assert cache.cache_key([a]) != k2
     names = {p.name for p in cache.kernel_sources()}
-    assert {"matmul.py", "simd.py", "kv_quant.py", "qtypes.py", "halfbits.py"} <= names
+    assert {"matmul.py", "simd.py", "kv_quant.py", "qtypes.py", "halfbits.py",
+            "iq_tables.py"} <= names
 
 
 def test_this_process_uses_the_keyed_folder() -> None:

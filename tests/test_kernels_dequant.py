@@ -23,6 +23,11 @@ _F16_FIELDS: dict[int, tuple[int, ...]] = {
     dq.Q6_K: (208,),
     dq.IQ4_NL: (0,),
     dq.IQ4_XS: (0,),
+    dq.IQ2_XXS: (0,),
+    dq.IQ2_XS: (0,),
+    dq.IQ2_S: (0,),
+    dq.IQ3_XXS: (0,),
+    dq.IQ3_S: (0,),
 }
 _FLOAT_TYPES = (dq.F32, dq.F16, dq.BF16)
 
@@ -162,8 +167,8 @@ def test_threaded_split_matches_gguf(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_errors() -> None:
     raw = np.zeros((4, 34 * 2), dtype=np.uint8)  # 4 rows of 64 Q8_0 elements
-    with pytest.raises(ValueError, match="IQ2_XXS"):
-        dq.dequantize(raw, 16, (4, 64))
+    with pytest.raises(ValueError, match="NVFP4"):
+        dq.dequantize(raw, 40, (4, 64))
     with pytest.raises(ValueError, match="999"):
         dq.dequantize(raw, 999, (4, 64))
     with pytest.raises(ValueError, match="not a multiple"):

@@ -38,6 +38,10 @@ _BLOCKS = {
     T.Q2_K: (84, 256, [80, 82], 0.01), T.Q3_K: (110, 256, [108], 0.01),
     T.Q4_K: (144, 256, [0, 2], 0.01), T.Q5_K: (176, 256, [0, 2], 0.01),
     T.Q6_K: (210, 256, [208], 0.01), T.IQ4_XS: (136, 256, [0], 0.01),
+    # i-quants: every byte pattern of the rest of the block is a valid grid index / sign / scale
+    T.IQ2_XXS: (66, 256, [0], 0.01), T.IQ2_XS: (74, 256, [0], 0.01),
+    T.IQ2_S: (82, 256, [0], 0.01), T.IQ3_XXS: (98, 256, [0], 0.01),
+    T.IQ3_S: (110, 256, [0], 0.01),
 }
 ALL_TYPES = [T.F32, T.F16, T.BF16, *_BLOCKS]
 
@@ -402,8 +406,8 @@ def test_errors_are_clear() -> None:
     w = random_weight(T.Q8_0, 8, 64, rng)
     x = np.zeros((2, 64), np.float32)
     out = np.zeros((2, 8), np.float32)
-    with pytest.raises(ValueError, match="IQ2_XXS"):
-        mm.matmul(w, int(T.IQ2_XXS), x, out)
+    with pytest.raises(ValueError, match="NVFP4"):
+        mm.matmul(w, int(T.NVFP4), x, out)
     with pytest.raises(TypeError, match="qtype"):
         mm.matmul(w, "Q8_0", x, out)
     with pytest.raises(TypeError, match="qtype"):
@@ -478,7 +482,8 @@ _HASWELL = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+f16c,+fma,+fsgsbase,+lzcn
 @pytest.mark.skipif(not FEATURES.simd, reason="no AVX2/FMA/F16C: the portable path runs")
 def test_plain_avx2_target() -> None:
     """Compiled for a plain AVX2 CPU (Numba told so via NUMBA_CPU_NAME/FEATURES), the kernels
-    take the no-VNNI code: sign trick for Q8_0/IQ4_NL, vpmaddubsw + vpmaddwd everywhere."""
+    take the no-VNNI code: sign trick for Q8_0/IQ4_NL, vpmaddubsw + vpmaddwd everywhere (the
+    i-quants' grid gathers included: IQ3_XXS)."""
     code = (
         "import sys\n"
         f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
@@ -488,7 +493,8 @@ def test_plain_avx2_target() -> None:
         "from test_kernels_matmul import check_product, random_weight\n"
         "assert mm.kernel_path() == 'avx2', mm.kernel_path()\n"
         "rng = np.random.default_rng(0)\n"
-        "for qt, k in ((T.Q8_0, 160), (T.IQ4_NL, 160), (T.Q5_0, 160), (T.Q4_K, 256)):\n"
+        "for qt, k in ((T.Q8_0, 160), (T.IQ4_NL, 160), (T.Q5_0, 160), (T.Q4_K, 256),\n"
+        "              (T.IQ3_XXS, 256)):\n"
         "    w = random_weight(qt, 37, k, rng)\n"
         "    for n in (1, 5):\n"
         "        x = rng.standard_normal((n, k)).astype(np.float32)\n"

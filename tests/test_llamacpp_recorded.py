@@ -51,8 +51,9 @@ def test_logits_and_greedy_match_recorded_llama_cpp(tmp_path: Path, record: Path
     assert mine.shape == recorded.shape
     np.testing.assert_allclose(mine, recorded, atol=LOGIT_TOL, rtol=0)
     assert (mine.argmax(1) == recorded.argmax(1)).all()
-    ref = reference_logits(path, ids)[r["rows_from"]:]
-    np.testing.assert_allclose(ref, recorded, atol=REFERENCE_TOL, rtol=0)
+    ref = reference_logits(path, ids, n_ctx=len(ids) + n_predict + 8)[r["rows_from"]:]
+    # quantized-weight records carry their own: the reference does not quantize activations
+    np.testing.assert_allclose(ref, recorded, atol=r.get("reference_tol", REFERENCE_TOL), rtol=0)
 
     greedy = [int(np.argmax(logits[-1]))]
     while len(greedy) < n_predict:

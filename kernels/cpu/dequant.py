@@ -27,11 +27,29 @@ import numba
 import numpy as np
 from numba import njit
 
+from localllm.formats.iq_tables import (
+    IQ2S_GRID,
+    IQ2XS_GRID,
+    IQ2XXS_GRID,
+    IQ3S_GRID,
+    IQ3XXS_GRID,
+    KSIGNS,
+)
 from localllm.formats.qtypes import (
     BF16,
     F16,
     F32,
     GGML_NAMES,
+    IQ2_S,
+    IQ2_S_BYTES,
+    IQ2_XS,
+    IQ2_XS_BYTES,
+    IQ2_XXS,
+    IQ2_XXS_BYTES,
+    IQ3_S,
+    IQ3_S_BYTES,
+    IQ3_XXS,
+    IQ3_XXS_BYTES,
     IQ4_NL,
     IQ4_NL_BYTES,
     IQ4_XS,
@@ -412,6 +430,113 @@ def _deq_iq4_xs(src, dst, b0, b1, kv):
                 dst[y + s * 32 + 16 + i] = dl * kv[q >> 4]
 
 
+# i-quants: a group of 8 (IQ2) or 4 (IQ3) weights is a grid entry (formats/iq_tables.py,
+# frozen into the code as constants) times its signs; operation order as ggml's
+# dequantize_row_iq* (dl = d * (0.5 + ls) * 0.25, then dl * grid, negated by the sign bit).
+
+
+@njit(cache=True)
+def _iq_group(dst, y, dl, grid, gi, signs, n):
+    """dst[y:y+n] = dl * grid[gi, :n] * (-1 where bit j of `signs` is set, else +1).
+
+    A multiplication by -1, not a negation: a NaN scale keeps its sign bit, as in ggml."""
+    for j in range(n):
+        sign = np.float32(1 - 2 * ((signs >> j) & 1))
+        dst[y + j] = dl * np.float32(grid[gi, j]) * sign
+
+
+@njit(cache=True)
+def _deq_iq2_xxs(src, dst, b0, b1):
+    # block: d f16 | per 32 weights: 4 grid bytes, u32 (4 x 7 sign bits | ls << 28)
+    for b in range(b0, b1):
+        o = b * IQ2_XXS_BYTES
+        y = b * QK_K
+        d = _f16_at(src, o)
+        for s in range(8):
+            q = o + 2 + 8 * s
+            a1 = np.int64(_u32_at(src, q + 4))
+            dl = d * (np.float32(0.5) + np.float32(a1 >> 28)) * np.float32(0.25)
+            for g in range(4):
+                sg = np.int64(KSIGNS[(a1 >> (7 * g)) & 127])
+                _iq_group(dst, y + 32 * s + 8 * g, dl, IQ2XXS_GRID, src[q + g], sg, 8)
+
+
+@njit(cache=True)
+def _deq_iq2_xs(src, dst, b0, b1):
+    # block: d f16 | qs u16[32] (9-bit grid index | 7 sign bits << 9) | scales[8] (ls per 16)
+    for b in range(b0, b1):
+        o = b * IQ2_XS_BYTES
+        y = b * QK_K
+        d = _f16_at(src, o)
+        for h in range(16):
+            ls = (np.int64(src[o + 66 + h // 2]) >> (4 * (h % 2))) & 0xF
+            dl = d * (np.float32(0.5) + np.float32(ls)) * np.float32(0.25)
+            for g in range(2):
+                q = o + 2 + 4 * h + 2 * g
+                v = np.int64(src[q]) | (np.int64(src[q + 1]) << 8)
+                _iq_group(dst, y + 16 * h + 8 * g, dl, IQ2XS_GRID, v & 511,
+                          np.int64(KSIGNS[v >> 9]), 8)
+
+
+@njit(cache=True)
+def _deq_iq2_s(src, dst, b0, b1):
+    # block: d f16 | qs[32] grid index low | signs[32] | qh[8] (2 high bits per group) |
+    # scales[8] (ls per 16)
+    for b in range(b0, b1):
+        o = b * IQ2_S_BYTES
+        y = b * QK_K
+        d = _f16_at(src, o)
+        for h in range(16):
+            ls = (np.int64(src[o + 74 + h // 2]) >> (4 * (h % 2))) & 0xF
+            dl = d * (np.float32(0.5) + np.float32(ls)) * np.float32(0.25)
+            for g in range(2):
+                i = 2 * h + g  # group of 8
+                gi = np.int64(src[o + 2 + i]) | (((np.int64(src[o + 66 + i // 4]) >> (2 * (i % 4)))
+                                                 & 3) << 8)
+                _iq_group(dst, y + 8 * i, dl, IQ2S_GRID, gi, np.int64(src[o + 34 + i]), 8)
+
+
+@njit(cache=True)
+def _deq_iq3_xxs(src, dst, b0, b1):
+    # block: d f16 | qs[64] grid indices (4 weights each) | u32[8] (4 x 7 sign bits | ls << 28)
+    for b in range(b0, b1):
+        o = b * IQ3_XXS_BYTES
+        y = b * QK_K
+        d = _f16_at(src, o)
+        for s in range(8):
+            a = np.int64(_u32_at(src, o + 66 + 4 * s))
+            dl = d * (np.float32(0.5) + np.float32(a >> 28)) * np.float32(0.5)
+            for g in range(4):
+                sg = np.int64(KSIGNS[(a >> (7 * g)) & 127])
+                q = o + 2 + 8 * s + 2 * g
+                z = y + 32 * s + 8 * g
+                _iq_group(dst, z, dl, IQ3XXS_GRID, src[q], sg, 4)
+                _iq_group(dst, z + 4, dl, IQ3XXS_GRID, src[q + 1], sg >> 4, 4)
+
+
+@njit(cache=True)
+def _deq_iq3_s(src, dst, b0, b1):
+    # block: d f16 | qs[64] grid index low | qh[8] (high bit per index) | signs[32] |
+    # scales[4] (ls per 32)
+    for b in range(b0, b1):
+        o = b * IQ3_S_BYTES
+        y = b * QK_K
+        d = _f16_at(src, o)
+        for s in range(8):
+            ls = (np.int64(src[o + 106 + s // 2]) >> (4 * (s % 2))) & 0xF
+            dl = d * np.float32(1 + 2 * ls)
+            qh = np.int64(src[o + 66 + s])
+            for g in range(4):
+                sg = np.int64(src[o + 74 + 4 * s + g])
+                q = o + 2 + 8 * s + 2 * g
+                z = y + 32 * s + 8 * g
+                m = 2 * g
+                _iq_group(dst, z, dl, IQ3S_GRID, np.int64(src[q]) | (((qh >> m) & 1) << 8),
+                          sg, 4)
+                _iq_group(dst, z + 4, dl, IQ3S_GRID,
+                          np.int64(src[q + 1]) | (((qh >> (m + 1)) & 1) << 8), sg >> 4, 4)
+
+
 @njit(cache=True)
 def _deq_range(qtype, src, dst, b0, b1, kv):
     """Decode blocks b0..b1-1 of one row of type `qtype` (src: [row_bytes] u8, dst: [K] f32)."""
@@ -439,6 +564,16 @@ def _deq_range(qtype, src, dst, b0, b1, kv):
         _deq_iq4_nl(src, dst, b0, b1, kv)
     elif qtype == IQ4_XS:
         _deq_iq4_xs(src, dst, b0, b1, kv)
+    elif qtype == IQ2_XXS:
+        _deq_iq2_xxs(src, dst, b0, b1)
+    elif qtype == IQ2_XS:
+        _deq_iq2_xs(src, dst, b0, b1)
+    elif qtype == IQ2_S:
+        _deq_iq2_s(src, dst, b0, b1)
+    elif qtype == IQ3_XXS:
+        _deq_iq3_xxs(src, dst, b0, b1)
+    elif qtype == IQ3_S:
+        _deq_iq3_s(src, dst, b0, b1)
     elif qtype == F32:
         _deq_f32(src, dst, b0, b1)
     elif qtype == F16:
@@ -529,6 +664,31 @@ def _rows_iq4_xs(raw2d, ids, out, b0, b1, kv):
     for r in range(ids.shape[0]):
         _deq_iq4_xs(raw2d[ids[r]], out[r], b0, b1, kv)
 
+@njit(cache=True, nogil=True)
+def _rows_iq2_xxs(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_iq2_xxs(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_iq2_xs(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_iq2_xs(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_iq2_s(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_iq2_s(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_iq3_xxs(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_iq3_xxs(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_iq3_s(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_iq3_s(raw2d[ids[r]], out[r], b0, b1)
+
 
 _ROWS_BY_TYPE = {
     F32: _rows_f32,
@@ -546,6 +706,11 @@ _ROWS_BY_TYPE = {
     Q6_K: _rows_q6_k,
     IQ4_NL: _rows_iq4_nl,
     IQ4_XS: _rows_iq4_xs,
+    IQ2_XXS: _rows_iq2_xxs,
+    IQ2_XS: _rows_iq2_xs,
+    IQ2_S: _rows_iq2_s,
+    IQ3_XXS: _rows_iq3_xxs,
+    IQ3_S: _rows_iq3_s,
 }
 
 

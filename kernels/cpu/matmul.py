@@ -46,8 +46,8 @@ path allocates nothing; pass `scratch=` to manage them yourself.
 Files, by job (each readable in one sitting):
 
 * mm_common: type ids, block shapes and activation formats, the shared tile store, addresses;
-* mm_b32 / mm_kquants / mm_float: the row kernels of the 32-weight block types, the K-quants
-  (and IQ4_XS), the float types; mm_r16: the row-interleaved layout, its kernels and repacking
+* mm_b32 / mm_kquants / mm_iquants / mm_float: the row kernels of the 32-weight block types,
+  the K-quants (and IQ4_XS), the grid i-quants (IQ2_*, IQ3_*), the float types; mm_r16: the row-interleaved layout, its kernels and repacking
   (mm_r16k: the same for Q4_K / Q5_K / Q6_K);
 * mm_driver: one C-callable row kernel per type and the parallel driver that calls them;
 * mm_portable: the path for any CPU; scratch: the activation buffers;

@@ -2,6 +2,7 @@
 format, the activation tile store, and the address intrinsics of the C-callable row kernels.
 
 Kernel modules by job: mm_b32 (32-weight block types), mm_kquants (the K-quants and IQ4_XS),
+mm_iquants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S),
 mm_float (F32/F16/BF16), mm_r16 (the row-interleaved layout), mm_driver (one C entry per type
 and the parallel driver), mm_portable (any CPU), scratch (activation buffers) and matmul (the
 entry point). Design notes are in matmul's docstring.
@@ -17,6 +18,11 @@ from localllm.formats.qtypes import (  # noqa: F401 - the ids, re-exported to th
     BF16,
     F16,
     F32,
+    IQ2_S,
+    IQ2_XS,
+    IQ2_XXS,
+    IQ3_S,
+    IQ3_XXS,
     IQ4_NL,
     IQ4_XS,
     Q2_K,

@@ -25,6 +25,11 @@ from localllm.kernels.cpu.mm_common import (
     BF16,
     F16,
     F32,
+    IQ2_S,
+    IQ2_XS,
+    IQ2_XXS,
+    IQ3_S,
+    IQ3_XXS,
     IQ4_NL,
     IQ4_XS,
     Q2_K,
@@ -48,6 +53,7 @@ from localllm.kernels.cpu.mm_float import (
     _dot1_f,
     _dot4_f,
 )
+from localllm.kernels.cpu.mm_iquants import _dot1_iq, _dot4_iq
 from localllm.kernels.cpu.mm_kquants import (
     _dot1_iq4xs,
     _dot1_k23,
@@ -107,6 +113,9 @@ _DOT4W = {t: _dot4_b32w for t in _B32_BYTES}
 for _t in _B32_BYTES:
     _DOT1[_t] = _dot1_b32
     _DOT4[_t] = _dot4_b32
+for _t in (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S):  # the i-quants (mm_iquants)
+    _DOT1[_t] = _dot1_iq
+    _DOT4[_t] = _dot4_iq
 
 
 def _dot1(qt, wide, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
@@ -241,6 +250,26 @@ def _k_iq4_xs(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
     _rows(IQ4_XS, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
 
 
+def _k_iq2_xxs(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(IQ2_XXS, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_iq2_xs(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(IQ2_XS, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_iq2_s(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(IQ2_S, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_iq3_xxs(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(IQ3_XXS, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_iq3_s(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(IQ3_S, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
 def _k_q4_0_256(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
     _rows(Q4_0, 0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
 
@@ -309,6 +338,8 @@ _KERNEL_PY = {  # 256-bit kernels (every type)
     Q5_0: _k_q5_0_256, Q5_1: _k_q5_1_256, Q8_0: _k_q8_0_256, IQ4_NL: _k_iq4_nl_256,
     Q2_K: _k_q2_k, Q3_K: _k_q3_k, Q4_K: _k_q4_k, Q5_K: _k_q5_k, Q6_K: _k_q6_k,
     IQ4_XS: _k_iq4_xs,
+    IQ2_XXS: _k_iq2_xxs, IQ2_XS: _k_iq2_xs, IQ2_S: _k_iq2_s, IQ3_XXS: _k_iq3_xxs,
+    IQ3_S: _k_iq3_s,
 }
 _KERNELS: dict[tuple[int, object], object] = {}  # (qtype, wide or "r16") -> numba.cfunc
 

@@ -141,8 +141,11 @@ def rope_inv_freq(theta_base: float, n_rot: int,
 
 def rope_tables(pos: np.ndarray, theta_base: float, freq_scale: float = 1.0,
                 n_rot: int = 0, freq_factors: np.ndarray | None = None,
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """(cos, sin), each [N, n_rot/2] float32, of the rope angles for positions pos [N]."""
+                attn_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin), each [N, n_rot/2] float32, of the rope angles for positions pos [N].
+
+    attn_factor multiplies both (ggml's mscale with ext_factor 0: LongRoPE's attention
+    factor), so the rotated dims of q and k come out scaled by it and the rest do not."""
     pos64 = np.asarray(pos)
     if pos64.ndim != 1 or not np.issubdtype(pos64.dtype, np.integer):
         raise ValueError(f"pos must be a 1-D integer array, got {pos64.dtype} {pos64.shape}")
@@ -150,6 +153,9 @@ def rope_tables(pos: np.ndarray, theta_base: float, freq_scale: float = 1.0,
         raise ValueError(f"n_rot must be a positive even number, got {n_rot}")
     inv_freq = rope_inv_freq(theta_base, n_rot, freq_factors)  # [n_rot/2] float64
     theta = (pos64.astype(np.float64) * float(freq_scale))[:, None] * inv_freq[None, :]
+    if attn_factor != 1.0:
+        return ((np.cos(theta) * attn_factor).astype(np.float32),
+                (np.sin(theta) * attn_factor).astype(np.float32))
     return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
 
 

@@ -60,6 +60,9 @@ class Request:
     # also the prompt's tokens' log-probabilities (each given the tokens before it; the
     # first has none), on the first event: every prompt row is evaluated, no cache reuse
     prompt_logprobs: bool = False
+    # control tokens rendered in the text (others are dropped): the structure of a reply
+    # format the front door parses, gpt-oss's harmony <|channel|>, <|message|> ...
+    show_tokens: frozenset[int] = frozenset()
 
 
 class Handle:

@@ -34,11 +34,13 @@ from localllm.server.common import (
     check_tools,
     format_constraint,
     get,
+    harmony_answer_first,
     parse_stop,
     raw_prompt,
     read_json,
     render_prompt,
     require_generation,
+    shown_tokens,
     tool_names,
     unsupported,
 )
@@ -90,22 +92,48 @@ def _include_usage(body: dict[str, Any]) -> bool:
     return bool(get(so, "include_usage", bool, False))
 
 
-def _think(body: dict[str, Any], can_think: bool) -> tuple[bool | None, bool]:
-    """(the template's enable_thinking, whether reasoning_content is split out), as
-    llama-server does: a thinking model's reasoning goes to `reasoning_content` unless
-    `reasoning_format` is "none"; `chat_template_kwargs.enable_thinking` (llama-server) or
-    `reasoning_effort` "none" (Ollama's mapping) turns thinking off in the template."""
+# OpenAI's reasoning efforts as Ollama maps them onto its think levels
+# (openai.thinkFromReasoningEffort): past either end of Ollama's scale, the nearest level
+_EFFORTS: dict[str, bool | str] = {
+    "none": False, "minimal": "low", "low": "low", "medium": "medium", "high": "high",
+    "max": "max", "xhigh": "max", "ultra": "max"}
+
+
+def _think(body: dict[str, Any], can_think: bool) -> tuple[bool | str | None, bool]:
+    """(the template's enable_thinking or think level, whether reasoning_content is split
+    out), as llama-server does: a thinking model's reasoning goes to `reasoning_content`
+    unless `reasoning_format` is "none"; `chat_template_kwargs.enable_thinking`
+    (llama-server) turns thinking on or off in the template. `reasoning_effort` (or
+    `reasoning.effort`, or llama-server's `chat_template_kwargs.reasoning_effort`) is read
+    as Ollama reads it: "none" is off, a level is on at that effort (gpt-oss's
+    "Reasoning: ..."), anything else a 400, and so is any effort but "none" for a model
+    that cannot think."""
     kwargs = get(body, "chat_template_kwargs", dict, {})
-    enable = get(kwargs, "enable_thinking", bool, where="chat_template_kwargs.")
-    effort = get(body, "reasoning_effort", str)
-    if enable is None and effort is not None:
-        enable = effort != "none"
+    enable: bool | str | None = get(kwargs, "enable_thinking", bool,
+                                    where="chat_template_kwargs.")
+    # llama-server's way to set gpt-oss's effort: a template variable
+    effort = get(kwargs, "reasoning_effort", str, where="chat_template_kwargs.")
+    effort = get(body, "reasoning_effort", str, effort)
+    reasoning = get(body, "reasoning", dict)
+    if reasoning is not None:  # the Responses API's shape, which Ollama takes here too
+        effort = get(reasoning, "effort", str, effort, where="reasoning.")
+    level = None
+    if effort is not None:
+        if effort not in _EFFORTS:
+            raise ApiError(400, f"invalid reasoning value: {json.dumps(effort)} (must be "
+                                + ", ".join(f'"{e}"' for e in _EFFORTS if e != "none")
+                                + ', or "none")')
+        level = _EFFORTS[effort]
     fmt = get(body, "reasoning_format", str, "auto")
     if fmt not in ("auto", "deepseek", "deepseek-legacy", "none"):
         raise ApiError(400, "'reasoning_format' must be one of auto, deepseek, "
                             "deepseek-legacy, none")
     if not can_think:
+        if level:
+            raise ApiError(400, f"{json.dumps(body.get('model'))} does not support thinking")
         return None, False
+    if level is not None and (enable is None or (enable and isinstance(level, str))):
+        enable = level
     return enable, fmt != "none"
 
 
@@ -119,14 +147,15 @@ def _chat_message(text: str, ev: Event, split: ThinkStream, calls_in: ToolStream
     reasoning, text = split.whole(text)
     msg: dict[str, Any] = {"role": "assistant", "content": text}
     finish = ev.done_reason
+    rest, calls = text, split.calls  # a harmony reply's calls, from its own channel
     if calls_in is not None:
         calls_in.push(text)
         calls_in.sent = 0  # nothing was shown: the whole content is still to send
         rest, calls = calls_in.end()
-        if calls:
-            msg = {"role": "assistant", "content": rest or None,
-                   "tool_calls": to_openai_tool_calls(calls)}
-            finish = "tool_calls"
+    if calls:
+        msg = {"role": "assistant", "content": rest or None,
+               "tool_calls": to_openai_tool_calls(calls)}
+        finish = "tool_calls"
     if reasoning:
         msg["reasoning_content"] = reasoning
     return msg, finish
@@ -169,21 +198,34 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
     if choice == "none":
         tools = []
     forced = tool_choice.call_schema(tools, choice, get(body, "parallel_tool_calls", bool, True))
-    enable_thinking, extract = _think(body, state.engine.template.caps.thinking)
-    if forced is not None and state.engine.template.caps.thinking:
+    caps = state.engine.template.caps
+    enable_thinking, extract = _think(body, caps.thinking)
+    if forced is not None and caps.thinking:
         enable_thinking = False  # the grammar starts at the reply's first token: no <think>
     ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages, None, tools,
                                                enable_thinking)
+    # a harmony reply (gpt-oss) is parsed into its channels unless reasoning_format is
+    # "none": then, as llama-server, it is all content, channels and all
+    harmony = caps.harmony and extract
     constraints = await _constraints(state, body, n, forced)
-    base = Request(ids, cfg, max_tokens=n_max, stop=stop, logprobs=top)
+    ids, prompt_text = harmony_answer_first(state.engine, ids, prompt_text, constraints[0],
+                                            caps.harmony)
+    base = Request(ids, cfg, max_tokens=n_max, stop=stop, logprobs=top,
+                   show_tokens=shown_tokens(state.engine, caps.harmony))
     streams = await submit(state, lambda i: choice_request(
         dataclasses.replace(base, constraint=constraints[i]), i), n, request)
     rid, created = f"chatcmpl-{streams[0].handle.id}", int(time.time())
     head = {"id": rid, "created": created, "model": model, "system_fingerprint": FINGERPRINT}
-    tok, caps, names = state.engine.tokenizer, state.engine.template.caps, tool_names(tools)
+    tok, names = state.engine.tokenizer, tool_names(tools)
 
     def tool_stream() -> ToolStream | None:
-        return ToolStream(caps, names) if tools else None
+        # a harmony reply's calls come from its own channel (the splitter), but a forced
+        # call is constrained JSON in the final channel
+        return ToolStream(caps, names) if tools and (not harmony or forced is not None) \
+            else None
+
+    def think_stream() -> ThinkStream:
+        return ThinkStream(extract, prompt_text, harmony)
 
     def logprobs(entries: list[Any]) -> dict[str, Any] | None:
         return None if top is None else {"content": chat_content(tok, entries), "refusal": None}
@@ -191,7 +233,7 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
     if not stream:
         choices, evs = [], []
         for i, (text, ev) in enumerate(await _collect_all(streams, request)):
-            msg, finish = _chat_message(text, ev, ThinkStream(extract, prompt_text), tool_stream())
+            msg, finish = _chat_message(text, ev, think_stream(), tool_stream())
             choices.append({"index": i, "message": msg, "logprobs": logprobs(ev.logprobs),
                             "finish_reason": finish})
             evs.append(ev)
@@ -201,7 +243,7 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
     finals: list[Event | None] = [None] * n
 
     async def choice_events(i: int, s: Stream) -> AsyncIterator[bytes]:
-        split, calls_in = ThinkStream(extract, prompt_text), tool_stream()
+        split, calls_in = think_stream(), tool_stream()
         held: list[Any] = []  # log-prob entries of text not sent yet
         first = True
 
@@ -226,7 +268,7 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
             if ev.done:
                 t1, c1 = split.push(ev.text)
                 t2, c2 = split.finish()
-                reasoning, text, calls, finish = t1 + t2, c1 + c2, [], ev.done_reason
+                reasoning, text, calls, finish = t1 + t2, c1 + c2, split.calls, ev.done_reason
                 if calls_in is not None:
                     text = calls_in.push(text)
                     rest, calls = calls_in.end()

@@ -49,9 +49,11 @@ from localllm.server.common import (
     check_tools,
     format_constraint,
     get,
+    harmony_answer_first,
     read_json,
     render_prompt,
     require_generation,
+    shown_tokens,
     tool_names,
 )
 
@@ -273,13 +275,18 @@ async def responses(request: HttpRequest, state: ServerState) -> Response:
                             "a tool call")
     constraint = await format_constraint(state, forced if forced is not None else fmt,
                                          "tools" if forced is not None else "text.format")
-    think = state.engine.template.caps.thinking
+    caps = state.engine.template.caps
     # a forced call's grammar starts at the reply's first token: no <think> block then
     ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages, None,
-                                               tools, False if think and forced else None)
-    split = ThinkStream(True if think else None, prompt_text)
-    calls_in = ToolStream(state.engine.template.caps, tool_names(tools)) if tools else None
-    s = Stream(state, Request(ids, cfg, max_tokens=n_max, constraint=constraint))
+                                               tools, False if caps.thinking and forced else None)
+    # gpt-oss: harmony's channels parsed (its calls in split.calls), as chat does
+    ids, prompt_text = harmony_answer_first(state.engine, ids, prompt_text, constraint,
+                                            caps.harmony)
+    split = ThinkStream(True if caps.thinking else None, prompt_text, caps.harmony)
+    calls_in = ToolStream(caps, tool_names(tools)) \
+        if tools and (not caps.harmony or forced is not None) else None
+    s = Stream(state, Request(ids, cfg, max_tokens=n_max, constraint=constraint,
+                              show_tokens=shown_tokens(state.engine, caps.harmony)))
     reply = _Reply(state, body, model, n_max)
     conv = [m for m in messages if m not in system]
 
@@ -294,7 +301,7 @@ async def responses(request: HttpRequest, state: ServerState) -> Response:
     if not stream:
         text, ev = await s.collect(request)
         reasoning, text = split.whole(text)
-        calls: list[dict[str, Any]] = []
+        calls = split.calls
         if calls_in is not None:
             calls_in.push(text)
             calls_in.sent = 0
@@ -331,7 +338,7 @@ async def responses(request: HttpRequest, state: ServerState) -> Response:
                 if ev.done:
                     r2, c2 = split.finish()
                     reasoning, text = reasoning + r2, text + c2
-                calls: list[dict[str, Any]] = []
+                calls: list[dict[str, Any]] = split.calls if ev.done else []
                 if calls_in is not None:
                     text = calls_in.push(text)
                     if ev.done:

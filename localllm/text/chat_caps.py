@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from localllm.text.harmony import is_harmony_template
+
 Messages = list[dict[str, Any]]
 RenderFn = Callable[..., str]  # (messages, add_generation_prompt, **context) -> text
 
@@ -41,6 +43,7 @@ class TemplateCaps:
     object_arguments: bool = True  # tool call arguments shown when given as a dict
     typed_content: bool = False  # contents must be [{"type": "text", "text": ...}]
     thinking: bool = False  # the template knows enable_thinking / reasoning_content / <think>
+    harmony: bool = False  # it writes gpt-oss's harmony channels (localllm.text.harmony)
     tool_call_format: str = "generic"  # which parser in localllm.text.tool_calls fits its output
 
     def to_dict(self) -> dict[str, Any]:
@@ -173,7 +176,10 @@ def probe(render: RenderFn, source: str) -> TemplateCaps:
     call_turn = with_call(args) if caps.tool_calls else [
         first_user, {"role": "assistant", "content": wrap("ok")}]
     caps.tool_responses = shows(_RESULT_NEEDLE, [*call_turn, result], tools=[_PROBE_TOOL])
-    caps.thinking = any(s in source for s in ("enable_thinking", "reasoning_content", "<think>"))
+    # a harmony template always thinks: its replies open in the analysis channel
+    caps.harmony = is_harmony_template(source)
+    caps.thinking = caps.harmony or any(
+        s in source for s in ("enable_thinking", "reasoning_content", "<think>"))
     caps.tool_call_format = _detect_format(source)
     return caps
 
@@ -227,6 +233,12 @@ def polyfill(messages: Sequence[Mapping[str, Any]], caps: TemplateCaps,
             out[0]["content"] = text_of(out[0].get("content")) + "\n\n" + text
         else:
             out.insert(0, {"role": "system", "content": text})
+
+    if caps.harmony:
+        # gpt-oss's templates read an earlier turn's reasoning from `thinking` (as
+        # llama.cpp copies it there from the APIs' reasoning_content)
+        out = [{**m, "thinking": m["reasoning_content"]} if m.get("reasoning_content")
+               and not m.get("thinking") else m for m in out]
 
     fixed: Messages = []
     pending_ids: list[str] = []  # ids of calls not yet answered, in order
