@@ -203,3 +203,26 @@ def test_properties_without_additional_are_closed(server, oc) -> None:  # noqa: 
                         format=schema, options={"temperature": 1.0, "seed": seed,
                                                 "num_predict": 60})
         assert list(json.loads(r.response)) == ["name"]
+
+
+def test_echo_logprobs_with_a_bos(tmp_path) -> None:
+    # a model that adds BOS: the echoed tokens are the text's, the first with no log-prob
+    from test_server import serving
+    from tiny_models import write_tiny_model
+
+    from localllm.engine import Engine
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_model(path, "llama", seed=3)
+    engine = Engine(path, n_ctx=128, n_slots=1, n_batch=32, n_threads=1)
+    assert engine.tokenizer.add_bos
+    for url, _state in serving(engine, "tiny:latest", max_queue=4):
+        r = httpx.post(url + "/v1/completions", json={
+            "model": "tiny", "prompt": "hello world the", "max_tokens": 0, "echo": True,
+            "logprobs": 1}, timeout=120).json()
+        lp = r["choices"][0]["logprobs"]
+        ids = engine.tokenizer.encode("hello world the", add_special=True)
+        assert ids[0] == engine.tokenizer.bos_id and len(lp["tokens"]) == len(ids) - 1
+        assert lp["token_logprobs"][0] is None
+        assert all(v is not None and v < 0 for v in lp["token_logprobs"][1:])
+        assert "".join(lp["tokens"]).strip() == "hello world the"
