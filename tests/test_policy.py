@@ -42,6 +42,7 @@ class _Seq:
         self.slot, self.pos, self.pending, self.last = slot, pos, pending, last
         self.status = Status.PREFILLING if pending else Status.DECODING
         self.resume_decode = resume
+        self.prompt_rows = False
         self._draft = draft or []
         self.draft: list[int] = []
         self.asked: list[int] = []

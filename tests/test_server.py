@@ -218,7 +218,7 @@ def test_dry_and_xtc_through_both_dialects(server, oc, ai) -> None:
                    "format": {"type": "object", "properties": []}}, 400, "invalid 'format'"),
     ("/api/chat", {"messages": [{"role": "user", "content": "x"}]}, 400, "model is required"),
     ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": "x"}],
-                              "n": 2}, 400, "n = 1"),
+                              "n": 17}, 400, "'n' must be between 1 and 16"),
     ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": "x"}],
                               "temperature": "hot"}, 400, "temperature"),
     ("/v1/completions", {"model": "M", "prompt": {"a": 1}}, 400, "prompt"),

@@ -260,3 +260,23 @@ def test_structured_output_answers_in_the_final_channel(server, oc, ai, monkeypa
     use(server, ANSWER)  # without a format: the model reasons first
     oc.chat(model="tiny-oss", messages=MSGS)
     assert sched.prompts[-1].endswith("<|start|>assistant")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_api_reads_harmony(server, ai, stream: bool) -> None:
+    # /v1/responses splits a harmony reply as chat does: reasoning, text, function calls
+    use(server, ANSWER, 2)
+    kw: dict[str, Any] = {"model": "tiny-oss", "input": "Capital of France?"}
+    r = list(ai.responses.create(stream=True, **kw))[-1].response if stream else \
+        ai.responses.create(**kw)
+    assert r.output_text == "Paris."
+    (reasoning,) = [o for o in r.output if o.type == "reasoning"]
+    assert reasoning.content[0].text == "The user wants the capital."
+    sched = use(server, CALL, 2)
+    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    r = list(ai.responses.create(stream=True, tools=tools, **kw))[-1].response if stream else \
+        ai.responses.create(tools=tools, **kw)
+    (call,) = [o for o in r.output if o.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    assert not r.output_text and "namespace functions {" in sched.prompts[-1]
+    _no_tokens(r.output_text)

@@ -136,7 +136,8 @@ class Batcher:
                 raise QueueFullError(
                     f"all {self.n_slots} slots are busy and {len(self._waiting)} requests are "
                     "waiting; retry later")
-            if req.max_tokens == 0:  # nothing to generate: done before taking a slot
+            if req.max_tokens == 0 and not req.prompt_logprobs:  # nothing to compute:
+                # done before taking a slot (the prompt's log-probs need its evaluation)
                 seq.finish("length")
                 return handle
             self._waiting.append(seq)
@@ -280,7 +281,8 @@ class Batcher:
         """Under the lock: a preempted sequence takes a free slot (the least recently used)
         and re-evaluates what its cache held and what it had pending."""
         slot = max(self._free_slots(), key=lambda x: -self._last_used[x])
-        reuse = self.engine.kv.reuse_prefix(slot, s.pending)
+        # a request for the prompt's log-probs evaluates every prompt row (no reuse)
+        reuse = self.engine.kv.reuse_prefix(slot, s.pending[:1] if s.prompt_rows else s.pending)
         self.counters["recomputed_tokens"] += s.resume(slot, reuse.kept)
         self._active[slot] = s
 
@@ -303,7 +305,7 @@ class Batcher:
         else:
             slot = policy.pick_slot(self._free_slots(), lambda x: policy.useful_prefix(
                 kv.common_prefix(x, s.prompt), len(s.prompt), kv.n_past(x)), self._last_used)
-        reuse = kv.reuse_prefix(slot, s.prompt)
+        reuse = kv.reuse_prefix(slot, s.prompt[:1] if s.prompt_rows else s.prompt)
         s.place(slot, reuse.kept, reuse.note)
         self._active[slot] = s
         self.counters["prompt_tokens"] += len(s.prompt)

@@ -137,6 +137,10 @@ def ll_tokenizer(tok: Tokenizer) -> Any:
     adapter = _VocabAdapter(tok, eos)
     lt = LLTokenizer(llguidance.TokenizerWrapper(adapter), n_vocab=tok.vocab_size,
                      eos_token=eog or [eos])
+    # the pieces again for the duplicate-key check, and [n] the ids whose piece has a quote
+    tok._llg_pieces = adapter.tokens  # type: ignore[attr-defined]
+    tok._llg_quoted = np.array([i for i, p in enumerate(adapter.tokens)  # type: ignore[attr-defined]
+                                if b'"' in p], dtype=np.int64)
     tok._llg_tokenizer = lt  # type: ignore[attr-defined]
     return lt
 
@@ -145,6 +149,12 @@ def compile_grammar(schema: Mapping[str, Any], tok: Tokenizer | None = None) -> 
     """The llguidance grammar for a JSON schema; ConstraintError names what is wrong."""
     from llguidance import LLMatcher
 
+    from localllm.generation.json_schema import SchemaError, prepare_schema
+
+    try:
+        schema = prepare_schema(schema)  # closed objects; refuses what cannot be enforced
+    except SchemaError as exc:
+        raise ConstraintError(f"unsupported JSON schema: {exc}") from None
     try:
         grammar = LLMatcher.grammar_from_json_schema(dict(schema), overrides=_JSON_OPTIONS)
     except (ValueError, TypeError) as exc:
@@ -157,12 +167,19 @@ def compile_grammar(schema: Mapping[str, Any], tok: Tokenizer | None = None) -> 
 
 
 class LLGuidanceConstraint:
-    """TokenConstraint over an llguidance LLMatcher."""
+    """TokenConstraint over an llguidance LLMatcher, plus the one JSON rule a grammar
+    cannot hold: no key twice in an object (localllm.generation.json_keys)."""
 
     def __init__(self, grammar: str, tok: Tokenizer) -> None:
         from llguidance import LLMatcher
 
+        from localllm.generation.json_keys import KeyTracker
+
         self._lt = ll_tokenizer(tok)
+        self._pieces: list[bytes] = tok._llg_pieces  # type: ignore[attr-defined]
+        self._quoted: np.ndarray = tok._llg_quoted  # type: ignore[attr-defined]
+        self._keys = KeyTracker()
+        self._past: list[KeyTracker] = []  # the tracker before each accepted token
         self._m = LLMatcher(self._lt, grammar, log_level=0)
         if self._m.is_error():
             raise ConstraintError(f"grammar rejected: {self._m.get_error()}")
@@ -179,18 +196,31 @@ class LLGuidanceConstraint:
         out = np.zeros(vocab_size, dtype=bool)
         n = min(vocab_size, allowed.size)
         out[:n] = allowed[:n]
+        quoted = self._quoted[self._quoted < vocab_size]
+        for t in quoted[out[quoted]].tolist():  # only a quote can close a repeated key
+            if not self._keys.allows(self._pieces[t]):
+                out[t] = False
         return out
 
     def allows(self, token_id: int) -> bool:
         self.n_checks += 1
-        return self._m.validate_tokens([int(token_id)]) == 1
+        t = int(token_id)
+        return self._m.validate_tokens([t]) == 1 and (
+            t >= len(self._pieces) or self._keys.allows(self._pieces[t]))
 
     def accept(self, token_id: int) -> bool:
-        return bool(self._m.consume_token(int(token_id)))
+        t = int(token_id)
+        if not self._m.consume_token(t):
+            return False
+        self._past.append(self._keys.copy())
+        return t >= len(self._pieces) or self._keys.feed(self._pieces[t])
 
     def rollback(self, n: int) -> None:
         if n > 0 and not self._m.rollback(n):
             raise ConstraintError(f"cannot roll the grammar back {n} tokens: {self._m.get_error()}")
+        if n > 0:
+            self._keys = self._past[-n]
+            del self._past[-n:]
 
     def is_finished(self) -> bool:
         return bool(self._m.is_stopped())

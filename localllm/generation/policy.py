@@ -83,6 +83,8 @@ def plan_step(seqs: Sequence[Seq], prefill_budget: int, drafts: bool) -> list[Pa
             continue
         last = n == len(s.pending)
         mode = "last" if last and not s.resume_decode else "none"
+        if s.prompt_rows:  # every row's logits: the prompt's own log-probabilities
+            mode = "all"
         parts.append(Part(s, Batch.for_sequence(s.pending[:n], s.pos, s.slot, mode),
-                          1 if mode == "last" else 0, n))
+                          {"last": 1, "none": 0, "all": n}[mode], n))
     return parts

@@ -54,6 +54,12 @@ class Request:
     n_keep: int = 0
     slot: int | None = None  # this KV slot (a chat's own), or None: the scheduler picks
     progress: bool = False  # events with `progress` while a long prompt is evaluated
+    # log-probabilities of generated tokens (localllm.generation.logprobs) on the events,
+    # with this many most likely alternatives each; None: none computed
+    logprobs: int | None = None
+    # also the prompt's tokens' log-probabilities (each given the tokens before it; the
+    # first has none), on the first event: every prompt row is evaluated, no cache reuse
+    prompt_logprobs: bool = False
     # control tokens rendered in the text (others are dropped): the structure of a reply
     # format the front door parses, gpt-oss's harmony <|channel|>, <|message|> ...
     show_tokens: frozenset[int] = frozenset()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from localllm.errors import PromptTooLongError
+from localllm.generation.logprobs import TokenLogprob, token_logprob
 from localllm.generation.sampling import Sampler
 from localllm.generation.speculative import (
     Drafter,
@@ -138,6 +139,11 @@ class Sequence:
         self.resume_decode = False  # re-evaluating (preemption, context shift): no sampling
         self._progress_total = 0  # prompt tokens to evaluate, for progress events
         self._prompt_left = 0  # of those, not yet evaluated (recomputed ones do not count)
+        self.logprobs: list[TokenLogprob] = []  # entries of tokens whose text is held back
+        # [len(prompt)] the prompt's entries, position 0 (nothing before it) None; sent once
+        self.prompt_logprobs: list[TokenLogprob | None] | None = \
+            [None] * len(self.prompt) if req.prompt_logprobs else None
+        self._prompt_sent = False
 
     # --- placement -----------------------------------------------------------------------
 
@@ -164,6 +170,12 @@ class Sequence:
         self.status = Status.PREFILLING
         return len(self.pending)
 
+    @property
+    def prompt_rows(self) -> bool:
+        """Whether prefill steps want every row's logits (for the prompt's log-probs):
+        until the prompt is first evaluated in full."""
+        return self.prompt_logprobs is not None and self.last is None and not self.resume_decode
+
     # --- one step ------------------------------------------------------------------------
 
     def propose(self, other_rows: int) -> list[int]:
@@ -179,7 +191,10 @@ class Sequence:
 
     def take_prefill(self, n: int, rows: np.ndarray, dt: float) -> str | None:
         """n pending tokens were evaluated (rows: the last one's logits when it was the
-        end of the prompt). Returns a done_reason when the sequence ends."""
+        end of the prompt; every evaluated row's with `prompt_rows`). Returns a done_reason
+        when the sequence ends."""
+        if self.prompt_rows and len(rows) == n:
+            self._prompt_entries(rows)
         self.pos += n
         self.pending = self.pending[n:]
         self.stats.prompt_eval_s += dt
@@ -195,11 +210,13 @@ class Sequence:
         if self.resume_decode:  # back where preemption / a context shift stopped: last is next
             self.resume_decode = False
             return None
-        token = self.sampler(rows[0], self.history)
+        if self.req.max_tokens == 0:  # evaluated for the prompt's log-probs only
+            return "length"
+        token = self.sampler(rows[-1], self.history)
         self.history.append(token)
         if self.spec is not None:
             self.spec.start(self.history)
-        return self._emit([token])
+        return self._emit([token], rows[-1:])
 
     def take_decode(self, rows: np.ndarray) -> str | None:
         """`last` and this step's drafts were evaluated: rows [1 + len(draft), V]. Verify,
@@ -217,11 +234,23 @@ class Sequence:
         new = self.history[before:]
         if self.spec is not None:
             self.spec.settle(draft, accepted, new)
-        return self._emit(new)
+        return self._emit(new, rows)
 
-    def _emit(self, new: list[int]) -> str | None:
-        for tok in new:
-            reason = self._push(tok)
+    def _prompt_entries(self, rows: np.ndarray) -> None:
+        """rows [n, V]: the logits after each token of the chunk at self.pos; row r
+        gives the probability of the prompt token at pos + r + 1."""
+        lps = self.prompt_logprobs
+        assert lps is not None
+        top = self.req.logprobs or 0
+        for r in range(len(rows)):
+            at = self.pos + r + 1
+            if at < len(lps) and lps[at] is None:
+                lps[at] = token_logprob(rows[r], self.prompt[at], top)
+
+    def _emit(self, new: list[int], rows: np.ndarray) -> str | None:
+        # rows [>= len(new), V]: row i holds the logits new[i] was sampled from
+        for tok, row in zip(new, rows, strict=False):
+            reason = self._push(tok, row)
             if reason is not None:
                 return reason
         # only after the whole step: the constraint consumed every token of `new` when the
@@ -233,12 +262,16 @@ class Sequence:
             return self._shift_context() if self.req.context_shift else "length"
         return None
 
-    def _push(self, token: int) -> str | None:
+    def _push(self, token: int, row: np.ndarray) -> str | None:
         if self.t_eval is None:
             self.t_eval = time.perf_counter()
+        if self.req.logprobs is not None and token not in self.text.eog:
+            # an end-of-generation token is no part of the reply: it gets no entry
+            self.logprobs.append(token_logprob(row, token, self.req.logprobs))
         ev = self.text.push(token)
         self.stats.eval_tokens = len(self.generated)
         if ev is not None:
+            self._attach(ev)
             self.handle.emit(ev)
         if self.text.stopped:
             return "stop"
@@ -266,6 +299,7 @@ class Sequence:
         """Flush the held-back text and send the final event."""
         tail = self.text.finish()
         if tail is not None:
+            self._attach(tail)
             self.handle.emit(tail)
         if self.text.stopped:  # a stop string in the held-back tail
             reason = "stop"
@@ -273,5 +307,13 @@ class Sequence:
         self.stats.eval_s = now - self.t_eval if self.t_eval is not None else 0.0
         self.stats.total_s = now - self.t_submit
         self.status = Status.FINISHED
-        self.handle.emit(Event(done=True, done_reason=reason, stats=self.stats,
-                               tokens=list(self.generated), prompt=self.prompt))
+        final = Event(done=True, done_reason=reason, stats=self.stats,
+                      tokens=list(self.generated), prompt=self.prompt)
+        self._attach(final)
+        self.handle.emit(final)
+
+    def _attach(self, ev: Event) -> None:
+        """Hand the entries gathered so far to the event about to be sent."""
+        ev.logprobs, self.logprobs = self.logprobs, []
+        if self.prompt_logprobs is not None and not self._prompt_sent:
+            ev.prompt_logprobs, self._prompt_sent = self.prompt_logprobs, True

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from localllm.text.detokenizer import StreamDetokenizer
 
 if TYPE_CHECKING:
+    from localllm.generation.logprobs import TokenLogprob
     from localllm.generation.sequence import GenerationStats
     from localllm.text.tokenizer import Tokenizer
 
@@ -41,6 +42,10 @@ class Event:
     # on the final event
     progress: tuple[int, int] | None = None  # (evaluated, to evaluate) prompt tokens, while a
     # request that asked for progress is being prefilled
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the tokens behind this
+    # event's text (or, on the final event, those not yet reported), when the request asked
+    # the prompt's entries ([len(prompt)], the first None), once, when the request asked
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 def held_back(text: str, stops: Sequence[str]) -> int:

@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localllm.errors import InvalidValueError, LocalLLMError, PromptTooLongError
-from localllm.server import embeddings, ollama, openai_api
+from localllm.server import embeddings, ollama, openai_api, responses
 from localllm.server.common import ApiError, ClientGone, ServerState
 from localllm.server.models import (
     DEFAULT_MAX_LOADED,
@@ -230,6 +230,7 @@ def build_app(state: ServerState | ModelManager) -> Starlette:
         ("/api/push", o.not_supported, ["POST"]),
         ("/v1/chat/completions", oa.chat_completions, ["POST"]),
         ("/v1/completions", oa.completions, ["POST"]),
+        ("/v1/responses", responses.responses, ["POST"]),
         ("/v1/models", oa.models, ["GET"]),
         ("/v1/models/{model:path}", oa.model, ["GET"]),
         ("/v1/embeddings", embeddings.v1_embeddings, ["POST"]),

@@ -512,6 +512,7 @@ class Stream:
         loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         self.t0 = self._checked = time.perf_counter()
+        self.ahead: list[Event] = []  # events already taken off the queue, returned first
         try:
             self.handle: Handle = state.scheduler.submit(
                 req, sink=lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, ev))
@@ -526,6 +527,8 @@ class Stream:
     async def next(self, request: HttpRequest | None = None) -> Event:
         """The next event; with `request`, polls for a client that went away meanwhile
         (non-streaming responses write nothing until the end, so this is how they notice)."""
+        if self.ahead:
+            return self.ahead.pop(0)
         while True:
             if request is not None and time.perf_counter() - self._checked > 0.25:
                 # every quarter second, whether or not events keep coming
@@ -546,11 +549,17 @@ class Stream:
             return ev
 
     async def collect(self, request: HttpRequest) -> tuple[str, Event]:
-        parts = []
+        """The whole reply's text and the final event, whose `logprobs` then hold every
+        token's entry (when the request asked for them)."""
+        parts, logprobs = [], []
+        prompt_lps = None
         try:
             while True:
                 ev = await self.next(request)
+                logprobs += ev.logprobs
+                prompt_lps = ev.prompt_logprobs or prompt_lps
                 if ev.done:
+                    ev.logprobs, ev.prompt_logprobs = logprobs, prompt_lps
                     return "".join(parts) + ev.text, ev
                 parts.append(ev.text)
         except BaseException:

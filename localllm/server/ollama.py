@@ -45,6 +45,8 @@ from localllm.server.common import (
     tool_names,
     unsupported,
 )
+from localllm.server.logprobs import chat_content
+from localllm.server.logprobs import chat_setting as chat_logprobs
 from localllm.text.chat_caps import model_capabilities, ollama_capabilities
 from localllm.text.harmony import is_harmony_template
 
@@ -71,18 +73,37 @@ def _common(body: dict[str, Any], state: ServerState
     stream = get(body, "stream", bool, True)
     get(body, "keep_alive", (int, float, str))
     unsupported(body, "images", "suffix")
-    if get(body, "logprobs", bool, False):
-        raise ApiError(400, "'logprobs' is not supported by this server yet")
     think = think_setting(body, state.engine.template.caps.thinking, body.get("model"))
     return model, body.get("options"), stream, think
 
 
 def _request(state: ServerState, prompt: list[int], options: Any, truncate: bool,
-             constraint: Any = None, harmony: bool = False) -> Request:
+             constraint: Any = None, harmony: bool = False,
+             logprobs: int | None = None) -> Request:
     o = parse_options(options, ollama_defaults(), state.engine.n_ctx)
     return Request(prompt, o.sampling, max_tokens=o.max_tokens, stop=o.stop, truncate=truncate,
                    speculate=o.speculate, draft_max=o.draft_max, constraint=constraint,
-                   show_tokens=shown_tokens(state.engine, harmony))
+                   show_tokens=shown_tokens(state.engine, harmony), logprobs=logprobs)
+
+
+class _Logprobs:
+    """`logprobs` / `top_logprobs` (as Ollama's api/types.go): the entries of the tokens
+    behind each response line; entries whose text is held back go with the next line."""
+
+    def __init__(self, state: ServerState, body: dict[str, Any]) -> None:
+        self.top = chat_logprobs(body)
+        self.tok = state.engine.tokenizer
+        self.held: list[Any] = []
+
+    def take(self, ev: Event) -> None:
+        self.held += ev.logprobs
+
+    def fields(self) -> dict[str, Any]:
+        """{"logprobs": [...]} for the line being sent (the held entries), or {}."""
+        if self.top is None:
+            return {}
+        out, self.held = chat_content(self.tok, self.held), []
+        return {"logprobs": out}
 
 
 async def generate(request: HttpRequest, state: ServerState) -> Response:
@@ -121,12 +142,13 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
             raise ApiError(400, "'context' must be an array of token ids")
         bos = eng.tokenizer.bos_id
         ids = list(context) + (ids[1:] if ids and ids[0] == bos else ids)
-    req = _request(state, ids, options, truncate, constraint, harmony)
+    lps = _Logprobs(state, body)
+    req = _request(state, ids, options, truncate, constraint, harmony, lps.top)
     s = Stream(state, req)
 
     def final(ev: Event, text: str, thinking: str) -> dict[str, Any]:
         out = {"model": model, "created_at": rfc3339(), "response": text,
-               **({"thinking": thinking} if thinking else {}), "done": True,
+               **({"thinking": thinking} if thinking else {}), **lps.fields(), "done": True,
                "done_reason": ev.done_reason, **_metrics(ev, s.t0)}
         if not raw:
             out["context"] = ev.prompt + ev.tokens  # the prompt used (after any truncation)
@@ -134,6 +156,7 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
 
     if not stream:
         text, ev = await s.collect(request)
+        lps.take(ev)
         thinking, text = split.whole(text)
         return JSONResponse(final(ev, text, thinking))
 
@@ -141,6 +164,7 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
         try:
             while True:
                 ev = await s.next()
+                lps.take(ev)
                 if ev.done:
                     t1, c1 = split.push(ev.text)
                     t2, c2 = split.finish()
@@ -150,7 +174,7 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
                 if text or thinking:
                     yield _line({"model": model, "created_at": rfc3339(), "response": text,
                                  **({"thinking": thinking} if thinking else {}),
-                                 "done": False})
+                                 **lps.fields(), "done": False})
         except ApiError as e:
             yield _line({"error": e.message})
         finally:
@@ -180,7 +204,9 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
     # thinking first, then tool calls in the content (a harmony reply has its own channel
     # for calls: the splitter finds them)
     split = ThinkStream(think, prompt_text, harmony)
-    s = Stream(state, _request(state, ids, options, truncate, constraint, harmony))
+    lps = _Logprobs(state, body)
+    s = Stream(state, _request(state, ids, options, truncate, constraint, harmony,
+                                   lps.top))
     # with tools, the reply is parsed for calls; a stream holds text back where one may start
     calls_in = ToolStream(state.engine.template.caps, tool_names(tools)) \
         if tools and not harmony else None
@@ -192,11 +218,12 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
             msg["thinking"] = thinking
         if calls:
             msg["tool_calls"] = calls
-        return {"model": model, "created_at": rfc3339(), "message": msg, "done": True,
-                "done_reason": ev.done_reason, **_metrics(ev, s.t0)}
+        return {"model": model, "created_at": rfc3339(), "message": msg, **lps.fields(),
+                "done": True, "done_reason": ev.done_reason, **_metrics(ev, s.t0)}
 
     if not stream:
         text, ev = await s.collect(request)
+        lps.take(ev)
         thinking, text = split.whole(text)
         if calls_in is None:
             return JSONResponse(final(ev, text, thinking, split.calls))
@@ -209,6 +236,7 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
         try:
             while True:
                 ev = await s.next()
+                lps.take(ev)
                 if ev.done:
                     t1, c1 = split.push(ev.text)
                     t2, c2 = split.finish()
@@ -227,7 +255,7 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
                     if thinking:
                         msg["thinking"] = thinking
                     yield _line({"model": model, "created_at": rfc3339(), "message": msg,
-                                 "done": False})
+                                 **lps.fields(), "done": False})
         except ApiError as e:
             yield _line({"error": e.message})
         finally:

@@ -8,6 +8,7 @@ empty-delta chunk with finish_reason, a usage chunk with `choices: []` when
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -22,6 +23,8 @@ from localllm.generation.sampler_settings import SamplerConfig
 from localllm.generation.sampler_settings import defaults as sampler_defaults
 from localllm.generation.sampler_settings import from_json as sampler_from_json
 from localllm.generation.scheduler import Request
+from localllm.server import tool_choice
+from localllm.server.choices import choice_request, merged, parse_n, submit, sum_usage
 from localllm.server.common import (
     ApiError,
     ServerState,
@@ -42,6 +45,9 @@ from localllm.server.common import (
     tool_names,
     unsupported,
 )
+from localllm.server.logprobs import CompletionLogprobs, chat_content
+from localllm.server.logprobs import chat_setting as chat_logprobs
+from localllm.server.logprobs import completion_setting as completion_logprobs
 from localllm.text.tool_calls import to_openai_tool_calls
 
 if TYPE_CHECKING:
@@ -65,9 +71,7 @@ def _sampling(body: dict[str, Any]) -> tuple[SamplerConfig, int, list[str]]:
     stop = parse_stop(body["stop"]) if body.get("stop") is not None else []
     if len(stop) > 16:
         raise ApiError(400, "at most 16 stop strings")
-    if get(body, "n", int, 1) != 1:
-        raise ApiError(400, "only n = 1 is supported")
-    unsupported(body, "logprobs", "top_logprobs", "logit_bias", "suffix")
+    unsupported(body, "logit_bias", "suffix")
     return cfg, n_max, stop
 
 
@@ -141,6 +145,46 @@ def _sse(obj: Any) -> bytes:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
 
 
+def _chat_message(text: str, ev: Event, split: ThinkStream, calls_in: ToolStream | None,
+                  ) -> tuple[dict[str, Any], str | None]:
+    """A whole reply as OpenAI's message and finish_reason."""
+    reasoning, text = split.whole(text)
+    msg: dict[str, Any] = {"role": "assistant", "content": text}
+    finish = ev.done_reason
+    rest, calls = text, split.calls  # a harmony reply's calls, from its own channel
+    if calls_in is not None:
+        calls_in.push(text)
+        calls_in.sent = 0  # nothing was shown: the whole content is still to send
+        rest, calls = calls_in.end()
+    if calls:
+        msg = {"role": "assistant", "content": rest or None,
+               "tool_calls": to_openai_tool_calls(calls)}
+        finish = "tool_calls"
+    if reasoning:
+        msg["reasoning_content"] = reasoning
+    return msg, finish
+
+
+async def _constraints(state: ServerState, body: dict[str, Any], n: int,
+                       forced: dict[str, Any] | None) -> list[Any]:
+    """A fresh grammar per choice: `response_format`'s, or the forced tool call's."""
+    if forced is not None:
+        if get(body, "response_format", dict, {}).get("type", "text") != "text":
+            raise ApiError(400, "'response_format' cannot be combined with a 'tool_choice' "
+                                "that forces a tool call")
+        return [await format_constraint(state, forced, "tools") for _ in range(n)]
+    return [await _response_format(body, state) for _ in range(n)]
+
+
+async def _collect_all(streams: list[Stream], request: HttpRequest) -> list[tuple[str, Event]]:
+    try:
+        return list(await asyncio.gather(*(s.collect(request) for s in streams)))
+    except BaseException:
+        for s in streams:
+            s.cancel()
+        raise
+
+
 async def chat_completions(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
     model = state.resolve(body.get("model"))
@@ -149,94 +193,119 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
     if not messages:
         raise ApiError(400, "[] is too short - 'messages'")
     cfg, n_max, stop = _sampling(body)
+    n = parse_n(body)
+    top = chat_logprobs(body)
     stream = get(body, "stream", bool, False)
     include_usage = _include_usage(body)
     tools = check_tools(body.get("tools"))
-    if body.get("tool_choice") == "none":
+    choice = tool_choice.parse(body, tools)
+    if choice == "none":
         tools = []
+    forced = tool_choice.call_schema(tools, choice, get(body, "parallel_tool_calls", bool, True))
     caps = state.engine.template.caps
     enable_thinking, extract = _think(body, caps.thinking)
+    if forced is not None and caps.thinking:
+        enable_thinking = False  # the grammar starts at the reply's first token: no <think>
     ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages, None, tools,
                                                enable_thinking)
     # a harmony reply (gpt-oss) is parsed into its channels unless reasoning_format is
     # "none": then, as llama-server, it is all content, channels and all
     harmony = caps.harmony and extract
-    constraint = await _response_format(body, state)
-    ids, prompt_text = harmony_answer_first(state.engine, ids, prompt_text, constraint,
+    constraints = await _constraints(state, body, n, forced)
+    ids, prompt_text = harmony_answer_first(state.engine, ids, prompt_text, constraints[0],
                                             caps.harmony)
-    split = ThinkStream(extract, prompt_text, harmony)
-    s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop, constraint=constraint,
-                              show_tokens=shown_tokens(state.engine, caps.harmony)))
-    rid, created = f"chatcmpl-{s.handle.id}", int(time.time())
+    base = Request(ids, cfg, max_tokens=n_max, stop=stop, logprobs=top,
+                   show_tokens=shown_tokens(state.engine, caps.harmony))
+    streams = await submit(state, lambda i: choice_request(
+        dataclasses.replace(base, constraint=constraints[i]), i), n, request)
+    rid, created = f"chatcmpl-{streams[0].handle.id}", int(time.time())
     head = {"id": rid, "created": created, "model": model, "system_fingerprint": FINGERPRINT}
-    calls_in = ToolStream(caps, tool_names(tools)) if tools and not harmony else None
-    if not stream:
-        text, ev = await s.collect(request)
-        reasoning, text = split.whole(text)
-        msg: dict[str, Any] = {"role": "assistant", "content": text}
-        finish = ev.done_reason
-        rest, calls = text, split.calls
-        if calls_in is not None:
-            calls_in.push(text)
-            calls_in.sent = 0  # nothing was shown: the whole content is still to send
-            rest, calls = calls_in.end()
-        if calls:
-            msg = {"role": "assistant", "content": rest or None,
-                   "tool_calls": to_openai_tool_calls(calls)}
-            finish = "tool_calls"
-        if reasoning:
-            msg["reasoning_content"] = reasoning
-        return JSONResponse({**head, "object": "chat.completion", "choices": [
-            {"index": 0, "message": msg, "finish_reason": finish}], "usage": _usage(ev)})
+    tok, names = state.engine.tokenizer, tool_names(tools)
 
-    def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
-        return _sse({**head, "object": "chat.completion.chunk",
-                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    def tool_stream() -> ToolStream | None:
+        # a harmony reply's calls come from its own channel (the splitter), but a forced
+        # call is constrained JSON in the final channel
+        return ToolStream(caps, names) if tools and (not harmony or forced is not None) \
+            else None
+
+    def think_stream() -> ThinkStream:
+        return ThinkStream(extract, prompt_text, harmony)
+
+    def logprobs(entries: list[Any]) -> dict[str, Any] | None:
+        return None if top is None else {"content": chat_content(tok, entries), "refusal": None}
+
+    if not stream:
+        choices, evs = [], []
+        for i, (text, ev) in enumerate(await _collect_all(streams, request)):
+            msg, finish = _chat_message(text, ev, think_stream(), tool_stream())
+            choices.append({"index": i, "message": msg, "logprobs": logprobs(ev.logprobs),
+                            "finish_reason": finish})
+            evs.append(ev)
+        return JSONResponse({**head, "object": "chat.completion", "choices": choices,
+                             "usage": sum_usage(evs)})
+
+    finals: list[Event | None] = [None] * n
+
+    async def choice_events(i: int, s: Stream) -> AsyncIterator[bytes]:
+        split, calls_in = think_stream(), tool_stream()
+        held: list[Any] = []  # log-prob entries of text not sent yet
+        first = True
+
+        def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
+            nonlocal held
+            c: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": finish}
+            if top is not None:
+                c["logprobs"], held = (logprobs(held) if held else None), []
+            return _sse({**head, "object": "chat.completion.chunk", "choices": [c]})
+
+        def delta(reasoning: str, text: str) -> dict[str, Any]:
+            d: dict[str, Any] = {"role": "assistant"} if first else {}
+            if reasoning:
+                d["reasoning_content"] = reasoning
+            if text or not reasoning:
+                d["content"] = text
+            return d
+
+        while True:
+            ev = await s.next()
+            held += ev.logprobs
+            if ev.done:
+                t1, c1 = split.push(ev.text)
+                t2, c2 = split.finish()
+                reasoning, text, calls, finish = t1 + t2, c1 + c2, split.calls, ev.done_reason
+                if calls_in is not None:
+                    text = calls_in.push(text)
+                    rest, calls = calls_in.end()
+                    text += rest
+                if text or reasoning or first:
+                    yield chunk(delta(reasoning, text), None)
+                if calls:  # whole calls in one delta, each with its index
+                    yield chunk({"tool_calls": [{"index": j, **c} for j, c in
+                                                enumerate(to_openai_tool_calls(calls))]}, None)
+                    finish = "tool_calls"
+                yield chunk({}, finish)
+                finals[i] = ev
+                return
+            reasoning, text = split.push(ev.text)
+            if calls_in is not None:
+                text = calls_in.push(text)
+            if text or reasoning:
+                yield chunk(delta(reasoning, text), None)
+                first = False
 
     async def events() -> AsyncIterator[bytes]:
         try:
-            first = True
-
-            def delta(reasoning: str, text: str) -> dict[str, Any]:
-                d: dict[str, Any] = {"role": "assistant"} if first else {}
-                if reasoning:
-                    d["reasoning_content"] = reasoning
-                if text or not reasoning:
-                    d["content"] = text
-                return d
-
-            while True:
-                ev = await s.next()
-                if ev.done:
-                    t1, c1 = split.push(ev.text)
-                    t2, c2 = split.finish()
-                    reasoning, text, calls, finish = t1 + t2, c1 + c2, split.calls, ev.done_reason
-                    if calls_in is not None:
-                        text = calls_in.push(text)
-                        rest, calls = calls_in.end()
-                        text += rest
-                    if text or reasoning or first:
-                        yield chunk(delta(reasoning, text), None)
-                    if calls:  # whole calls in one delta, each with its index
-                        yield chunk({"tool_calls": [{"index": i, **c} for i, c in
-                                                    enumerate(to_openai_tool_calls(calls))]}, None)
-                        finish = "tool_calls"
-                    yield chunk({}, finish)
-                    if include_usage:
-                        yield _sse({**head, "object": "chat.completion.chunk", "choices": [],
-                                    "usage": _usage(ev)})
-                    yield b"data: [DONE]\n\n"
-                    return
-                reasoning, text = split.push(ev.text)
-                if calls_in is not None:
-                    text = calls_in.push(text)
-                if text or reasoning:
-                    yield chunk(delta(reasoning, text), None)
-                    first = False
+            async for b in merged([choice_events(i, s) for i, s in enumerate(streams)]):
+                yield b
+            if include_usage:
+                yield _sse({**head, "object": "chat.completion.chunk", "choices": [],
+                            "usage": sum_usage([ev for ev in finals if ev is not None])})
+            yield b"data: [DONE]\n\n"
         except ApiError as e:
             yield _sse({"error": {"message": e.message, "type": "api_error"}})
         finally:
-            s.cancel()
+            for s in streams:
+                s.cancel()
 
     return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -253,37 +322,76 @@ async def completions(request: HttpRequest, state: ServerState) -> Response:
     if not prompt:
         raise ApiError(400, "'prompt' must not be empty")
     cfg, n_max, stop = _sampling(body)
+    n = parse_n(body)
+    top = completion_logprobs(body)
+    echo = get(body, "echo", bool, False)
     stream = get(body, "stream", bool, False)
     include_usage = _include_usage(body)
     ids = await asyncio.to_thread(raw_prompt, state.engine, prompt)
-    constraint = await _response_format(body, state)
-    s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop, constraint=constraint))
-    head = {"id": f"cmpl-{s.handle.id}", "object": "text_completion",
+    constraints = await _constraints(state, body, n, None)
+    # echo with logprobs: the prompt's own log-probs too (evaluation harnesses score text so)
+    base = Request(ids, cfg, max_tokens=n_max, stop=stop, logprobs=top,
+                   prompt_logprobs=echo and top is not None)
+    streams = await submit(state, lambda i: choice_request(
+        dataclasses.replace(base, constraint=constraints[i]), i), n, request)
+    head = {"id": f"cmpl-{streams[0].handle.id}", "object": "text_completion",
             "created": int(time.time()), "model": model, "system_fingerprint": FINGERPRINT}
+    tok = state.engine.tokenizer
+    columns = [CompletionLogprobs(tok) for _ in range(n)]
+
+    def logprobs(i: int, ev: Event, entries: list[Any]) -> dict[str, Any] | None:
+        """The choice's logprobs object for this piece: the prompt's first when echoed."""
+        if top is None:
+            return None
+        lead: list[Any] = []
+        if ev.prompt_logprobs is not None:
+            lead = [e if e is not None else (ids[0], None) for e in ev.prompt_logprobs]
+            if len(lead) > 1 and tok.bos_id is not None and ids[0] == tok.bos_id:
+                # the BOS the server added is no part of the echoed text; the text's first
+                # token then has no log-prob, as OpenAI's echo reports it
+                lead = [(lead[1].token, None), *lead[2:]]
+        return columns[i].block(lead + list(entries))
+
     if not stream:
-        text, ev = await s.collect(request)
-        return JSONResponse({**head, "choices": [{"text": text, "index": 0, "logprobs": None,
-                                                  "finish_reason": ev.done_reason}],
-                             "usage": _usage(ev)})
+        choices, evs = [], []
+        for i, (text, ev) in enumerate(await _collect_all(streams, request)):
+            choices.append({"text": (prompt + text) if echo else text, "index": i,
+                            "logprobs": logprobs(i, ev, ev.logprobs),
+                            "finish_reason": ev.done_reason})
+            evs.append(ev)
+        return JSONResponse({**head, "choices": choices, "usage": sum_usage(evs)})
+
+    finals: list[Event | None] = [None] * n
+
+    async def choice_events(i: int, s: Stream) -> AsyncIterator[bytes]:
+        lead = prompt if echo else ""
+        while True:
+            ev = await s.next()
+            text, lead = lead + ev.text, ""
+            if ev.done:
+                finals[i] = ev
+                yield _sse({**head, "choices": [{"text": text, "index": i,
+                                                 "logprobs": logprobs(i, ev, ev.logprobs),
+                                                 "finish_reason": ev.done_reason}]})
+                return
+            if text:
+                yield _sse({**head, "choices": [{"text": text, "index": i,
+                                                 "logprobs": logprobs(i, ev, ev.logprobs),
+                                                 "finish_reason": None}]})
 
     async def events() -> AsyncIterator[bytes]:
         try:
-            while True:
-                ev = await s.next()
-                if ev.done:
-                    yield _sse({**head, "choices": [{"text": ev.text, "index": 0, "logprobs": None,
-                                                     "finish_reason": ev.done_reason}]})
-                    if include_usage:
-                        yield _sse({**head, "choices": [], "usage": _usage(ev)})
-                    yield b"data: [DONE]\n\n"
-                    return
-                if ev.text:
-                    yield _sse({**head, "choices": [{"text": ev.text, "index": 0,
-                                                     "logprobs": None, "finish_reason": None}]})
+            async for b in merged([choice_events(i, s) for i, s in enumerate(streams)]):
+                yield b
+            if include_usage:
+                yield _sse({**head, "choices": [],
+                            "usage": sum_usage([ev for ev in finals if ev is not None])})
+            yield b"data: [DONE]\n\n"
         except ApiError as e:
             yield _sse({"error": {"message": e.message, "type": "api_error"}})
         finally:
-            s.cancel()
+            for s in streams:
+                s.cancel()
 
     return StreamingResponse(events(), media_type="text/event-stream")
 
