@@ -71,6 +71,7 @@ ACTIVATIONS = {
     "silu": ops.silu_mul,
     "gelu_tanh": ops.gelu_tanh_mul,  # exact formula
     "gelu_tanh_ggml": ops.gelu_tanh_mul_ggml,  # llama.cpp's float16-table GELU
+    "swiglu_oai": ops.swiglu_oai_mul,  # gpt-oss: clamped, sigmoid(1.702 x), (up + 1)
 }
 
 
@@ -310,7 +311,8 @@ class DecoderModel:
             scale = cfg.layer_rope_scale[il]
             key = (base, scale)
             if key not in tables:
-                tables[key] = ops.rope_tables(pos, base, scale, cfg.n_rot, self.rope_freq_factors)
+                tables[key] = ops.rope_tables(pos, base, scale, cfg.n_rot, self.rope_freq_factors,
+                                              cfg.rope_yarn)
             return tables[key]
 
 

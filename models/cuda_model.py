@@ -28,7 +28,7 @@ from localllm.kernels.cpu import ops
 from localllm.kernels.cuda import loader
 from localllm.kv.batch import Batch
 from localllm.models.base import DecoderModel, QWeight, add_qkv_biases, check_tokens
-from localllm.models.config import ModelConfig
+from localllm.models.config import ModelConfig, ModelError
 
 __all__ = ["CudaModel", "GpuWeight"]
 
@@ -145,6 +145,10 @@ class CudaModel:
         import cupy
 
         cfg = model.cfg
+        if cfg.arch == "gpt-oss":
+            # its attention sinks and biased mixture-of-experts FFN have no GPU kernels
+            raise ModelError("gpt-oss models run on the CPU only for now (no CUDA kernels for "
+                             "attention sinks and its experts); use --device cpu")
         if cfg.activation not in loader.GATES:
             raise ValueError(f"the CUDA path has no {cfg.activation!r} activation")
         if max(cfg.head_dim, cfg.head_dim_v) > loader.ATT_DMAX:
@@ -191,7 +195,7 @@ class CudaModel:
         arrays.update(kv.step_books())
         for j, (base, scale) in enumerate(self.rope_keys):
             arrays[f"cos{j}"], arrays[f"sin{j}"] = ops.rope_tables(
-                pos, base, scale, cfg.n_rot, self.host.rope_freq_factors)
+                pos, base, scale, cfg.n_rot, self.host.rope_freq_factors, cfg.rope_yarn)
         return arrays
 
     # --- the forward pass -------------------------------------------------------------------
