@@ -4,7 +4,7 @@
 sequence at positions 0..n-1, computed the obvious way: every weight dequantized with
 `gguf.quants.dequantize` (the ground truth for the block formats) and every op written out in
 float64, one function per block. It follows llama.cpp's semantics (src/models/llama.cpp,
-qwen2.cpp, qwen3.cpp, gemma2.cpp, gemma3.cpp; hparams from src/llama-model.cpp `load_hparams` and each
+qwen2.cpp, qwen3.cpp, gemma2.cpp, gemma3.cpp, openai-moe.cpp; hparams from src/llama-model.cpp `load_hparams` and each
 model's `load_arch_hparams`); comments name the behaviour each step mirrors.
 
 It deliberately shares no code with the engine (localllm.*): it has its own ~100-line GGUF
@@ -12,8 +12,8 @@ parser (memory-mapped, so the real 253 MB default model opens in well under a se
 gguf.GGUFReader's ~20 s), dequantizes only the embedding rows a prompt needs, and runs the
 262144-row tied output head in chunks so memory stays bounded.
 
-Not modelled (raise NotImplementedError): MoE, YaRN / LongRoPE rope scaling, per-layer SWA head
-sizes, fused attn_qkv tensors. llama.cpp's CPU GELU uses an fp16 lookup table; the reference
+Not modelled (raise NotImplementedError): MoE other than gpt-oss's, LongRoPE rope scaling,
+per-layer SWA head sizes, fused attn_qkv tensors. llama.cpp's CPU GELU uses an fp16 lookup table; the reference
 uses the exact tanh formula it approximates.
 """
 
@@ -29,7 +29,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "gpt-oss")
 
 # ----------------------------------------------------------------------------------------------
 # GGUF file parsing (spec: ggml/docs/gguf.md; little-endian, versions 2 and 3)
@@ -178,6 +178,11 @@ class HParams:
     is_swa: list[bool] = field(default_factory=list)
     rope_base_swa: float = 10000.0
     rope_freq_scale_swa: float = 1.0
+    # YaRN (rope.scaling.type "yarn"): (n_ctx_orig, beta_fast, beta_slow), else None
+    yarn: tuple[int, float, float] | None = None
+    attn_sinks: bool = False  # gpt-oss: a learned sink logit per head in the softmax
+    n_expert: int = 0
+    n_expert_used: int = 0
 
 
 def _meta(meta: dict[str, Any], key: str, default: Any = None, required: bool = False) -> Any:
@@ -201,8 +206,8 @@ def read_hparams(gguf: GGUFFile) -> HParams:
     arch = _meta(meta, "general.architecture", required=True)
     if arch not in SUPPORTED_ARCHS:
         raise NotImplementedError(f"reference model supports {SUPPORTED_ARCHS}, not {arch!r}")
-    if int(_meta(meta, f"{arch}.expert_count", 0)) > 0:
-        raise NotImplementedError("MoE models are not modelled")
+    if int(_meta(meta, f"{arch}.expert_count", 0)) > 0 and arch != "gpt-oss":
+        raise NotImplementedError("MoE models other than gpt-oss are not modelled")
 
     n_embd = int(_meta(meta, f"{arch}.embedding_length", required=True))
     n_layer = int(_meta(meta, f"{arch}.block_count", required=True))
@@ -235,8 +240,15 @@ def read_hparams(gguf: GGUFFile) -> HParams:
     factor = float(_meta(meta, f"{arch}.rope.scaling.factor",
                          _meta(meta, f"{arch}.rope.scale_linear", 0.0)))
     rope_freq_scale = 1.0 if factor == 0.0 else 1.0 / factor
+    yarn = None
     if scaling_type == "none":
         rope_freq_scale = 1.0
+    elif scaling_type == "yarn":
+        # llama-context.cpp: ext_factor 1; n_ctx_orig_yarn from original_context_length
+        # (default: the training context); beta_fast / beta_slow: the fixed 32 / 1
+        n_ctx_train = int(_meta(meta, f"{arch}.context_length", required=True))
+        yarn = (int(_meta(meta, f"{arch}.rope.scaling.original_context_length", n_ctx_train)),
+                32.0, 1.0)
     elif scaling_type != "linear":
         raise NotImplementedError(f"rope scaling type {scaling_type!r} is not modelled")
     # with ext_factor 0 (no YaRN) ggml's rope multiplies cos and sin by attn_factor
@@ -252,13 +264,37 @@ def read_hparams(gguf: GGUFFile) -> HParams:
         rope_base=rope_base, rope_freq_scale=rope_freq_scale, rope_attn_factor=rope_attn_factor,
         kq_scale=1.0 / math.sqrt(head_dim_v if arch == "llama" else head_dim_k),
         q_scale=1.0, embd_scale=1.0, final_logit_softcap=0.0, attn_softcap=0.0, n_swa=0,
-        is_swa=[False] * n_layer,
+        is_swa=[False] * n_layer, yarn=yarn,
     )
+    if arch == "gpt-oss":
+        _gpt_oss_hparams(meta, hp)
     if arch == "gemma3":
         _gemma3_hparams(meta, hp)
     if arch == "gemma2":
         _gemma2_hparams(meta, hp)
     return hp
+
+
+def _gpt_oss_hparams(meta: dict[str, Any], hp: HParams) -> None:
+    """llama_model_openai_moe::load_arch_hparams + its graph's constants."""
+    # n_swa required; LLAMA_SWA_TYPE_STANDARD with load_swa_pattern(ml, 2): even layers slide
+    hp.n_swa = int(_meta(meta, "gpt-oss.attention.sliding_window", required=True))
+    pattern = _meta(meta, "gpt-oss.attention.sliding_window_pattern", 2)
+    if isinstance(pattern, list):
+        hp.is_swa = [bool(p) for p in pattern]
+    else:
+        n = int(pattern)
+        hp.is_swa = [n == 0 or il % n < n - 1 for il in range(hp.n_layer)]
+    # SWA layers: rope_freq_base_train_swa (default: the global base), the global scale
+    hp.rope_base_swa = float(_meta(meta, "gpt-oss.rope.freq_base_swa", hp.rope_base))
+    hp.rope_freq_scale_swa = hp.rope_freq_scale
+    hp.rope_neox = True  # LLAMA_ROPE_TYPE_NEOX
+    hp.kq_scale = 1.0 / math.sqrt(hp.n_rot)  # build_attn(..., 1/sqrt(n_rot))
+    hp.attn_sinks = True
+    hp.n_expert = int(_meta(meta, "gpt-oss.expert_count", required=True))
+    hp.n_expert_used = int(_meta(meta, "gpt-oss.expert_used_count", required=True))
+    # the experts' width: expert_feed_forward_length
+    hp.n_ff = [int(_meta(meta, "gpt-oss.expert_feed_forward_length", required=True))] * hp.n_layer
 
 
 def _gemma2_hparams(meta: dict[str, Any], hp: HParams) -> None:
@@ -329,7 +365,8 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, freq_scale: float,
-         attn_factor: float, neox: bool, freq_factors: np.ndarray | None) -> np.ndarray:
+         attn_factor: float, neox: bool, freq_factors: np.ndarray | None,
+         yarn: tuple[int, float, float] | None = None) -> np.ndarray:
     """ggml_rope_ext with ext_factor = 0. x: [n_tokens, n_heads, head_dim].
 
     theta_i(p) = freq_scale * p * base^(-2i/n_rot) / freq_factors[i]  (ggml_rope_cache_init,
@@ -341,6 +378,22 @@ def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, freq_sca
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors
     theta = freq_scale * positions[:, None].astype(np.float64) * inv_freq[None, :]  # [n, half]
+    if yarn is not None:
+        # ggml rope_yarn, ext_factor 1: pair i's angle is ramp(i) of the way from the
+        # interpolated (scaled) angle to the extrapolated one, ramp falling from 1 to 0
+        # between the correction dims (ggml_rope_yarn_corr_dims); magnitude scaled by
+        # 1 + 0.1 ln(1 / freq_scale) (llama.cpp's context cancels get_mscale's own factor)
+        n_orig, beta_fast, beta_slow = yarn
+
+        def corr_dim(beta: float) -> float:
+            return n_rot * math.log(n_orig / (beta * 2 * math.pi)) / (2 * math.log(base))
+
+        lo = max(0.0, math.floor(corr_dim(beta_fast)))
+        hi = min(n_rot - 1.0, math.ceil(corr_dim(beta_slow)))
+        ramp = 1.0 - np.clip((np.arange(half) - lo) / max(0.001, hi - lo), 0.0, 1.0)
+        extrap = theta / freq_scale
+        theta = theta * (1.0 - ramp) + extrap * ramp
+        attn_factor = attn_factor * (1.0 + 0.1 * math.log(1.0 / freq_scale))
     cos = (np.cos(theta) * attn_factor)[:, None, :]  # [n, 1, half]
     sin = (np.sin(theta) * attn_factor)[:, None, :]
     out = x.copy()
@@ -380,6 +433,14 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """ggml_swiglu_oai with llama.cpp's alpha 1.702 and limit 7 (LLM_FFN_SWIGLU_OAI_MOE):
+    x = min(gate, 7), y = clamp(up, -7, 7); x * sigmoid(1.702 x) * (y + 1)."""
+    x = np.minimum(gate, 7.0)
+    y = np.clip(up, -7.0, 7.0)
+    return x / (1.0 + np.exp(-1.702 * x)) * (y + 1.0)
+
+
 # ----------------------------------------------------------------------------------------------
 # The model
 # ----------------------------------------------------------------------------------------------
@@ -394,6 +455,7 @@ _OPTIONAL = {
     "qwen3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
     "gemma2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
     "gemma3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+    "gpt-oss": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
 }
 _REQUIRED = {
     "llama": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
@@ -407,6 +469,13 @@ _REQUIRED = {
     "gemma3": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
                "attn_output", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up",
                "ffn_down", "post_ffw_norm"),
+    # (plus the biases in _REQUIRED_BIASES)
+    "gpt-oss": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_sinks",
+                "post_attention_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
+                "ffn_down_exps"),
+}
+_REQUIRED_BIASES = {
+    "gpt-oss": ("attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
 }
 
 # Output head rows dequantized at a time (262144 x 640 would be 1.3 GB in float64).
@@ -434,6 +503,7 @@ class ReferenceModel:
         expected = {"token_embd.weight", "output_norm.weight"}
         for il in range(hp.n_layer):
             expected |= {f"blk.{il}.{t}.weight" for t in _REQUIRED[hp.arch]}
+            expected |= {f"blk.{il}.{t}.bias" for t in _REQUIRED_BIASES.get(hp.arch, ())}
         missing = sorted(expected - names)
         if missing:
             raise ValueError(f"{self.gguf.path}: missing tensors {missing[:5]}")
@@ -491,14 +561,17 @@ class ReferenceModel:
         scale = hp.rope_freq_scale_swa if swa else hp.rope_freq_scale
         factors = self._w_opt("rope_freqs.weight") if hp.arch == "llama" else None
         pos = np.arange(n)
-        q = rope(q, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors)
-        k = rope(k, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors)
+        q = rope(q, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors,
+                 hp.yarn)
+        k = rope(k, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors,
+                 hp.yarn)
         q = q * hp.q_scale  # gemma2/3: ggml_scale(Qcur, f_attention_scale); 1 elsewhere
         # build_attn_mha: kq = K.Q per head; GQA broadcast maps query head h to kv head
         # h // (n_head / n_head_kv) (ggml_mul_mat broadcasting); masked softmax with scale
         visible = attention_mask(n, hp.n_swa if swa else 0)
         group = n_head // n_head_kv
         out = np.empty((n, n_head, v.shape[-1]))
+        sinks = self._w(p + "attn_sinks.weight") if hp.attn_sinks else None
         for h in range(n_head):
             kv = h // group
             scores = q[:, h, :] @ k[:, kv, :].T  # [n_q, n_k]
@@ -506,11 +579,46 @@ class ReferenceModel:
                 scores = hp.attn_softcap * np.tanh(scores / hp.attn_softcap)
             scores = scores * hp.kq_scale  # ggml_soft_max_ext's scale
             scores = np.where(visible, scores, -np.inf)
+            if sinks is not None:
+                # gpt-oss: ggml_soft_max_ext with sinks: one more logit per head (unscaled,
+                # unmasked) in the max and the denominator, with no value
+                m = np.maximum(scores.max(axis=-1, keepdims=True), sinks[h])
+                e = np.exp(scores - m)
+                out[:, h, :] = (e / (e.sum(-1, keepdims=True) + np.exp(sinks[h] - m))) @ v[:, kv, :]
+                continue
             out[:, h, :] = softmax(scores) @ v[:, kv, :]
         out = out.reshape(n, n_head * v.shape[-1])
         # wo, plus wo_b for llama only (qwen2/qwen3/gemma3 never load attn_output.bias)
         return self._linear(out, p + "attn_output.weight",
-                            p + "attn_output.bias" if hp.arch == "llama" else None)
+                            p + "attn_output.bias" if hp.arch in ("llama", "gpt-oss") else None)
+
+    def moe(self, x: np.ndarray, il: int) -> np.ndarray:
+        """gpt-oss's build_moe_ffn (SOFTMAX_WEIGHT gating, SWIGLU_OAI_MOE, biases): router
+        logits (+ bias) -> the top n_expert_used experts by logit -> softmax over those
+        logits as the weights; each expert: down(swiglu_oai(gate(x) + bg, up(x) + bu)) + bd,
+        summed with the weights. x: [n, n_embd] -> [n, n_embd]."""
+        hp, p = self.hp, f"blk.{il}."
+        logits = self._linear(x, p + "ffn_gate_inp.weight", p + "ffn_gate_inp.bias")  # [n, E]
+        top = np.argsort(-logits, axis=1, kind="stable")[:, : hp.n_expert_used]  # [n, k]
+        sel = np.take_along_axis(logits, top, axis=1)
+        w = softmax(sel)  # [n, k]
+        experts = {}
+        for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            info = self.gguf.tensors[p + name + ".weight"]
+            mat = self.gguf.dequant(p + name + ".weight").reshape(
+                info.shape[2], info.shape[1], info.shape[0])  # [E, out, in]
+            bias = self.gguf.dequant(p + name + ".bias").reshape(info.shape[2], info.shape[1])
+            experts[name] = (mat, bias)
+        out = np.zeros_like(x)
+        for r in range(x.shape[0]):
+            for j in range(hp.n_expert_used):
+                e = top[r, j]
+                (wg, bg), (wu, bu), (wd, bd) = (
+                    (experts[n][0][e], experts[n][1][e])
+                    for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
+                act = swiglu_oai(wg @ x[r] + bg, wu @ x[r] + bu)
+                out[r] += w[r, j] * (wd @ act + bd)
+        return out
 
     def ffn(self, x: np.ndarray, il: int) -> np.ndarray:
         """build_ffn(LLM_FFN_PAR): down(act(gate(x)) * up(x)); act = SiLU, or tanh-GELU for
@@ -525,6 +633,12 @@ class ReferenceModel:
 
     def layer(self, x: np.ndarray, il: int) -> np.ndarray:
         hp, p = self.hp, f"blk.{il}."
+        if hp.arch == "gpt-oss":
+            # openai-moe.cpp: attn_norm -> attn -> residual; post_attention_norm -> MoE ->
+            # residual (the post-attention norm is the FFN's input norm; there is no ffn_norm)
+            x = x + self.attention(rms_norm(x, self._w(p + "attn_norm.weight"), hp.rms_eps), il)
+            return x + self.moe(rms_norm(x, self._w(p + "post_attention_norm.weight"),
+                                         hp.rms_eps), il)
         if hp.arch in ("gemma2", "gemma3"):
             # gemma2.cpp / gemma3.cpp: attn_norm -> attn -> post_attention_norm -> residual;
             # ffn_norm -> ffn -> post_ffw_norm -> residual
