@@ -45,6 +45,9 @@ CASES: dict[str, tuple[str, int, dict]] = {
     "gemma2-caps50-30": ("gemma2", 1, {"attn_logit_softcapping": 50.0,
                                        "final_logit_softcapping": 30.0, "n_layer": 3,
                                        "sliding_window": 5}),
+    # MoE: Mixtral-style llama (4 experts, 2 per token) and qwen3moe (8 experts, 3 per token)
+    "mixtral": ("mixtral", 0, {}),
+    "qwen3moe": ("qwen3moe", 0, {}),
 }
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
@@ -34,6 +35,9 @@ from localllm.kernels.cpu.matmul import (
 from localllm.kv.batch import Batch
 from localllm.kv.cache import KVCache
 from localllm.models.config import ModelConfig, ModelError
+
+if TYPE_CHECKING:
+    from localllm.models.moe import MoEWeights
 
 _MATMUL_TYPES = {int(t) for t in supported_types()}
 
@@ -136,9 +140,9 @@ class LayerWeights:
     wv: QWeight  # [Hkv*Dv, D]
     wo: QWeight  # [D, H*Dv]
     ffn_norm: np.ndarray  # [D]
-    w_gate: QWeight  # [F, D]
-    w_up: QWeight  # [F, D]
-    w_down: QWeight  # [D, F]
+    w_gate: QWeight | None  # [F, D] (None in an MoE layer)
+    w_up: QWeight | None  # [F, D]
+    w_down: QWeight | None  # [D, F]
     bq: np.ndarray | None = None  # [H*Dh]
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
@@ -147,12 +151,14 @@ class LayerWeights:
     k_norm: np.ndarray | None = None  # [Dh]
     post_attn_norm: np.ndarray | None = None  # [D]
     post_ffn_norm: np.ndarray | None = None  # [D]
+    moe: MoEWeights | None = None  # the FFN of an MoE layer (models/moe.py) instead of w_*
 
     def __post_init__(self) -> None:
         self.qkv = WeightGroup(self.wq, self.wk, self.wv)  # input: attention-normed x
-        self.gate_up = WeightGroup(self.w_gate, self.w_up)  # input: ffn-normed x
         self.o_proj = WeightGroup(self.wo)  # groups of one: the checked call is kept too
-        self.down = WeightGroup(self.w_down)
+        if self.moe is None:
+            self.gate_up = WeightGroup(self.w_gate, self.w_up)  # input: ffn-normed x
+            self.down = WeightGroup(self.w_down)
 
 
 class WeightLoader:
@@ -166,12 +172,16 @@ class WeightLoader:
     def has(self, name: str) -> bool:
         return name in self.gf.tensors
 
-    def matrix(self, name: str, rows: int, cols: int, *, multiplied: bool = True) -> QWeight:
+    def matrix(self, name: str, rows: int, cols: int, *, multiplied: bool = True,
+               file_shape: tuple[int, ...] | None = None) -> QWeight:
         """The weight `name` [rows, cols]. multiplied: it goes through matmul, so it takes the
-        kernels' layout (laid_out); False for a table that is only read by rows (embeddings)."""
+        kernels' layout (laid_out); False for a table that is only read by rows (embeddings).
+        file_shape: its shape in the file when that is not (rows, cols): a 3-D stack of
+        experts [E, R, cols] read as its E*R rows (models/moe.py)."""
         t = self._get(name)
-        if tuple(t.shape) != (rows, cols):
-            raise ModelError(f"tensor {name} has shape {tuple(t.shape)}, expected {(rows, cols)}")
+        want = file_shape or (rows, cols)
+        if tuple(t.shape) != tuple(want):
+            raise ModelError(f"tensor {name} has shape {tuple(t.shape)}, expected {tuple(want)}")
         if int(t.type) not in _MATMUL_TYPES:
             raise ModelError(
                 f"tensor {name} has quantization type {t.type.name}, which has no kernel yet "
@@ -214,14 +224,19 @@ class WeightLoader:
         return t
 
 
-def load_standard_layers(w: WeightLoader, cfg: ModelConfig) -> list[LayerWeights]:
-    """Tensor names of llama.cpp's llama-style families (blk.N.attn_q.weight, ...)."""
+def load_standard_layers(
+    w: WeightLoader, cfg: ModelConfig,
+    ffn: Callable[[WeightLoader, int], MoEWeights] | None = None,
+) -> list[LayerWeights]:
+    """Tensor names of llama.cpp's llama-style families (blk.N.attn_q.weight, ...).
+    ffn: loads layer il's MoE FFN (models/moe.loader) in place of ffn_gate/up/down."""
     D, H, Hkv, Dh, Dv, F = (
         cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v, cfg.n_ff,
     )
     layers = []
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
+        moe = ffn(w, i) if ffn is not None else None
         layers.append(
             LayerWeights(
                 attn_norm=w.vector(p + "attn_norm.weight", D),
@@ -230,9 +245,10 @@ def load_standard_layers(w: WeightLoader, cfg: ModelConfig) -> list[LayerWeights
                 wv=w.matrix(p + "attn_v.weight", Hkv * Dv, D),
                 wo=w.matrix(p + "attn_output.weight", D, H * Dv),
                 ffn_norm=w.vector(p + "ffn_norm.weight", D),
-                w_gate=w.matrix(p + "ffn_gate.weight", F, D),
-                w_up=w.matrix(p + "ffn_up.weight", F, D),
-                w_down=w.matrix(p + "ffn_down.weight", D, F),
+                w_gate=None if moe else w.matrix(p + "ffn_gate.weight", F, D),
+                w_up=None if moe else w.matrix(p + "ffn_up.weight", F, D),
+                w_down=None if moe else w.matrix(p + "ffn_down.weight", D, F),
+                moe=moe,
                 bq=w.optional_vector(p + "attn_q.bias", H * Dh),
                 bk=w.optional_vector(p + "attn_k.bias", Hkv * Dh),
                 bv=w.optional_vector(p + "attn_v.bias", Hkv * Dv),
@@ -356,9 +372,12 @@ class DecoderModel:
             x += o
 
             ops.rms_norm(x, L.ffn_norm, cfg.rms_eps, h, checked=True)
-            L.gate_up(h, [gate, up])
-            act(gate, up, gate)
-            L.down(gate, [o])
+            if L.moe is not None:
+                L.moe(h, o)
+            else:
+                L.gate_up(h, [gate, up])
+                act(gate, up, gate)
+                L.down(gate, [o])
             if L.post_ffn_norm is not None:
                 ops.rms_norm(o, L.post_ffn_norm, cfg.rms_eps, o, checked=True)
             x += o
@@ -420,14 +439,16 @@ def output_head(w: WeightLoader, cfg: ModelConfig, token_embd: QWeight) -> QWeig
     return w.laid_out(token_embd)
 
 
-def build_standard(gf: GGUFFile, cfg: ModelConfig) -> DecoderModel:
+def build_standard(gf: GGUFFile, cfg: ModelConfig,
+                   ffn: Callable[[WeightLoader, int], MoEWeights] | None = None) -> DecoderModel:
+    """ffn: an MoE model's per-layer FFN loader (models/moe.loader)."""
     w = WeightLoader(gf)
     embd = w.matrix("token_embd.weight", cfg.n_vocab, cfg.n_embd, multiplied=False)
     freq_factors = w.optional_vector("rope_freqs.weight", cfg.n_rot // 2)
     return DecoderModel(
         cfg,
         token_embd=embd,
-        layers=load_standard_layers(w, cfg),
+        layers=load_standard_layers(w, cfg, ffn),
         output_norm=w.vector("output_norm.weight", cfg.n_embd),
         output=output_head(w, cfg, embd),
         rope_freq_factors=freq_factors,

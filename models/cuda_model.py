@@ -142,13 +142,16 @@ class CudaModel:
     """forward(batch, kv) -> host logits, as DecoderModel.forward, computed on the GPU."""
 
     def __init__(self, model: DecoderModel) -> None:
-        import cupy
-
         cfg = model.cfg
         if cfg.arch == "gpt-oss":
             # its attention sinks and biased mixture-of-experts FFN have no GPU kernels
             raise ModelError("gpt-oss models run on the CPU only for now (no CUDA kernels for "
                              "attention sinks and its experts); use --device cpu")
+        if any(L.moe is not None for L in model.layers):
+            raise ModelError(f"{cfg.arch}: mixture-of-experts models run on the CPU only "
+                             "for now (--device cpu)")
+        import cupy
+
         if cfg.activation not in loader.GATES:
             raise ValueError(f"the CUDA path has no {cfg.activation!r} activation")
         if max(cfg.head_dim, cfg.head_dim_v) > loader.ATT_DMAX:

@@ -14,6 +14,7 @@ BUILDERS: dict[str, Callable[[GGUFFile], DecoderModel]] = {
     "llama": llama.build,
     "qwen2": qwen.build_qwen2,
     "qwen3": qwen.build_qwen3,
+    "qwen3moe": qwen.build_qwen3moe,
     "gemma2": gemma2.build,
     "gemma3": gemma3.build,
 }
@@ -23,6 +24,7 @@ CONFIGS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {
     "llama": llama.config,
     "qwen2": qwen.config_qwen2,
     "qwen3": qwen.config_qwen3,
+    "qwen3moe": qwen.config_qwen3moe,
     "gemma2": gemma2.config,
     "gemma3": gemma3.config,
 }

@@ -4,7 +4,8 @@
 sequence at positions 0..n-1, computed the obvious way: every weight dequantized with
 `gguf.quants.dequantize` (the ground truth for the block formats) and every op written out in
 float64, one function per block. It follows llama.cpp's semantics (src/models/llama.cpp,
-qwen2.cpp, qwen3.cpp, gemma2.cpp, gemma3.cpp, openai-moe.cpp; hparams from src/llama-model.cpp `load_hparams` and each
+qwen2.cpp, qwen3.cpp, qwen3moe.cpp, gemma2.cpp, gemma3.cpp, openai-moe.cpp; MoE FFNs:
+src/llama-graph.cpp build_moe_ffn; hparams from src/llama-model.cpp `load_hparams` and each
 model's `load_arch_hparams`); comments name the behaviour each step mirrors.
 
 It deliberately shares no code with the engine (localllm.*): it has its own ~100-line GGUF
@@ -12,8 +13,9 @@ parser (memory-mapped, so the real 253 MB default model opens in well under a se
 gguf.GGUFReader's ~20 s), dequantizes only the embedding rows a prompt needs, and runs the
 262144-row tied output head in chunks so memory stays bounded.
 
-Not modelled (raise NotImplementedError): MoE other than gpt-oss's, LongRoPE rope scaling,
-per-layer SWA head sizes, fused attn_qkv tensors. llama.cpp's CPU GELU uses an fp16 lookup table; the reference
+Not modelled (raise NotImplementedError): MoE beyond Mixtral / Qwen3-MoE (softmax gating,
+renormalised weights) and gpt-oss, LongRoPE rope scaling, per-layer SWA head
+sizes, fused attn_qkv tensors. llama.cpp's CPU GELU uses an fp16 lookup table; the reference
 uses the exact tanh formula it approximates.
 """
 
@@ -29,7 +31,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "gpt-oss")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe", "gpt-oss")
 
 # ----------------------------------------------------------------------------------------------
 # GGUF file parsing (spec: ggml/docs/gguf.md; little-endian, versions 2 and 3)
@@ -178,11 +180,12 @@ class HParams:
     is_swa: list[bool] = field(default_factory=list)
     rope_base_swa: float = 10000.0
     rope_freq_scale_swa: float = 1.0
+    n_expert: int = 0  # MoE: experts per layer (0: dense FFN)
+    n_expert_used: int = 0
+    n_ff_exp: int = 0  # each expert's hidden width
     # YaRN (rope.scaling.type "yarn"): (n_ctx_orig, beta_fast, beta_slow), else None
     yarn: tuple[int, float, float] | None = None
     attn_sinks: bool = False  # gpt-oss: a learned sink logit per head in the softmax
-    n_expert: int = 0
-    n_expert_used: int = 0
 
 
 def _meta(meta: dict[str, Any], key: str, default: Any = None, required: bool = False) -> Any:
@@ -206,8 +209,14 @@ def read_hparams(gguf: GGUFFile) -> HParams:
     arch = _meta(meta, "general.architecture", required=True)
     if arch not in SUPPORTED_ARCHS:
         raise NotImplementedError(f"reference model supports {SUPPORTED_ARCHS}, not {arch!r}")
-    if int(_meta(meta, f"{arch}.expert_count", 0)) > 0 and arch != "gpt-oss":
-        raise NotImplementedError("MoE models other than gpt-oss are not modelled")
+    n_expert = int(_meta(meta, f"{arch}.expert_count", 0))
+    n_expert_used = int(_meta(meta, f"{arch}.expert_used_count", 0))
+    if n_expert and arch not in ("llama", "qwen3moe", "gpt-oss"):
+        raise NotImplementedError("MoE is only modelled for llama (Mixtral), qwen3moe and gpt-oss")
+    if arch == "qwen3moe" and not n_expert:
+        raise ValueError("qwen3moe needs expert_count > 0")  # as llama.cpp
+    if n_expert and not 0 < n_expert_used <= n_expert:
+        raise ValueError(f"expert_used_count {n_expert_used} not in [1, {n_expert}]")
 
     n_embd = int(_meta(meta, f"{arch}.embedding_length", required=True))
     n_layer = int(_meta(meta, f"{arch}.block_count", required=True))
@@ -229,7 +238,8 @@ def read_hparams(gguf: GGUFFile) -> HParams:
                           ("rope.dimension_count_swa", n_rot)):
         if int(_meta(meta, f"{arch}.{swa_key}", full)) != full:
             raise NotImplementedError(f"{arch}.{swa_key} != its full-attention value")
-    if arch in ("llama", "qwen2", "qwen3") and not (head_dim_k == head_dim_v == n_rot):
+    if arch in ("llama", "qwen2", "qwen3", "qwen3moe") and not (
+            head_dim_k == head_dim_v == n_rot):
         # these graphs GGML_ASSERT(n_embd_head == n_rot) and k == v head sizes
         raise ValueError(f"{arch} needs key_length == value_length == rope.dimension_count")
 
@@ -260,11 +270,17 @@ def read_hparams(gguf: GGUFFile) -> HParams:
         n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
         head_dim_k=head_dim_k, head_dim_v=head_dim_v, n_rot=n_rot,
         rms_eps=float(_meta(meta, f"{arch}.attention.layer_norm_rms_epsilon", required=True)),
-        rope_neox=arch in ("qwen2", "qwen3", "gemma2", "gemma3"),
+        rope_neox=arch in ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3"),
         rope_base=rope_base, rope_freq_scale=rope_freq_scale, rope_attn_factor=rope_attn_factor,
         kq_scale=1.0 / math.sqrt(head_dim_v if arch == "llama" else head_dim_k),
         q_scale=1.0, embd_scale=1.0, final_logit_softcap=0.0, attn_softcap=0.0, n_swa=0,
         is_swa=[False] * n_layer, yarn=yarn,
+        n_expert=n_expert, n_expert_used=n_expert_used,
+        # llama.cpp: Mixtral's experts are n_ff wide; qwen3moe reads
+        # expert_feed_forward_length, else n_ff / n_expert_used
+        n_ff_exp=(n_ff[0] if arch == "llama" else
+                  int(_meta(meta, f"{arch}.expert_feed_forward_length", 0))
+                  or n_ff[0] // max(n_expert_used, 1)),
     )
     if arch == "gpt-oss":
         _gpt_oss_hparams(meta, hp)
@@ -291,10 +307,8 @@ def _gpt_oss_hparams(meta: dict[str, Any], hp: HParams) -> None:
     hp.rope_neox = True  # LLAMA_ROPE_TYPE_NEOX
     hp.kq_scale = 1.0 / math.sqrt(hp.n_rot)  # build_attn(..., 1/sqrt(n_rot))
     hp.attn_sinks = True
-    hp.n_expert = int(_meta(meta, "gpt-oss.expert_count", required=True))
-    hp.n_expert_used = int(_meta(meta, "gpt-oss.expert_used_count", required=True))
-    # the experts' width: expert_feed_forward_length
-    hp.n_ff = [int(_meta(meta, "gpt-oss.expert_feed_forward_length", required=True))] * hp.n_layer
+    if not hp.n_expert:
+        raise ValueError("gpt-oss needs expert_count > 0")  # as llama.cpp
 
 
 def _gemma2_hparams(meta: dict[str, Any], hp: HParams) -> None:
@@ -455,6 +469,7 @@ _OPTIONAL = {
     "qwen3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
     "gemma2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
     "gemma3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+    "qwen3moe": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
     "gpt-oss": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
 }
 _REQUIRED = {
@@ -469,6 +484,8 @@ _REQUIRED = {
     "gemma3": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
                "attn_output", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up",
                "ffn_down", "post_ffw_norm"),
+    "qwen3moe": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
+                 "attn_output", "ffn_norm"),
     # (plus the biases in _REQUIRED_BIASES)
     "gpt-oss": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_sinks",
                 "post_attention_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
@@ -477,6 +494,8 @@ _REQUIRED = {
 _REQUIRED_BIASES = {
     "gpt-oss": ("attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
 }
+# An MoE layer's FFN tensors (in place of ffn_gate/up/down)
+_MOE_TENSORS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 # Output head rows dequantized at a time (262144 x 640 would be 1.3 GB in float64).
 _HEAD_CHUNK_ROWS = 16384
@@ -501,8 +520,12 @@ class ReferenceModel:
     def _check_tensors(self) -> None:
         hp, names = self.hp, set(self.gguf.tensors)
         expected = {"token_embd.weight", "output_norm.weight"}
+        required = _REQUIRED[hp.arch]
+        if hp.n_expert:
+            required = tuple(t for t in required if t not in ("ffn_gate", "ffn_up", "ffn_down"))
+            required += _MOE_TENSORS
         for il in range(hp.n_layer):
-            expected |= {f"blk.{il}.{t}.weight" for t in _REQUIRED[hp.arch]}
+            expected |= {f"blk.{il}.{t}.weight" for t in required}
             expected |= {f"blk.{il}.{t}.bias" for t in _REQUIRED_BIASES.get(hp.arch, ())}
         missing = sorted(expected - names)
         if missing:
@@ -551,7 +574,7 @@ class ReferenceModel:
         k = self._linear(x, p + "attn_k.weight", p + "attn_k.bias").reshape(n, n_head_kv, -1)
         v = self._linear(x, p + "attn_v.weight", p + "attn_v.bias").reshape(n, n_head_kv, -1)
         # qwen3 / gemma3: RMS norm over each head's vector before rope (attn_q/k_norm)
-        if hp.arch in ("qwen3", "gemma3"):
+        if hp.arch in ("qwen3", "qwen3moe", "gemma3"):
             q = rms_norm(q, self._w(p + "attn_q_norm.weight"), hp.rms_eps)
             k = rms_norm(k, self._w(p + "attn_k_norm.weight"), hp.rms_eps)
         # rope: SWA layers use rope_freq_base/scale_train_swa (llama_model::get_rope_freq_base);
@@ -631,6 +654,29 @@ class ReferenceModel:
         return self._linear(act * up, p + "ffn_down.weight",
                             p + "ffn_down.bias" if with_bias else None)
 
+    def moe_ffn(self, x: np.ndarray, il: int) -> np.ndarray:
+        """build_moe_ffn as the llama (Mixtral) and qwen3moe graphs call it: router logits
+        ffn_gate_inp @ x, softmax over all experts, the top n_expert_used (ties: lower index
+        first), their probabilities renormalised to sum 1 (norm_w = true), and the weighted
+        sum of those experts' SiLU-gated FFNs. x [n, n_embd] -> [n, n_embd]."""
+        hp, p = self.hp, f"blk.{il}."
+        E, k = hp.n_expert, hp.n_expert_used
+        probs = softmax(x @ self._w(p + "ffn_gate_inp.weight").T)  # [n, E]
+
+        def stack(name: str) -> np.ndarray:  # [E, rows, cols]
+            w = self._w(p + name + ".weight")
+            return w.reshape(E, -1, w.shape[-1])
+
+        gate, up, down = stack("ffn_gate_exps"), stack("ffn_up_exps"), stack("ffn_down_exps")
+        out = np.zeros_like(x)
+        for t in range(x.shape[0]):
+            chosen = np.argsort(-probs[t], kind="stable")[:k]
+            weights = probs[t, chosen] / probs[t, chosen].sum()
+            for e, wgt in zip(chosen, weights, strict=True):
+                h = silu(gate[e] @ x[t]) * (up[e] @ x[t])
+                out[t] += wgt * (down[e] @ h)
+        return out
+
     def layer(self, x: np.ndarray, il: int) -> np.ndarray:
         hp, p = self.hp, f"blk.{il}."
         if hp.arch == "gpt-oss":
@@ -646,9 +692,10 @@ class ReferenceModel:
             x = x + rms_norm(a, self._w(p + "post_attention_norm.weight"), hp.rms_eps)
             f = self.ffn(rms_norm(x, self._w(p + "ffn_norm.weight"), hp.rms_eps), il)
             return x + rms_norm(f, self._w(p + "post_ffw_norm.weight"), hp.rms_eps)
-        # llama.cpp / qwen2.cpp / qwen3.cpp: pre-norm residual blocks
+        # llama.cpp / qwen2.cpp / qwen3.cpp / qwen3moe.cpp: pre-norm residual blocks
         x = x + self.attention(rms_norm(x, self._w(p + "attn_norm.weight"), hp.rms_eps), il)
-        return x + self.ffn(rms_norm(x, self._w(p + "ffn_norm.weight"), hp.rms_eps), il)
+        ffn = self.moe_ffn if hp.n_expert else self.ffn
+        return x + ffn(rms_norm(x, self._w(p + "ffn_norm.weight"), hp.rms_eps), il)
 
     def output(self, x: np.ndarray) -> np.ndarray:
         """output_norm, lm_head (output.weight, or token_embd when absent = tied), qwen2's

@@ -37,7 +37,8 @@ from tiny_models_kquants import K_QUANT_TYPES, quantize_k
 
 from localllm.text.tokenizer_bpe import bytes_to_unicode  # GPT-2 byte table
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gpt-oss")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "mixtral", "qwen3moe",
+         "gpt-oss")
 
 # Types `gguf.quants.quantize` implements (checked against gguf 0.19) plus our K-quant encoders.
 _GGUF_QUANTIZABLE = frozenset(
@@ -267,6 +268,13 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     # enough here to bend the tiny model's logits (the real models: 50 and 30).
     "gemma2": dict(n_layer=4, n_head=4, n_head_kv=2, tie_embeddings=True, sliding_window=8,
                    attn_logit_softcapping=4.0, final_logit_softcapping=6.0),
+    # mixtral: llama arch with 4 experts, 2 used per token (Mixtral: 8 / 2), experts as
+    # wide as feed_forward_length. qwen3moe: qwen3 attention, 8 experts, 3 used (the real
+    # one: 128 / 8), experts expert_feed_forward_length wide. Both untied.
+    "mixtral": dict(n_layer=2, n_head=4, n_head_kv=2, tie_embeddings=False, n_expert=4,
+                    n_expert_used=2),
+    "qwen3moe": dict(n_layer=2, n_head=4, n_head_kv=2, tie_embeddings=False,
+                     rope_freq_base=1e6, n_expert=8, n_expert_used=3, n_ff_exp=32),
     # gpt-oss: sinks, biases, biased MoE, YaRN, alternating window (tiny_models_gptoss.py)
     "gpt-oss": gptoss.DEFAULTS,
 }
@@ -276,6 +284,7 @@ _COMMON_DEFAULTS: dict[str, Any] = dict(
     sliding_window=None, sliding_window_pattern=None, rope_freq_base_swa=None,
     final_logit_softcapping=None, attn_logit_softcapping=None, rope_scaling_factor=None, rope_freqs=False,
     tensor_qtypes=None, name=None, chat_template=None,
+    n_expert=0, n_expert_used=0, n_ff_exp=None,
 )
 
 # With a 256-block K-quant every matrix row (n_embd, n_ff, n_head*head_dim) must be a multiple
@@ -283,7 +292,8 @@ _COMMON_DEFAULTS: dict[str, Any] = dict(
 _KQUANT_DIMS: dict[str, Any] = dict(n_embd=256, head_dim=64, n_ff=512)
 
 _ARCH_OF = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-            "gemma2": "gemma2", "gemma3": "gemma3", "gpt-oss": "gpt-oss"}
+            "gemma2": "gemma2", "gemma3": "gemma3", "mixtral": "llama", "qwen3moe": "qwen3moe",
+            "gpt-oss": "gpt-oss"}
 
 
 def _config(arch: str, qtype: GGMLQuantizationType, overrides: Mapping[str, Any]) -> dict:
@@ -298,6 +308,8 @@ def _config(arch: str, qtype: GGMLQuantizationType, overrides: Mapping[str, Any]
     qtypes = {qtype, *(overrides.get("tensor_qtypes") or {}).values()}
     if any(GGML_QUANT_SIZES[t][0] == 256 for t in qtypes):
         cfg.update(_KQUANT_DIMS)
+        if cfg["n_ff_exp"] is not None:
+            cfg["n_ff_exp"] = 256
     cfg.update(overrides)
     if cfg["n_head"] % cfg["n_head_kv"] != 0:
         raise ValueError("n_head must be a multiple of n_head_kv")
@@ -314,6 +326,9 @@ def _config(arch: str, qtype: GGMLQuantizationType, overrides: Mapping[str, Any]
 
 def _encode(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     """float32 [rows, cols] -> what write_model_gguf takes for qtype."""
+    if data.ndim == 3:  # a stack of experts [E, R, C]: encoded as its E*R rows
+        flat = _encode(data.reshape(-1, data.shape[-1]), qtype)
+        return flat.reshape(*data.shape[:2], flat.shape[-1])
     if qtype == GGMLQuantizationType.F32:
         return data.astype(np.float32)
     if qtype == GGMLQuantizationType.F16:
@@ -385,16 +400,25 @@ def _tensors(arch: str, cfg: dict, n_vocab: int, rng: np.random.Generator) -> di
             t[p + "attn_q.bias"] = bias(nq)
             t[p + "attn_k.bias"] = bias(nkv)
             t[p + "attn_v.bias"] = bias(nkv)
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
             t[p + "attn_q_norm.weight"] = norm(hd)
             t[p + "attn_k_norm.weight"] = norm(hd)
         t[p + "attn_output.weight"] = mat(d, nq)
         if arch in ("gemma2", "gemma3"):
             t[p + "post_attention_norm.weight"] = norm(d, _GEMMA_POST_NORM)
         t[p + "ffn_norm.weight"] = norm(d)
-        t[p + "ffn_gate.weight"] = mat(ff, d)
-        t[p + "ffn_up.weight"] = mat(ff, d)
-        t[p + "ffn_down.weight"] = mat(d, ff)
+        if cfg["n_expert"]:
+            # router [E, d] (x3: spread its logits so the top-k choice is clear-cut) and
+            # expert stacks [E, F, d] / [E, d, F]; F = n_ff_exp where the arch has it
+            n_exp, fe = cfg["n_expert"], cfg["n_ff_exp"] or ff
+            t[p + "ffn_gate_inp.weight"] = mat(n_exp, d) * 3.0
+            t[p + "ffn_gate_exps.weight"] = np.stack([mat(fe, d) for _ in range(n_exp)])
+            t[p + "ffn_up_exps.weight"] = np.stack([mat(fe, d) for _ in range(n_exp)])
+            t[p + "ffn_down_exps.weight"] = np.stack([mat(d, fe) for _ in range(n_exp)])
+        else:
+            t[p + "ffn_gate.weight"] = mat(ff, d)
+            t[p + "ffn_up.weight"] = mat(ff, d)
+            t[p + "ffn_down.weight"] = mat(d, ff)
         if arch in ("gemma2", "gemma3"):
             t[p + "post_ffw_norm.weight"] = norm(d, _GEMMA_POST_NORM)
     t["output_norm.weight"] = norm(d)
@@ -441,19 +465,23 @@ def write_tiny_model(
     every layer local), final_logit_softcapping, attn_logit_softcapping, rope_scaling_factor
     (writes linear rope scaling), rope_freqs (True: llama3-style rope_freqs.weight), tie_embeddings,
     tensor_qtypes ({'attn_q': GGMLQuantizationType.Q5_0, ...} by short tensor name), name,
-    chat_template (Jinja source; default: a plain one for the family; False: none).
+    chat_template (Jinja source; default: a plain one for the family; False: none),
+    n_expert / n_expert_used / n_ff_exp (MoE archs "mixtral", "qwen3moe": experts, experts
+    per token, expert width where the arch writes expert_feed_forward_length).
     """
     qtype = GGMLQuantizationType(qtype)
     cfg = _config(arch, qtype, overrides)
     gguf_arch = _ARCH_OF[arch]
     vocab = build_spm_vocab("gemma" if arch in ("gemma2", "gemma3") else "llama") \
-        if arch in ("llama", "mistral", "gemma2", "gemma3") else build_bpe_vocab()
+        if arch in ("llama", "mistral", "mixtral", "gemma2", "gemma3") else build_bpe_vocab()
     if arch == "gpt-oss":
         vocab["pre"] = "gpt-4o"  # gpt-oss's pre-tokenizer
     n_vocab = len(vocab["tokens"])
 
     tensors = _tensors(gguf_arch, cfg, n_vocab, np.random.default_rng(seed))
-    qtypes = {name: GGMLQuantizationType.F32 if arr.ndim == 1 else qtype
+    # vectors and MoE routers stay F32 (llama-quantize never quantizes ffn_gate_inp)
+    qtypes = {name: GGMLQuantizationType.F32
+              if arr.ndim == 1 or _short_name(name) == "ffn_gate_inp" else qtype
               for name, arr in tensors.items()}
     for short, t in (cfg["tensor_qtypes"] or {}).items():
         if short not in _MATRIX_NAMES:
@@ -490,8 +518,13 @@ def write_tiny_model(
         f"{a}.rope.freq_base": cfg["rope_freq_base"],
         f"{a}.rope.dimension_count": cfg["head_dim"],
     }
-    if arch in ("llama", "mistral"):
+    if arch in ("llama", "mistral", "mixtral"):
         meta[f"{a}.vocab_size"] = n_vocab
+    if cfg["n_expert"]:
+        meta[f"{a}.expert_count"] = cfg["n_expert"]
+        meta[f"{a}.expert_used_count"] = cfg["n_expert_used"]
+        if cfg["n_ff_exp"] is not None:
+            meta[f"{a}.expert_feed_forward_length"] = cfg["n_ff_exp"]
     if cfg["sliding_window"] is not None:
         meta[f"{a}.attention.sliding_window"] = cfg["sliding_window"]
     if cfg["sliding_window_pattern"] is not None:
@@ -520,7 +553,7 @@ def write_tiny_model(
         meta[f"tokenizer.ggml.{key}_token_id"] = tid
     for key, flag in vocab["flags"].items():
         meta[f"tokenizer.ggml.{key}"] = flag
-    template = {"llama": "llama", "mistral": "llama", "gemma2": "gemma",
+    template = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "gemma2": "gemma",
                 "gemma3": "gemma"}.get(arch, "chatml")
     if cfg["chat_template"] is not False:
         meta["tokenizer.chat_template"] = cfg["chat_template"] or _CHAT_TEMPLATES[template]

@@ -21,7 +21,7 @@ import numpy as np
 # write_tiny_model's defaults for arch "gpt-oss" (overridable like any other arch's)
 DEFAULTS: dict[str, Any] = dict(
     n_layer=2, n_head=4, n_head_kv=2, head_dim=32, tie_embeddings=False, sliding_window=8,
-    rope_freq_base=150000.0, n_expert=4, n_expert_used=2, n_ff=64,
+    rope_freq_base=150000.0, n_expert=4, n_expert_used=2, n_ff_exp=64,
     yarn_factor=4.0, yarn_orig_ctx=32,
 )
 
@@ -29,12 +29,10 @@ ARCH = "gpt-oss"
 
 
 def metadata(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The gpt-oss keys beyond the llama-like ones write_tiny_model writes for every arch."""
+    """The gpt-oss keys beyond those write_tiny_model writes for every arch (the llama-like
+    ones, and the expert counts and width of every MoE arch)."""
     a = ARCH
     return {
-        f"{a}.expert_count": cfg["n_expert"],
-        f"{a}.expert_used_count": cfg["n_expert_used"],
-        f"{a}.expert_feed_forward_length": cfg["n_ff"],
         f"{a}.rope.scaling.type": "yarn",
         f"{a}.rope.scaling.factor": float(cfg["yarn_factor"]),
         f"{a}.rope.scaling.original_context_length": cfg["yarn_orig_ctx"],
@@ -43,7 +41,7 @@ def metadata(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def tensors(cfg: dict[str, Any], n_vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Random float32 weights by GGUF name, numpy order ([out, in]; experts [E, out, in])."""
-    d, hd, ff, n_exp = cfg["n_embd"], cfg["head_dim"], cfg["n_ff"], cfg["n_expert"]
+    d, hd, ff, n_exp = cfg["n_embd"], cfg["head_dim"], cfg["n_ff_exp"], cfg["n_expert"]
     nq, nkv = cfg["n_head"] * hd, cfg["n_head_kv"] * hd
 
     def mat(*shape: int) -> np.ndarray:
