@@ -152,6 +152,7 @@ class LayerWeights:
     post_attn_norm: np.ndarray | None = None  # [D]
     post_ffn_norm: np.ndarray | None = None  # [D]
     moe: MoEWeights | None = None  # the FFN of an MoE layer (models/moe.py) instead of w_*
+    sinks: np.ndarray | None = None  # [H] float32 per-head attention sink logits (gpt-oss)
 
     def __post_init__(self) -> None:
         self.qkv = WeightGroup(self.wq, self.wk, self.wv)  # input: attention-normed x
@@ -363,7 +364,7 @@ class DecoderModel:
             else:
                 q_slot, q_pos = row_slot, pos
             kv.attend_rows(il, q_slot, q3, q_pos, cfg.layer_window[il], cfg.attn_scale,
-                           cfg.attn_softcap, attn)
+                           cfg.attn_softcap, attn, L.sinks)
             L.o_proj(attn.reshape(n, H * Dv), [o])
             if L.bo is not None:
                 o += L.bo

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from localllm.formats import GGUFFile
-from localllm.models import gemma2, gemma3, llama, qwen
+from localllm.models import gemma2, gemma3, gpt_oss, llama, qwen
 from localllm.models.base import DecoderModel
 from localllm.models.config import ModelConfig, ModelError
 
@@ -17,6 +17,7 @@ BUILDERS: dict[str, Callable[[GGUFFile], DecoderModel]] = {
     "qwen3moe": qwen.build_qwen3moe,
     "gemma2": gemma2.build,
     "gemma3": gemma3.build,
+    "gpt-oss": gpt_oss.build,
 }
 # The configuration each builder reads (metadata only: no tensor is touched), for what a model
 # needs before it is loaded (`localllm show`). Same keys as BUILDERS.
@@ -27,6 +28,7 @@ CONFIGS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {
     "qwen3moe": qwen.config_qwen3moe,
     "gemma2": gemma2.config,
     "gemma3": gemma3.config,
+    "gpt-oss": gpt_oss.config,
 }
 
 
