@@ -48,6 +48,14 @@ CASES: dict[str, tuple[str, int, dict]] = {
     # MoE: Mixtral-style llama (4 experts, 2 per token) and qwen3moe (8 experts, 3 per token)
     "mixtral": ("mixtral", 0, {}),
     "qwen3moe": ("qwen3moe", 0, {}),
+    # gpt-oss: sinks, biases, YaRN, MoE with biases and swiglu_oai; window 8 on layers 0, 2.
+    # The second: three layers, window 5, 8 experts (4 per token, as gpt-oss-20b: 32 / 4),
+    # Q8_0 experts
+    "gpt-oss": ("gpt-oss", 0, {}),
+    "gpt-oss-3l-q8": ("gpt-oss", 1, {"n_layer": 3, "sliding_window": 5, "n_expert": 8,
+                                     "n_expert_used": 4,
+                                     "tensor_qtypes": {"ffn_gate_exps": 8, "ffn_up_exps": 8,
+                                                       "ffn_down_exps": 8}}),
 }
 
 

@@ -30,6 +30,12 @@ LOGIT_TOL = 2e-3
 # The float64 reference computes GELU exactly, llama.cpp through a float16 table: measured
 # <= 2.5e-3 apart on gemma2 (as on gemma3, tests/test_reference_model.py).
 REFERENCE_TOL = 1e-2
+# With quantized weights (overrides' tensor_qtypes) llama.cpp, like localllm, rounds each
+# matmul's input to Q8_0 blocks, which the float64 reference does not: measured 0.149 apart on
+# gpt-oss-3l-q8 (Q8_0 experts, whose gate/up outputs of several units go through swiglu_oai),
+# while localllm stays within LOGIT_TOL of llama.cpp there. The reference then only has to be
+# roughly right.
+REFERENCE_TOL_QUANTIZED = 0.3
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=[p.stem for p in RECORDS])
@@ -50,7 +56,8 @@ def test_logits_and_greedy_match_recorded_llama_cpp(tmp_path: Path, record: Path
     np.testing.assert_allclose(mine, recorded, atol=LOGIT_TOL, rtol=0)
     assert (mine.argmax(1) == recorded.argmax(1)).all()
     ref = reference_logits(path, ids)[r["rows_from"]:]
-    np.testing.assert_allclose(ref, recorded, atol=REFERENCE_TOL, rtol=0)
+    ref_tol = REFERENCE_TOL_QUANTIZED if r["overrides"].get("tensor_qtypes") else REFERENCE_TOL
+    np.testing.assert_allclose(ref, recorded, atol=ref_tol, rtol=0)
 
     greedy = [int(np.argmax(logits[-1]))]
     while len(greedy) < n_predict:
