@@ -77,6 +77,12 @@ _ROWS = (
     _row(_T.Q5_K, "d:f16, dmin:f16, scales:u8[12], qh:u8[32], qs:u8[128]", "q8_K"),
     _row(_T.Q6_K, "ql:u8[128], qh:u8[64], scales:i8[16], d:f16", "q8_K"),
     _row(_T.IQ4_XS, "d:f16, scales_h:u16, scales_l:u8[4], qs:u8[128]", "q8_K"),
+    # low-bit types (kernels/cpu/mm_lowbit.py)
+    _row(_T.MXFP4, "e:u8 (e8m0 scale), qs:u8[16] (e2m1 nibbles, Q4_0 order)", "q8_0"),
+    _row(_T.TQ1_0, "qs:u8[48] (5 trits a byte), qh:u8[4] (4 trits a byte), d:f16", "q8_K"),
+    _row(_T.TQ2_0, "qs:u8[64] (2-bit trits), d:f16", "q8_K"),
+    _row(_T.IQ1_S, "d:f16, qs:u8[32], qh:u16[8]", "q8_K"),
+    _row(_T.IQ1_M, "qs:u8[32], qh:u8[16], scales:u8[8] (3-bit scales + the f16 d)", "q8_K"),
 )
 
 #: id -> QType, for every type we read
@@ -94,6 +100,10 @@ Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = (
     BY_NAME[n].id for n in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"))
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = (
     BY_NAME[n].id for n in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"))
+MXFP4, TQ1_0, TQ2_0, IQ1_S, IQ1_M = (
+    BY_NAME[n].id for n in ("MXFP4", "TQ1_0", "TQ2_0", "IQ1_S", "IQ1_M"))
+MXFP4_BYTES, TQ1_0_BYTES, TQ2_0_BYTES, IQ1_S_BYTES, IQ1_M_BYTES = (
+    BY_NAME[n].nbytes for n in ("MXFP4", "TQ1_0", "TQ2_0", "IQ1_S", "IQ1_M"))
 F32_BYTES, F16_BYTES, BF16_BYTES = (BY_NAME[n].nbytes for n in ("F32", "F16", "BF16"))
 Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_0_BYTES, IQ4_NL_BYTES = (
     BY_NAME[n].nbytes for n in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"))

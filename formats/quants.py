@@ -26,6 +26,16 @@ half. A tensor row of `n` elements is `n / block_elems` consecutive blocks.
     IQ4_NL  32 el, 18 B: f16 d | 16 B nibbles indexing a fixed non-linear 16-entry table.
     IQ4_XS 256 el, 136 B: f16 d | u16 scales_h | 4 B scales_l | 128 B nibbles (IQ4_NL table);
                         eight 32-element sub-blocks with 6-bit scales (ls - 32).
+    MXFP4   32 el, 17 B: u8 e (e8m0: x = 2^(e-128)) | 16 B nibbles (Q4_0 order) indexing the
+                        doubled e2m1 levels (0, 1, 2, 3, 4, 6, 8, 12, and negatives).
+    TQ1_0  256 el, 54 B: 48 B qs of 5 trits | 4 B qh of 4 trits | f16 d. A byte holds trits as
+                        a base-3 fraction: trit l = (u8(byte * 3^l) * 3) >> 8. x = d * (t - 1)
+    TQ2_0  256 el, 66 B: 64 B of 2-bit trits (Q2_K crumb order) | f16 d. x = d * (t - 1)
+    IQ1_S  256 el, 50 B: f16 d | 32 B qs | 8 x u16 qh; per 32 elements a 3-bit scale, a delta
+                        sign and four 11-bit indices into iq1s_grid (8 values of -1/0/1).
+                        x = d * (2*s + 1) * (grid + delta), delta = +-1/8
+    IQ1_M  256 el, 56 B: 32 B qs | 16 B qh (3 index bits + a delta sign per 8 elements) |
+                        8 B scales (3-bit scale per 16 elements; the f16 d in their top nibbles)
 
 `quantize` reproduces ggml's *reference* quantizers (quantize_row_*_ref) operation by operation
 in float32, including their sequential sums and round-half-even `nearest_int`, so its output is
@@ -39,6 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
+from gguf import quants as _gguf_quants
 
 from localllm.formats.gguf import GGUFError
 from localllm.formats.qtypes import QK_K, layouts
@@ -67,6 +78,19 @@ _LAYOUTS: dict[T, tuple[int, int]] = {T(i): lay for i, lay in layouts().items()}
 _IQ4_VALUES = np.array(
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32
 )
+# MXFP4's e2m1 levels, doubled so they are integers (kvalues_mxfp4): the e8m0 scale is halved
+MXFP4_VALUES = np.array(_gguf_quants.MXFP4.kvalues, dtype=np.float32)
+
+
+def _iq1s_grid() -> np.ndarray:
+    """iq1s_grid as [2048, 8] float32 values in {-1, 0, 1} (gguf keeps the one copy)."""
+    _gguf_quants.IQ1_S.init_grid()
+    return np.asarray(_gguf_quants.IQ1_S.grid, dtype=np.float32).reshape(2048, 8)
+
+
+IQ1S_GRID = _iq1s_grid()
+IQ1_DELTA = np.float32(0.125)  # IQ1S_DELTA / IQ1M_DELTA
+_POW3 = np.array([1, 3, 9, 27, 81], dtype=np.uint8)
 _NIBBLE_SHIFTS = np.array([0, 4], dtype=np.uint8)
 _CRUMB_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8)
 _BIT_SHIFTS = np.arange(8, dtype=np.uint8)
@@ -262,6 +286,74 @@ def _deq_iq4_xs(b: np.ndarray) -> np.ndarray:
     return (dl * _IQ4_VALUES[q.reshape(n, 8, 32)]).reshape(n, QK_K)
 
 
+def _e8m0_half(e: np.ndarray) -> np.ndarray:
+    """e8m0 exponent bytes -> float32 2^(e-128) (ggml_e8m0_to_fp32_half; e < 2: subnormal)."""
+    e32 = e.astype(np.uint32)
+    bits = np.where(e32 < 2, np.uint32(0x00200000) << e32, (e32 - 1) << np.uint32(23))
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def _deq_mxfp4(b: np.ndarray) -> np.ndarray:
+    d = _e8m0_half(b[:, 0:1])  # [n, 1]
+    return d * MXFP4_VALUES[_low_high_nibbles(b[:, 1:17])]
+
+
+def _trits(qs: np.ndarray, n_trits: int) -> np.ndarray:
+    """[n, m] bytes of base-3 fractions -> [n, n_trits, m] trits 0..2, trit l of every byte
+    in row l (the byte times 3^l, wrapped to 8 bits, then its leading trit)."""
+    q = qs[:, None, :] * _POW3[None, :n_trits, None]  # uint8: wraps mod 256 as in ggml
+    return ((q.astype(np.uint16) * 3) >> 8).astype(np.int8)
+
+
+def _deq_tq1_0(b: np.ndarray) -> np.ndarray:
+    n = len(b)
+    d = _f16(b[:, 52:54])
+    # elements: qs[0:32] x 5 trits (l*32 + m), qs[32:48] x 5 (160 + l*16 + m), qh x 4
+    t = np.concatenate([_trits(b[:, 0:32], 5).reshape(n, 160),
+                        _trits(b[:, 32:48], 5).reshape(n, 80),
+                        _trits(b[:, 48:52], 4).reshape(n, 16)], axis=1)
+    return d * (t - 1).astype(np.float32)
+
+
+def _deq_tq2_0(b: np.ndarray) -> np.ndarray:
+    n = len(b)
+    d = _f16(b[:, 64:66])
+    # element j*128 + l*32 + k: bits 2l of qs[j*32 + k]
+    t = (b[:, 0:64].reshape(n, 2, 1, 32) >> _CRUMB_SHIFTS[None, None, :, None]) & 3
+    return d * (t.reshape(n, QK_K).astype(np.int8) - 1).astype(np.float32)
+
+
+def _deq_iq1_s(b: np.ndarray) -> np.ndarray:
+    n = len(b)
+    d = _f16(b[:, 0:2])
+    qs = b[:, 2:34].reshape(n, 8, 4).astype(np.uint16)  # [n, sub-block, group of 8]
+    qh = np.ascontiguousarray(b[:, 34:50]).view("<u2")  # [n, 8]
+    dl = d * (2 * ((qh >> 12) & 7) + 1).astype(np.float32)  # [n, 8]
+    delta = np.where(qh & 0x8000, -IQ1_DELTA, IQ1_DELTA)
+    idx = qs | (((qh[:, :, None] >> (3 * np.arange(4, dtype=np.uint16))) & 7) << 8)
+    grid = IQ1S_GRID[idx].reshape(n, 8, 32)
+    return (dl[:, :, None] * (grid + delta[:, :, None])).reshape(n, QK_K)
+
+
+def _deq_iq1_m(b: np.ndarray) -> np.ndarray:
+    n = len(b)
+    qs = b[:, 0:32].reshape(n, 16, 2).astype(np.uint16)  # [n, qh byte, group of 8 in it]
+    qh = b[:, 32:48].astype(np.uint16)  # [n, 16]: bits 0-2 / 4-6 index bits, 3 / 7 delta
+    sc = np.ascontiguousarray(b[:, 48:56]).view("<u2")  # [n, 4]
+    # the f16 d is spread over the top nibbles of the four u16 scale words
+    dbits = ((sc[:, 0] >> 12) | ((sc[:, 1] >> 8) & 0x00F0) | ((sc[:, 2] >> 4) & 0x0F00)
+             | (sc[:, 3] & 0xF000))
+    d = dbits.astype(np.uint16).view(np.float16).astype(np.float32)[:, None]  # [n, 1]
+    # 16 3-bit scales, one per 16 elements: word w holds scales 4w .. 4w+3 at bits 3j
+    s = (sc[:, :, None] >> (3 * np.arange(4, dtype=np.uint16))) & 7
+    dl = d * (2 * s.reshape(n, 16) + 1).astype(np.float32)  # [n, 16]
+    hi = np.stack([qh & 7, (qh >> 4) & 7], axis=2)  # [n, 16, 2]
+    neg = np.stack([qh & 0x08, qh & 0x80], axis=2) != 0
+    grid = IQ1S_GRID[qs | (hi << 8)]  # [n, 16, 2, 8]
+    delta = np.where(neg, -IQ1_DELTA, IQ1_DELTA)[:, :, :, None]
+    return (dl[:, :, None, None] * (grid + delta)).reshape(n, QK_K)
+
+
 def _deq_f32(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view("<f4").astype(np.float32, copy=False)
 
@@ -292,6 +384,11 @@ _DEQUANTIZERS = {
     T.Q6_K: _deq_q6_k,
     T.IQ4_NL: _deq_iq4_nl,
     T.IQ4_XS: _deq_iq4_xs,
+    T.MXFP4: _deq_mxfp4,
+    T.TQ1_0: _deq_tq1_0,
+    T.TQ2_0: _deq_tq2_0,
+    T.IQ1_S: _deq_iq1_s,
+    T.IQ1_M: _deq_iq1_m,
 }
 SUPPORTED_TYPES: frozenset[T] = frozenset(_DEQUANTIZERS)
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from localllm.formats.qtypes import type_name
 from localllm.kernels.cpu import ops
 from localllm.kernels.cuda import loader
 from localllm.kv.batch import Batch
@@ -37,6 +38,9 @@ class GpuWeight:
     """A QWeight's raw blocks on the device: [rows, row_bytes] uint8."""
 
     def __init__(self, q: QWeight, uploaded: dict[int, Any]) -> None:
+        if q.qtype not in loader.MMV_KERNELS:  # e.g. MXFP4, TQ*, IQ1_*: CPU kernels only
+            raise ModelError(f"the CUDA path has no kernel for {type_name(q.qtype)} weights "
+                             f"({q.name}); run it with --device cpu")
         import cupy
 
         self.name, self.qtype, self.rows, self.cols = q.name, q.qtype, q.rows, q.cols

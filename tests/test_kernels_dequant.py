@@ -23,7 +23,12 @@ _F16_FIELDS: dict[int, tuple[int, ...]] = {
     dq.Q6_K: (208,),
     dq.IQ4_NL: (0,),
     dq.IQ4_XS: (0,),
+    dq.TQ1_0: (52,),
+    dq.TQ2_0: (64,),
+    dq.IQ1_S: (0,),
 }
+# MXFP4's e8m0 scale byte: sane is the exponents of 2^-8 .. 2^1
+_E8M0_FIELDS: dict[int, tuple[int, ...]] = {dq.MXFP4: (0,)}
 _FLOAT_TYPES = (dq.F32, dq.F16, dq.BF16)
 
 
@@ -61,6 +66,15 @@ def _random_blocks(rng: np.random.Generator, qtype: int, rows: int, k: int,
         for off in _F16_FIELDS[qtype]:
             scale = rng.uniform(-0.1, 0.1, size=(rows, nb)).astype(np.float16)
             raw[:, :, off:off + 2] = scale.view(np.uint8).reshape(rows, nb, 2)
+    if sane_scales:
+        for off in _E8M0_FIELDS.get(qtype, ()):
+            raw[:, :, off] = rng.integers(120, 130, size=(rows, nb))
+        if qtype == dq.IQ1_M:  # its f16 d is the top nibbles of the four u16 scale words
+            d = rng.uniform(-0.1, 0.1, size=(rows, nb)).astype(np.float16).view(np.uint16)
+            words = raw[:, :, 48:56].copy().view("<u2") & np.uint16(0x0FFF)  # [rows, nb, 4]
+            for w in range(4):
+                words[:, :, w] |= ((d >> np.uint16(4 * w)) & np.uint16(0xF)) << np.uint16(12)
+            raw[:, :, 48:56] = words.view(np.uint8)
     return raw.reshape(rows, nb * block_bytes)
 
 
@@ -114,7 +128,8 @@ def test_dequantize_matches_gguf(qtype: int, sane_scales: bool) -> None:
     _assert_bits_equal(got.reshape(6, k), ref)
 
 
-@pytest.mark.parametrize("qtype", [dq.Q4_K, dq.Q8_0, dq.IQ4_XS, dq.BF16], ids=dq.qtype_name)
+@pytest.mark.parametrize("qtype", [dq.Q4_K, dq.Q8_0, dq.IQ4_XS, dq.BF16, dq.MXFP4, dq.IQ1_M],
+                         ids=dq.qtype_name)
 def test_rows_into_and_get_rows(qtype: int) -> None:
     rng = np.random.default_rng(7)
     rows, k = 40, 512

@@ -426,7 +426,9 @@ def test_errors_are_clear() -> None:
 
 
 def test_supported_types() -> None:
-    assert set(mm.supported_types()) == {int(t) for t in ALL_TYPES}
+    from localllm.kernels.cpu.mm_lowbit import LOWBIT_TYPES  # tested in test_mm_lowbit
+
+    assert set(mm.supported_types()) == {int(t) for t in ALL_TYPES} | set(LOWBIT_TYPES)
     if mm.kernel_path() != "portable":
         assert mm.simd_types() == mm.supported_types()
 

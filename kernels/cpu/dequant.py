@@ -32,10 +32,16 @@ from localllm.formats.qtypes import (
     F16,
     F32,
     GGML_NAMES,
+    IQ1_M,
+    IQ1_M_BYTES,
+    IQ1_S,
+    IQ1_S_BYTES,
     IQ4_NL,
     IQ4_NL_BYTES,
     IQ4_XS,
     IQ4_XS_BYTES,
+    MXFP4,
+    MXFP4_BYTES,
     Q2_K,
     Q2_K_BYTES,
     Q3_K,
@@ -57,8 +63,13 @@ from localllm.formats.qtypes import (
     Q8_0,
     Q8_0_BYTES,
     QK_K,
+    TQ1_0,
+    TQ1_0_BYTES,
+    TQ2_0,
+    TQ2_0_BYTES,
     layouts,
 )
+from localllm.formats.quants import IQ1_DELTA, IQ1S_GRID, MXFP4_VALUES
 from localllm.kernels.cpu.halfbits import u32_as_f32 as _bitcast_u32_f32
 
 # GGML type ids, block layouts and names: the one table in formats/qtypes.py. The decoders
@@ -81,6 +92,13 @@ _POOL_LOCK = threading.Lock()
 _KVALUES_IQ4NL = np.array(
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32
 )
+
+
+# Low-bit types' tables, read by the decoders as frozen globals: MXFP4's doubled e2m1 levels
+# [16] f32 and iq1s_grid [2048, 8] f32 (-1/0/1), both from formats/quants (taken from gguf).
+_KV_MXFP4 = MXFP4_VALUES
+_GRID_IQ1S = IQ1S_GRID
+_IQ1_DELTA = IQ1_DELTA
 
 
 def qtype_name(qtype: int) -> str:
@@ -413,6 +431,112 @@ def _deq_iq4_xs(src, dst, b0, b1, kv):
 
 
 @njit(cache=True)
+def _e8m0_half(e) -> np.float32:
+    """MXFP4's e8m0 scale byte as 2^(e-128) (ggml_e8m0_to_fp32_half: e < 2 is subnormal)."""
+    e32 = np.uint32(e)
+    if e32 < 2:
+        return _bitcast_u32_f32(np.uint32(0x00200000) << e32)
+    return _bitcast_u32_f32((e32 - np.uint32(1)) << np.uint32(23))
+
+
+@njit(cache=True)
+def _deq_mxfp4(src, dst, b0, b1):
+    # block: e u8 | qs[16] (nibbles as Q4_0, indexing the doubled e2m1 levels)
+    for b in range(b0, b1):
+        o = b * MXFP4_BYTES
+        y = b * 32
+        d = _e8m0_half(src[o])
+        for j in range(16):
+            q = np.int32(src[o + 1 + j])
+            dst[y + j] = d * _KV_MXFP4[q & 0xF]
+            dst[y + j + 16] = d * _KV_MXFP4[q >> 4]
+
+
+@njit(cache=True)
+def _trit(byte, p) -> np.int32:
+    """Trit l of a TQ1_0 byte (p = 3^l): the leading base-3 digit of u8(byte * p)."""
+    q = (np.int32(byte) * p) & 0xFF
+    return ((q * 3) >> 8) - 1
+
+
+@njit(cache=True)
+def _deq_tq1_0(src, dst, b0, b1):
+    # block: qs[48] | qh[4] | d f16: qs[0:32] hold elements t*32 + m (t < 5), qs[32:48]
+    # elements 160 + t*16 + m, qh elements 240 + t*4 + j (t < 4); trit t weighs 3^t
+    for b in range(b0, b1):
+        o = b * TQ1_0_BYTES
+        y = b * QK_K
+        d = _f16_at(src, o + 52)
+        p = 1
+        for t in range(5):
+            for m in range(32):
+                dst[y + t * 32 + m] = d * np.float32(_trit(src[o + m], p))
+            for m in range(16):
+                dst[y + 160 + t * 16 + m] = d * np.float32(_trit(src[o + 32 + m], p))
+            if t < 4:
+                for j in range(4):
+                    dst[y + 240 + t * 4 + j] = d * np.float32(_trit(src[o + 48 + j], p))
+            p *= 3
+
+
+@njit(cache=True)
+def _deq_tq2_0(src, dst, b0, b1):
+    # block: qs[64] | d f16; element h*128 + c*32 + k is bits 2c of qs[h*32 + k], minus 1
+    for b in range(b0, b1):
+        o = b * TQ2_0_BYTES
+        y = b * QK_K
+        d = _f16_at(src, o + 64)
+        for h in range(2):
+            for c in range(4):
+                for k in range(32):
+                    t = (np.int32(src[o + h * 32 + k]) >> (2 * c)) & 3
+                    dst[y + h * 128 + c * 32 + k] = d * np.float32(t - 1)
+
+
+@njit(cache=True)
+def _deq_iq1_s(src, dst, b0, b1):
+    # block: d f16 | qs[32] | qh u16[8]; sub-block s: scale bits 12-14 of qh[s], delta sign bit
+    # 15, and index bits 8-10 of its 4 grid rows (t) at bits 3t of qh[s]
+    for b in range(b0, b1):
+        o = b * IQ1_S_BYTES
+        y = b * QK_K
+        d = _f16_at(src, o)
+        for s in range(8):
+            qh = np.int32(src[o + 34 + 2 * s]) | (np.int32(src[o + 35 + 2 * s]) << 8)
+            dl = d * np.float32(2 * ((qh >> 12) & 7) + 1)
+            delta = -_IQ1_DELTA if qh & 0x8000 else _IQ1_DELTA
+            for t in range(4):
+                g = np.int32(src[o + 2 + 4 * s + t]) | (((qh >> (3 * t)) & 7) << 8)
+                for j in range(8):
+                    dst[y + s * 32 + t * 8 + j] = dl * (_GRID_IQ1S[g, j] + delta)
+
+
+@njit(cache=True)
+def _deq_iq1_m(src, dst, b0, b1):
+    # block: qs[32] | qh[16] | scales u16[4]; the f16 d is the top nibbles of the scale words;
+    # group of 8 number 2i + h: index bits 8-10 = bits 4h..4h+2 of qh[i], delta sign bit 4h+3;
+    # scale of 16 elements number t: bits 3(t%4).. of word t//4
+    for b in range(b0, b1):
+        o = b * IQ1_M_BYTES
+        y = b * QK_K
+        sc0 = np.int32(src[o + 48]) | (np.int32(src[o + 49]) << 8)
+        sc1 = np.int32(src[o + 50]) | (np.int32(src[o + 51]) << 8)
+        sc2 = np.int32(src[o + 52]) | (np.int32(src[o + 53]) << 8)
+        sc3 = np.int32(src[o + 54]) | (np.int32(src[o + 55]) << 8)
+        d = half_to_float((sc0 >> 12) | ((sc1 >> 8) & 0x00F0) | ((sc2 >> 4) & 0x0F00)
+                          | (sc3 & 0xF000))
+        for t in range(16):
+            w = np.int32(src[o + 48 + 2 * (t // 4)]) | (np.int32(src[o + 49 + 2 * (t // 4)]) << 8)
+            dl = d * np.float32(2 * ((w >> (3 * (t % 4))) & 7) + 1)
+            qh = np.int32(src[o + 32 + t])
+            for h in range(2):
+                g = np.int32(src[o + 2 * t + h]) | (((qh >> (4 * h)) & 7) << 8)
+                delta = -_IQ1_DELTA if (qh >> (4 * h)) & 0x08 else _IQ1_DELTA
+                for j in range(8):
+                    dst[y + t * 16 + h * 8 + j] = dl * (_GRID_IQ1S[g, j] + delta)
+
+
+@njit(cache=True)
 def _deq_range(qtype, src, dst, b0, b1, kv):
     """Decode blocks b0..b1-1 of one row of type `qtype` (src: [row_bytes] u8, dst: [K] f32)."""
     if qtype == Q8_0:
@@ -439,6 +563,16 @@ def _deq_range(qtype, src, dst, b0, b1, kv):
         _deq_iq4_nl(src, dst, b0, b1, kv)
     elif qtype == IQ4_XS:
         _deq_iq4_xs(src, dst, b0, b1, kv)
+    elif qtype == MXFP4:
+        _deq_mxfp4(src, dst, b0, b1)
+    elif qtype == TQ1_0:
+        _deq_tq1_0(src, dst, b0, b1)
+    elif qtype == TQ2_0:
+        _deq_tq2_0(src, dst, b0, b1)
+    elif qtype == IQ1_S:
+        _deq_iq1_s(src, dst, b0, b1)
+    elif qtype == IQ1_M:
+        _deq_iq1_m(src, dst, b0, b1)
     elif qtype == F32:
         _deq_f32(src, dst, b0, b1)
     elif qtype == F16:
@@ -529,6 +663,31 @@ def _rows_iq4_xs(raw2d, ids, out, b0, b1, kv):
     for r in range(ids.shape[0]):
         _deq_iq4_xs(raw2d[ids[r]], out[r], b0, b1, kv)
 
+@njit(cache=True, nogil=True)
+def _rows_mxfp4(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_mxfp4(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_tq1_0(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_tq1_0(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_tq2_0(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_tq2_0(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_iq1_s(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_iq1_s(raw2d[ids[r]], out[r], b0, b1)
+
+@njit(cache=True, nogil=True)
+def _rows_iq1_m(raw2d, ids, out, b0, b1, kv):
+    for r in range(ids.shape[0]):
+        _deq_iq1_m(raw2d[ids[r]], out[r], b0, b1)
+
 
 _ROWS_BY_TYPE = {
     F32: _rows_f32,
@@ -546,6 +705,11 @@ _ROWS_BY_TYPE = {
     Q6_K: _rows_q6_k,
     IQ4_NL: _rows_iq4_nl,
     IQ4_XS: _rows_iq4_xs,
+    MXFP4: _rows_mxfp4,
+    TQ1_0: _rows_tq1_0,
+    TQ2_0: _rows_tq2_0,
+    IQ1_S: _rows_iq1_s,
+    IQ1_M: _rows_iq1_m,
 }
 
 

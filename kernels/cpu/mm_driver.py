@@ -58,6 +58,7 @@ from localllm.kernels.cpu.mm_kquants import (
     _dot4_k45,
     _dot4_q6k,
 )
+from localllm.kernels.cpu.mm_lowbit import LOWBIT_KERNELS
 from localllm.kernels.cpu.mm_r16 import (
     _rows_r16,
 )
@@ -310,6 +311,7 @@ _KERNEL_PY = {  # 256-bit kernels (every type)
     Q2_K: _k_q2_k, Q3_K: _k_q3_k, Q4_K: _k_q4_k, Q5_K: _k_q5_k, Q6_K: _k_q6_k,
     IQ4_XS: _k_iq4_xs,
 }
+_KERNEL_PY.update(LOWBIT_KERNELS)  # MXFP4, TQ1_0, TQ2_0, IQ1_S, IQ1_M (mm_lowbit)
 _KERNELS: dict[tuple[int, object], object] = {}  # (qtype, wide or "r16") -> numba.cfunc
 
 

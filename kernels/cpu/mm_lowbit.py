@@ -1,0 +1,367 @@
+"""Row kernels of the low-bit weight types: MXFP4 (against Q8_0 activations) and TQ1_0, TQ2_0,
+IQ1_S, IQ1_M (against Q8_K), with one C entry point per type for the parallel driver.
+
+Each kernel is ggml's vec_dot for its type (ggml-cpu/quants.c): the weights are decoded to
+int8 (e2m1 levels, trits, iq1s_grid rows) and dotted with the int8 activations in integer
+arithmetic, per block; only the block's total meets the float scales, in ggml's order:
+
+* MXFP4: 32-weight blocks, sum(kv[q] * x) per block, times fp16(d_x) * 2^(e-128) (the
+  e8m0 scale halved because the e2m1 levels are doubled to integers), accumulated in eight
+  float lanes like the Q8_0-family kernels (mm_b32) and summed in one fixed tree.
+* TQ1_0 / TQ2_0: trits t in 0..2 stand for t - 1, so sum((t - 1) * x) = sum(t * x) - sum(x)
+  with sum(x) from the Q8_K block sums; float(sum) * (d_x * d_w) per super-block.
+* IQ1_S / IQ1_M: grid rows (-1/0/1) dotted with x and scaled per 32 (IQ1_S) or 16 (IQ1_M)
+  weights in i32 lanes; the +-1/8 deltas are the activation sums (Q8_K sums per 32 for IQ1_S,
+  a +-1 byte vector per 8 weights for IQ1_M), so the block is
+  d_w * d_x * (sum_grid + 1/8 * sum_delta), as ggml writes it.
+
+Every activation row is computed alone (for N > 1 the rows are taken one after another), with
+one float order per row: a row's bits do not depend on N, the thread split or its neighbours.
+
+The kernels use the 256-bit intrinsics of `simd` (AVX2; the dots become vpdpbusd with VNNI);
+the portable path decodes these types through `dequant` like any other.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from localllm.formats.qtypes import (
+    IQ1_M,
+    IQ1_M_BYTES,
+    IQ1_S,
+    IQ1_S_BYTES,
+    MXFP4,
+    MXFP4_BYTES,
+    TQ1_0,
+    TQ1_0_BYTES,
+    TQ2_0,
+    TQ2_0_BYTES,
+)
+from localllm.formats.quants import IQ1_DELTA, IQ1S_GRID, MXFP4_VALUES
+from localllm.kernels.cpu.dequant import _e8m0_half, half_to_float
+from localllm.kernels.cpu.mm_common import PREFETCH_BYTES, _literal, _p_f32, _p_i8, _p_i16, _p_u8
+from localllm.kernels.cpu.simd import (
+    I8x32,
+    I32x8,
+    add32,
+    and8,
+    dot_ss,
+    dot_ss_sc,
+    dot_us,
+    fma_i,
+    hsumf,
+    ld_f16,
+    ld_i8x32,
+    ld_nib16,
+    ld_u8,
+    ld_u16,
+    lut16,
+    prefetch,
+    splat8,
+    splat16x2,
+    srl8,
+    zero32,
+    zerof,
+)
+
+__all__ = ["LOWBIT_KERNELS", "LOWBIT_TYPES"]
+
+_V8 = ir.VectorType(ir.IntType(8), 32)
+_V16W = ir.VectorType(ir.IntType(16), 32)
+_V32 = ir.VectorType(ir.IntType(32), 8)
+_V64 = ir.VectorType(ir.IntType(64), 4)
+_I32 = ir.IntType(32)
+
+# iq1s_grid as one u64 per row (8 int8 values -1/0/1, little-endian): four rows are one I8x32
+_GRID_U64 = np.ascontiguousarray(IQ1S_GRID.astype(np.int8)).view(np.uint64).reshape(2048)
+# IQ1_M's delta signs as rows of the same shape: row 0 eight +1 bytes, row 1 eight -1 bytes
+_SIGN_U64 = np.array([1, -1], dtype=np.int8).repeat(8).view(np.uint64)
+_F_DELTA = IQ1_DELTA
+
+
+# ----------------------------------------------------------------------------- intrinsics
+
+
+@intrinsic
+def mxfp4_table(typingctx):
+    """MXFP4's doubled e2m1 levels (kvalues_mxfp4) as a vpshufb table (both halves)."""
+    levels = [int(v) & 0xFF for v in MXFP4_VALUES] * 2
+
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_V8, levels)
+
+    return I8x32(), codegen
+
+
+@intrinsic
+def ld_rows4(typingctx, table, i0, i1, i2, i3):
+    """Rows i0..i3 of a [R] uint64 table (8 bytes each) as the four quarters of an I8x32."""
+    if not (isinstance(table, types.Array) and table.dtype == types.uint64
+            and all(isinstance(i, types.Integer) for i in (i0, i1, i2, i3))):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        i64 = ir.IntType(64)
+        p = builder.bitcast(ary.data, i64.as_pointer())
+        v = ir.Constant(_V64, ir.Undefined)
+        for j in range(4):
+            idx = context.cast(builder, args[1 + j], sig.args[1 + j], types.int64)
+            row = builder.load(builder.gep(p, [idx], inbounds=True), align=8)
+            v = builder.insert_element(v, row, ir.Constant(_I32, j))
+        return builder.bitcast(v, _V8)
+
+    return I8x32(table, i0, i1, i2, i3), codegen
+
+
+@intrinsic
+def hsum_i32(typingctx, v):
+    """The sum of the 8 lanes of an I32x8 (exact: integer)."""
+    if v != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(_I32, [_V32])
+        f = cgutils.get_or_insert_function(builder.module, fnty, "llvm.vector.reduce.add.v8i32")
+        return builder.call(f, [args[0]])
+
+    return types.int32(I32x8), codegen
+
+
+def _trit_op(name: str, idx: list[int] | None, mult: list[int]):
+    """An intrinsic v -> TQ1_0 trits (0..2, one per byte) of bytes of v: byte j is
+    v[idx[j]] (v itself without idx) times mult[j] wrapped to 8 bits, and its trit is the
+    leading base-3 digit (q * 3) >> 8 (ggml's decoding of a base-3 fraction)."""
+
+    def impl(typingctx, v):
+        if v != I8x32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            b = args[0]
+            if idx is not None:
+                b = builder.shuffle_vector(b, ir.Constant(_V8, ir.Undefined),
+                                           ir.Constant(ir.VectorType(_I32, 32), idx))
+            q = builder.mul(b, ir.Constant(_V8, [m & 0xFF for m in mult]))
+            w = builder.mul(builder.zext(q, _V16W), ir.Constant(_V16W, [3] * 32))
+            return builder.trunc(builder.lshr(w, ir.Constant(_V16W, [8] * 32)), _V8)
+
+        return I8x32(I8x32), codegen
+
+    impl.__name__ = name
+    return intrinsic(impl)
+
+
+_POW3 = (1, 3, 9, 27, 81)
+# qs[0:32] hold elements l*32 + m: trit l of every byte
+_TRIT0, _TRIT1, _TRIT2, _TRIT3, _TRIT4 = (_trit_op(f"tq1_trits{p}", None, [p] * 32)
+                                          for p in _POW3)
+# the 32 bytes from qs[22] (so the load ends at the block's end): qs[32:48] at 10..25 and qh
+# at 26..29. Elements 160 + l*16 + m are trit l of qs[32 + m]: (l = 0, 1) and (2, 3) fill
+# 32 elements each; the last 32 are trit 4 of qs[32:48], then trit l of qh[j] at 240 + 4l + j.
+_QS16 = list(range(10, 26))
+_TAIL_A = _trit_op("tq1_tail_a", _QS16 * 2, [1] * 16 + [3] * 16)
+_TAIL_B = _trit_op("tq1_tail_b", _QS16 * 2, [9] * 16 + [27] * 16)
+_TAIL_C = _trit_op("tq1_tail_c", _QS16 + [26, 27, 28, 29] * 4,
+                   [81] * 16 + [1] * 4 + [3] * 4 + [9] * 4 + [27] * 4)
+
+
+# ----------------------------------------------------------------------------- block dots
+# Each: the dot of weight row `o` (byte offset) with activation row n over nb blocks.
+
+
+@njit
+def _dot_mxfp4(w, o, nb, xq, xd, xbs, xb2, n):
+    xo = n * nb * 32
+    acc = zerof()
+    tab = mxfp4_table()
+    for b in range(nb):
+        ob = o + b * MXFP4_BYTES
+        q = lut16(tab, ld_nib16(w, ob + 1))
+        d = xd[n, b] * _e8m0_half(ld_u8(w, ob))
+        acc = fma_i(acc, dot_ss(q, ld_i8x32(xq, xo + 32 * b)), d)
+    return hsumf(acc)
+
+
+@njit
+def _bsum(xbs, n, b):
+    """The sum of activation block b's 256 quants (its 16 Q8_K sums)."""
+    s = 0
+    for j in range(16):
+        s += np.int32(xbs[n, 16 * b + j])
+    return s
+
+
+@njit
+def _dot_tq2_0(w, o, nb, xq, xd, xbs, xb2, n):
+    xo = n * nb * 256
+    three = splat8(3)
+    sumf = np.float32(0.0)
+    for b in range(nb):
+        ob = o + b * TQ2_0_BYTES
+        xb = xo + 256 * b
+        acc = zero32()
+        for h in range(2):
+            v = ld_i8x32(w, ob + 32 * h)
+            for c in range(4):  # crumb c of every byte: elements 128h + 32c ..
+                t = and8(srl8(v, 2 * c), three)
+                acc = add32(acc, dot_us(t, ld_i8x32(xq, xb + 128 * h + 32 * c)))
+        sumi = hsum_i32(acc) - _bsum(xbs, n, b)
+        sumf += np.float32(sumi) * (xd[n, b] * ld_f16(w, ob + 64))
+    return sumf
+
+
+@njit
+def _dot_tq1_0(w, o, nb, xq, xd, xbs, xb2, n):
+    xo = n * nb * 256
+    sumf = np.float32(0.0)
+    for b in range(nb):
+        ob = o + b * TQ1_0_BYTES
+        xb = xo + 256 * b
+        v = ld_i8x32(w, ob)
+        acc = dot_us(_TRIT0(v), ld_i8x32(xq, xb))
+        acc = add32(acc, dot_us(_TRIT1(v), ld_i8x32(xq, xb + 32)))
+        acc = add32(acc, dot_us(_TRIT2(v), ld_i8x32(xq, xb + 64)))
+        acc = add32(acc, dot_us(_TRIT3(v), ld_i8x32(xq, xb + 96)))
+        acc = add32(acc, dot_us(_TRIT4(v), ld_i8x32(xq, xb + 128)))
+        t = ld_i8x32(w, ob + 22)
+        acc = add32(acc, dot_us(_TAIL_A(t), ld_i8x32(xq, xb + 160)))
+        acc = add32(acc, dot_us(_TAIL_B(t), ld_i8x32(xq, xb + 192)))
+        acc = add32(acc, dot_us(_TAIL_C(t), ld_i8x32(xq, xb + 224)))
+        sumi = hsum_i32(acc) - _bsum(xbs, n, b)
+        sumf += np.float32(sumi) * (ld_f16(w, ob + 52) * xd[n, b])
+    return sumf
+
+
+@njit
+def _dot_iq1_s(w, o, nb, xq, xd, xbs, xb2, n):
+    xo = n * nb * 256
+    sumf = np.float32(0.0)
+    for b in range(nb):
+        ob = o + b * IQ1_S_BYTES
+        xb = xo + 256 * b
+        acc = zero32()
+        sumi1 = 0
+        for s in range(8):
+            qh = np.int32(ld_u16(w, ob + 34 + 2 * s))
+            ls = 2 * ((qh >> 12) & 7) + 1
+            qo = ob + 2 + 4 * s
+            g = ld_rows4(_GRID_U64,
+                         np.int32(ld_u8(w, qo)) | ((qh & 7) << 8),
+                         np.int32(ld_u8(w, qo + 1)) | (((qh >> 3) & 7) << 8),
+                         np.int32(ld_u8(w, qo + 2)) | (((qh >> 6) & 7) << 8),
+                         np.int32(ld_u8(w, qo + 3)) | (((qh >> 9) & 7) << 8))
+            acc = add32(acc, dot_ss_sc(g, ld_i8x32(xq, xb + 32 * s), splat16x2(ls, ls)))
+            xs = np.int32(xb2[n, 8 * b + s])
+            sumi1 += -ls * xs if qh & 0x8000 else ls * xs
+        d = ld_f16(w, ob) * xd[n, b]
+        sumf += d * (np.float32(hsum_i32(acc)) + _F_DELTA * np.float32(sumi1))
+    return sumf
+
+
+@njit
+def _dot_iq1_m(w, o, nb, xq, xd, xbs, xb2, n):
+    xo = n * nb * 256
+    sumf = np.float32(0.0)
+    for b in range(nb):
+        ob = o + b * IQ1_M_BYTES
+        xb = xo + 256 * b
+        sc0 = np.int32(ld_u16(w, ob + 48))
+        sc1 = np.int32(ld_u16(w, ob + 50))
+        sc2 = np.int32(ld_u16(w, ob + 52))
+        sc3 = np.int32(ld_u16(w, ob + 54))
+        # the f16 d is spread over the top nibbles of the four scale words
+        d = half_to_float((sc0 >> 12) | ((sc1 >> 8) & 0x00F0) | ((sc2 >> 4) & 0x0F00)
+                          | (sc3 & 0xF000))
+        acc1 = zero32()  # grid . x, scaled per 16
+        acc2 = zero32()  # delta signs . x, scaled per 16
+        for s in range(8):
+            sw = sc0 if s < 2 else sc1 if s < 4 else sc2 if s < 6 else sc3
+            sh = 6 * (s % 2)
+            sc = splat16x2(2 * ((sw >> sh) & 7) + 1, 2 * ((sw >> (sh + 3)) & 7) + 1)
+            h0 = np.int32(ld_u8(w, ob + 32 + 2 * s))
+            h1 = np.int32(ld_u8(w, ob + 33 + 2 * s))
+            qo = ob + 4 * s
+            g = ld_rows4(_GRID_U64,
+                         np.int32(ld_u8(w, qo)) | ((h0 & 7) << 8),
+                         np.int32(ld_u8(w, qo + 1)) | (((h0 >> 4) & 7) << 8),
+                         np.int32(ld_u8(w, qo + 2)) | ((h1 & 7) << 8),
+                         np.int32(ld_u8(w, qo + 3)) | (((h1 >> 4) & 7) << 8))
+            sg = ld_rows4(_SIGN_U64, (h0 >> 3) & 1, (h0 >> 7) & 1, (h1 >> 3) & 1, (h1 >> 7) & 1)
+            x = ld_i8x32(xq, xb + 32 * s)
+            acc1 = add32(acc1, dot_ss_sc(g, x, sc))
+            acc2 = add32(acc2, dot_ss_sc(sg, x, sc))
+        sumi1 = np.float32(hsum_i32(acc1))
+        sumi2 = np.float32(hsum_i32(acc2))
+        sumf += d * xd[n, b] * (sumi1 + _F_DELTA * sumi2)
+    return sumf
+
+
+def _dot_lowbit(qt, w, o, nb, xq, xd, xbs, xb2, n):
+    """The dot of the weight row at byte o with activation row n, for type qt (a literal)."""
+
+
+_DOTS = {MXFP4: _dot_mxfp4, TQ1_0: _dot_tq1_0, TQ2_0: _dot_tq2_0, IQ1_S: _dot_iq1_s,
+         IQ1_M: _dot_iq1_m}
+LOWBIT_TYPES: tuple[int, ...] = tuple(sorted(_DOTS))
+
+
+@overload(_dot_lowbit, prefer_literal=True)
+def _ov_dot_lowbit(qt, w, o, nb, xq, xd, xbs, xb2, n):
+    fn = _DOTS.get(_literal(qt))
+    if fn is None:
+        return None
+    return lambda qt, w, o, nb, xq, xd, xbs, xb2, n: fn(w, o, nb, xq, xd, xbs, xb2, n)
+
+
+@njit
+def _rows_lowbit(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ldo, n_act):
+    """out[:, r0:r1] for low-bit type qt (a literal). Arrays arrive as addresses (see
+    mm_driver._rows): w [rows, rb] u8, xq [Np, k] i8, xd [Np, nb] f32 (Q8_0 or Q8_K scales),
+    xbs [Np, k/16] i16 and xb2 [Np, k/32] i16 (Q8_K sums), out [N, ldo] f32."""
+    npad = 1 if n_act == 1 else (n_act + 3) // 4 * 4
+    w = carray(_p_u8(wp), (rows * rb,))
+    xq = carray(_p_i8(xqp), (npad * k,))
+    xd = carray(_p_f32(xdp), (npad, nb))
+    xbs = carray(_p_i16(xbsp), (npad, k // 16))
+    xb2 = carray(_p_i16(xb2p), (npad, k // 32))
+    out = carray(_p_f32(outp), (n_act, ldo))
+    for r in range(r0, r1):
+        o = r * rb
+        if n_act == 1:  # decode streams the weights: fetch the row PREFETCH_BYTES ahead
+            for po in range(0, rb, 64):
+                prefetch(w, o + PREFETCH_BYTES + po)
+        for n in range(n_act):
+            out[n, r] = _dot_lowbit(qt, w, o, nb, xq, xd, xbs, xb2, n)
+
+
+# One C entry per type (module-level so that numba.cfunc can cache them); the arguments are
+# mm_driver's 16 int64 (addresses for the arrays), xs and xf unused here.
+def _k_mxfp4(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_lowbit(MXFP4, w, rows, rb, r0, r1, nb, k, xq, xd, xbs, xb2, out, ldo, n)
+
+
+def _k_tq1_0(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_lowbit(TQ1_0, w, rows, rb, r0, r1, nb, k, xq, xd, xbs, xb2, out, ldo, n)
+
+
+def _k_tq2_0(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_lowbit(TQ2_0, w, rows, rb, r0, r1, nb, k, xq, xd, xbs, xb2, out, ldo, n)
+
+
+def _k_iq1_s(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_lowbit(IQ1_S, w, rows, rb, r0, r1, nb, k, xq, xd, xbs, xb2, out, ldo, n)
+
+
+def _k_iq1_m(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows_lowbit(IQ1_M, w, rows, rb, r0, r1, nb, k, xq, xd, xbs, xb2, out, ldo, n)
+
+
+#: qtype -> the Python source of its C row kernel (compiled by mm_driver.kernel)
+LOWBIT_KERNELS = {MXFP4: _k_mxfp4, TQ1_0: _k_tq1_0, TQ2_0: _k_tq2_0, IQ1_S: _k_iq1_s,
+                  IQ1_M: _k_iq1_m}
