@@ -56,6 +56,9 @@ CASES: dict[str, tuple[str, int, dict]] = {
                                      "n_expert_used": 4,
                                      "tensor_qtypes": {"ffn_gate_exps": 8, "ffn_up_exps": 8,
                                                        "ffn_down_exps": 8}}),
+    # MXFP4 experts (type 39), as in the released gpt-oss files
+    "gpt-oss-mxfp4": ("gpt-oss", 2, {"tensor_qtypes": {"ffn_gate_exps": 39, "ffn_up_exps": 39,
+                                                       "ffn_down_exps": 39}}),
 }
 
 

@@ -51,6 +51,7 @@ _GGUF_QUANTIZABLE = frozenset(
         GGMLQuantizationType.Q5_0,
         GGMLQuantizationType.Q5_1,
         GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.MXFP4,  # (gpt-oss's experts)
     }
 )
 SUPPORTED_QTYPES: frozenset[GGMLQuantizationType] = _GGUF_QUANTIZABLE | K_QUANT_TYPES
