@@ -294,3 +294,13 @@ def test_gpt_oss_config_follows_llama_cpp() -> None:
     assert c.layer_window[:2] == [0, 128] and c.layer_rope_base[:2] == [150000.0, 10.0]
     with pytest.raises(ModelError, match="rope scaling type 'longrope'"):
         gpt_oss.config(md | {f"{a}.rope.scaling.type": "longrope"})
+
+
+def test_gpt_oss_on_the_gpu_path_is_a_model_error(models: dict) -> None:
+    """The CUDA forward has no sinks or biased experts: a one-line ModelError before any GPU
+    work (so it holds on machines without CuPy too)."""
+    from localllm.models.cuda_model import CudaModel
+
+    m = load_model(read_gguf(models["gpt-oss", QT.F32]))
+    with pytest.raises(ModelError, match="gpt-oss models run on the CPU only"):
+        CudaModel(m)
