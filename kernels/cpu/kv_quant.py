@@ -22,7 +22,9 @@ rounds Q to f16 for an f16 K cache and to q8_0 for a quantized one and takes int
 f32 dot is at least as accurate; V is accumulated in float32 too). The softmax is the streaming
 ("online") one of flash attention: one pass over the keys keeping a running max, denominator
 and weighted V sum per query head, rescaled at most once per key block; exp is a ~1 ulp
-polynomial so that a block's 32 exps vectorise.
+polynomial so that a block's 32 exps vectorise. A head may carry a learned sink logit
+(gpt-oss's attn_sinks): one more term of its softmax, taking mass and adding no value, folded
+in where a row's softmax is finished (_sink_norm), so the key loop is the same with or without.
 
 Storage is addressed through a block table (`attention_paged`): a sequence's position p lives
 at entry table[s, p // B] * B + p % B of one storage array shared by all sequences, so its
