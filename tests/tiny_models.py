@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import zlib
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -33,6 +34,7 @@ from gguf import (
 )
 from gguf import quants as gguf_quants
 from gguf_files import write_model_gguf
+from lowbit_blocks import random_lowbit
 from tiny_models_kquants import K_QUANT_TYPES, quantize_k
 
 from localllm.text.tokenizer_bpe import bytes_to_unicode  # GPT-2 byte table
@@ -54,7 +56,13 @@ _GGUF_QUANTIZABLE = frozenset(
         GGMLQuantizationType.MXFP4,  # (gpt-oss's experts)
     }
 )
-SUPPORTED_QTYPES: frozenset[GGMLQuantizationType] = _GGUF_QUANTIZABLE | K_QUANT_TYPES
+# Low-bit types: gguf quantizes MXFP4 / TQ1_0 / TQ2_0; IQ1_S / IQ1_M need ggml's importance
+# matrix search, so their blocks are random (lowbit_blocks), of the float weights' size.
+_GGUF_LOWBIT = frozenset({GGMLQuantizationType.MXFP4, GGMLQuantizationType.TQ1_0,
+                          GGMLQuantizationType.TQ2_0})
+_RANDOM_LOWBIT = frozenset({GGMLQuantizationType.IQ1_S, GGMLQuantizationType.IQ1_M})
+SUPPORTED_QTYPES: frozenset[GGMLQuantizationType] = (
+    _GGUF_QUANTIZABLE | K_QUANT_TYPES | _GGUF_LOWBIT | _RANDOM_LOWBIT)
 
 _FILE_TYPES: dict[GGMLQuantizationType, LlamaFileType] = {
     GGMLQuantizationType.F32: LlamaFileType.ALL_F32,
@@ -336,8 +344,11 @@ def _encode(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
         return data.astype(np.float16)
     if qtype in K_QUANT_TYPES:
         return quantize_k(data, qtype)
-    if qtype in _GGUF_QUANTIZABLE:
+    if qtype in _GGUF_QUANTIZABLE or qtype in _GGUF_LOWBIT:
         return gguf_quants.quantize(data.astype(np.float32), qtype)
+    if qtype in _RANDOM_LOWBIT:  # seeded by the weights: the same model every time
+        rng = np.random.default_rng(zlib.crc32(data.astype(np.float32).tobytes()))
+        return random_lowbit(qtype, data.shape[0], data.shape[1], rng, std=float(data.std()))
     raise ValueError(f"cannot write tensors of type {qtype.name}; supported: "
                      f"{sorted(t.name for t in SUPPORTED_QTYPES)}")
 

@@ -9,11 +9,17 @@ arithmetic, per block; only the block's total meets the float scales, in ggml's 
   e8m0 scale halved because the e2m1 levels are doubled to integers), accumulated in eight
   float lanes like the Q8_0-family kernels (mm_b32) and summed in one fixed tree.
 * TQ1_0 / TQ2_0: trits t in 0..2 stand for t - 1, so sum((t - 1) * x) = sum(t * x) - sum(x)
-  with sum(x) from the Q8_K block sums; float(sum) * (d_x * d_w) per super-block.
+  with sum(x) from the Q8_K block sums, per lane of 4 bytes; the lanes times d_x * d_w go
+  into eight float lanes (FMA) and one tree sum, the order of ggml's x86 kernels.
+
+Matching ggml's float order, not only its integers, matters for the ternary and 1-bit types:
+a last-bit difference that flips one activation's 8-bit rounding in a later layer moves the
+logits by ~0.1 with weights this coarse (measured on a tiny TQ2_0 model before the order was
+matched: 0.12 apart from llama.cpp; after, 2e-6).
 * IQ1_S / IQ1_M: grid rows (-1/0/1) dotted with x and scaled per 32 (IQ1_S) or 16 (IQ1_M)
   weights in i32 lanes; the +-1/8 deltas are the activation sums (Q8_K sums per 32 for IQ1_S,
-  a +-1 byte vector per 8 weights for IQ1_M), so the block is
-  d_w * d_x * (sum_grid + 1/8 * sum_delta), as ggml writes it.
+  a +-1 byte vector per 8 weights for IQ1_M): d_w * d_x * (sum_grid + 1/8 * sum_delta),
+  summed in the float order of ggml's x86 kernels.
 
 Every activation row is computed alone (for N > 1 the rows are taken one after another), with
 one float order per row: a row's bits do not depend on N, the thread split or its neighbours.
@@ -57,14 +63,18 @@ from localllm.kernels.cpu.simd import (
     hsumf,
     ld_f16,
     ld_i8x32,
+    ld_i16x16,
     ld_nib16,
     ld_u8,
     ld_u16,
     lut16,
+    madd16,
     prefetch,
     splat8,
+    splat16,
     splat16x2,
     srl8,
+    sub32,
     zero32,
     zerof,
 )
@@ -189,63 +199,80 @@ def _dot_mxfp4(w, o, nb, xq, xd, xbs, xb2, n):
 
 
 @njit
-def _bsum(xbs, n, b):
-    """The sum of activation block b's 256 quants (its 16 Q8_K sums)."""
-    s = 0
-    for j in range(16):
-        s += np.int32(xbs[n, 16 * b + j])
-    return s
+def _bsum_lanes(xbs, n, b):
+    """I32x8: lane m is the sum of activation block b's quants 4m..4m+3 of every 32 (its Q8_K
+    sums per 16, numbers 2m and 2m + 1), the lanes the trit dots land in."""
+    return madd16(ld_i16x16(xbs, 2 * (n * xbs.shape[1] + 16 * b)), splat16(1))
+
+
+# TQ2_0 / TQ1_0: the integer lanes minus the activation sums, times d_x * d_w, accumulated in
+# eight float lanes with FMA and summed in one tree: the order of ggml's x86 kernels, so the
+# float rounding matches too (ternary weights turn a rounding flip in a later activation
+# quantization into a visible logit change).
 
 
 @njit
 def _dot_tq2_0(w, o, nb, xq, xd, xbs, xb2, n):
     xo = n * nb * 256
     three = splat8(3)
-    sumf = np.float32(0.0)
+    acc = zerof()
     for b in range(nb):
         ob = o + b * TQ2_0_BYTES
         xb = xo + 256 * b
-        acc = zero32()
+        lanes = zero32()
         for h in range(2):
             v = ld_i8x32(w, ob + 32 * h)
             for c in range(4):  # crumb c of every byte: elements 128h + 32c ..
                 t = and8(srl8(v, 2 * c), three)
-                acc = add32(acc, dot_us(t, ld_i8x32(xq, xb + 128 * h + 32 * c)))
-        sumi = hsum_i32(acc) - _bsum(xbs, n, b)
-        sumf += np.float32(sumi) * (xd[n, b] * ld_f16(w, ob + 64))
-    return sumf
+                lanes = add32(lanes, dot_us(t, ld_i8x32(xq, xb + 128 * h + 32 * c)))
+        d = xd[n, b] * ld_f16(w, ob + 64)
+        acc = fma_i(acc, sub32(lanes, _bsum_lanes(xbs, n, b)), d)
+    return hsumf(acc)
 
 
 @njit
 def _dot_tq1_0(w, o, nb, xq, xd, xbs, xb2, n):
     xo = n * nb * 256
-    sumf = np.float32(0.0)
+    acc = zerof()
     for b in range(nb):
         ob = o + b * TQ1_0_BYTES
         xb = xo + 256 * b
         v = ld_i8x32(w, ob)
-        acc = dot_us(_TRIT0(v), ld_i8x32(xq, xb))
-        acc = add32(acc, dot_us(_TRIT1(v), ld_i8x32(xq, xb + 32)))
-        acc = add32(acc, dot_us(_TRIT2(v), ld_i8x32(xq, xb + 64)))
-        acc = add32(acc, dot_us(_TRIT3(v), ld_i8x32(xq, xb + 96)))
-        acc = add32(acc, dot_us(_TRIT4(v), ld_i8x32(xq, xb + 128)))
+        lanes = dot_us(_TRIT0(v), ld_i8x32(xq, xb))
+        lanes = add32(lanes, dot_us(_TRIT1(v), ld_i8x32(xq, xb + 32)))
+        lanes = add32(lanes, dot_us(_TRIT2(v), ld_i8x32(xq, xb + 64)))
+        lanes = add32(lanes, dot_us(_TRIT3(v), ld_i8x32(xq, xb + 96)))
+        lanes = add32(lanes, dot_us(_TRIT4(v), ld_i8x32(xq, xb + 128)))
         t = ld_i8x32(w, ob + 22)
-        acc = add32(acc, dot_us(_TAIL_A(t), ld_i8x32(xq, xb + 160)))
-        acc = add32(acc, dot_us(_TAIL_B(t), ld_i8x32(xq, xb + 192)))
-        acc = add32(acc, dot_us(_TAIL_C(t), ld_i8x32(xq, xb + 224)))
-        sumi = hsum_i32(acc) - _bsum(xbs, n, b)
-        sumf += np.float32(sumi) * (ld_f16(w, ob + 52) * xd[n, b])
-    return sumf
+        lanes = add32(lanes, dot_us(_TAIL_A(t), ld_i8x32(xq, xb + 160)))
+        lanes = add32(lanes, dot_us(_TAIL_B(t), ld_i8x32(xq, xb + 192)))
+        lanes = add32(lanes, dot_us(_TAIL_C(t), ld_i8x32(xq, xb + 224)))
+        d = xd[n, b] * ld_f16(w, ob + 52)
+        acc = fma_i(acc, sub32(lanes, _bsum_lanes(xbs, n, b)), d)
+    return hsumf(acc)
+
+
+@njit
+def _fma32(a, b, c):
+    """float32 a * b + c rounded once (the FMA a C compiler contracts `c += a * b` into): the
+    product is exact in float64, the sum rounds there and then to float32."""
+    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+
+
+# IQ1_S / IQ1_M: the order of ggml's x86 kernels as well. Per super-block the scaled grid dots
+# (i32 lanes) go into eight float lanes by FMA; the delta sums into a scalar (IQ1_S) or eight
+# more lanes (IQ1_M); the result is the grid tree sum plus 1/8 of the delta sum.
 
 
 @njit
 def _dot_iq1_s(w, o, nb, xq, xd, xbs, xb2, n):
     xo = n * nb * 256
-    sumf = np.float32(0.0)
+    acc = zerof()
+    acc1 = np.float32(0.0)
     for b in range(nb):
         ob = o + b * IQ1_S_BYTES
         xb = xo + 256 * b
-        acc = zero32()
+        lanes = zero32()
         sumi1 = 0
         for s in range(8):
             qh = np.int32(ld_u16(w, ob + 34 + 2 * s))
@@ -256,18 +283,20 @@ def _dot_iq1_s(w, o, nb, xq, xd, xbs, xb2, n):
                          np.int32(ld_u8(w, qo + 1)) | (((qh >> 3) & 7) << 8),
                          np.int32(ld_u8(w, qo + 2)) | (((qh >> 6) & 7) << 8),
                          np.int32(ld_u8(w, qo + 3)) | (((qh >> 9) & 7) << 8))
-            acc = add32(acc, dot_ss_sc(g, ld_i8x32(xq, xb + 32 * s), splat16x2(ls, ls)))
+            lanes = add32(lanes, dot_ss_sc(g, ld_i8x32(xq, xb + 32 * s), splat16x2(ls, ls)))
             xs = np.int32(xb2[n, 8 * b + s])
             sumi1 += -ls * xs if qh & 0x8000 else ls * xs
-        d = ld_f16(w, ob) * xd[n, b]
-        sumf += d * (np.float32(hsum_i32(acc)) + _F_DELTA * np.float32(sumi1))
-    return sumf
+        d = xd[n, b] * ld_f16(w, ob)
+        acc = fma_i(acc, lanes, d)
+        acc1 = _fma32(d, np.float32(sumi1), acc1)
+    return hsumf(acc) + _F_DELTA * acc1
 
 
 @njit
 def _dot_iq1_m(w, o, nb, xq, xd, xbs, xb2, n):
     xo = n * nb * 256
-    sumf = np.float32(0.0)
+    acc1 = zerof()  # grid . x, scaled per 16
+    acc2 = zerof()  # delta signs . x, scaled per 16
     for b in range(nb):
         ob = o + b * IQ1_M_BYTES
         xb = xo + 256 * b
@@ -276,10 +305,10 @@ def _dot_iq1_m(w, o, nb, xq, xd, xbs, xb2, n):
         sc2 = np.int32(ld_u16(w, ob + 52))
         sc3 = np.int32(ld_u16(w, ob + 54))
         # the f16 d is spread over the top nibbles of the four scale words
-        d = half_to_float((sc0 >> 12) | ((sc1 >> 8) & 0x00F0) | ((sc2 >> 4) & 0x0F00)
-                          | (sc3 & 0xF000))
-        acc1 = zero32()  # grid . x, scaled per 16
-        acc2 = zero32()  # delta signs . x, scaled per 16
+        dw = half_to_float((sc0 >> 12) | ((sc1 >> 8) & 0x00F0) | ((sc2 >> 4) & 0x0F00)
+                           | (sc3 & 0xF000))
+        lanes1 = zero32()
+        lanes2 = zero32()
         for s in range(8):
             sw = sc0 if s < 2 else sc1 if s < 4 else sc2 if s < 6 else sc3
             sh = 6 * (s % 2)
@@ -294,12 +323,12 @@ def _dot_iq1_m(w, o, nb, xq, xd, xbs, xb2, n):
                          np.int32(ld_u8(w, qo + 3)) | (((h1 >> 4) & 7) << 8))
             sg = ld_rows4(_SIGN_U64, (h0 >> 3) & 1, (h0 >> 7) & 1, (h1 >> 3) & 1, (h1 >> 7) & 1)
             x = ld_i8x32(xq, xb + 32 * s)
-            acc1 = add32(acc1, dot_ss_sc(g, x, sc))
-            acc2 = add32(acc2, dot_ss_sc(sg, x, sc))
-        sumi1 = np.float32(hsum_i32(acc1))
-        sumi2 = np.float32(hsum_i32(acc2))
-        sumf += d * xd[n, b] * (sumi1 + _F_DELTA * sumi2)
-    return sumf
+            lanes1 = add32(lanes1, dot_ss_sc(g, x, sc))
+            lanes2 = add32(lanes2, dot_ss_sc(sg, x, sc))
+        d = xd[n, b] * dw
+        acc1 = fma_i(acc1, lanes1, d)
+        acc2 = fma_i(acc2, lanes2, d)
+    return hsumf(acc1) + _F_DELTA * hsumf(acc2)
 
 
 def _dot_lowbit(qt, w, o, nb, xq, xd, xbs, xb2, n):
