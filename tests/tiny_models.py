@@ -53,7 +53,6 @@ _GGUF_QUANTIZABLE = frozenset(
         GGMLQuantizationType.Q5_0,
         GGMLQuantizationType.Q5_1,
         GGMLQuantizationType.Q8_0,
-        GGMLQuantizationType.MXFP4,  # (gpt-oss's experts)
     }
 )
 # Low-bit types: gguf quantizes MXFP4 / TQ1_0 / TQ2_0; IQ1_S / IQ1_M need ggml's importance
