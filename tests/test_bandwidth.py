@@ -41,6 +41,27 @@ def test_decode_bytes_per_token_counts_every_matrix_once(tmp_path: Path, tie: bo
     assert decode_bytes_per_token(gf, depth=10, kv_bytes_per_token=64) == want + 640
 
 
+def test_decode_bytes_per_token_counts_active_experts_only(tmp_path: Path) -> None:
+    """Mixtral-style tiny model (4 experts, 2 per token): of each expert stack a decode step
+    reads 2 of 4 experts; routers and attention in full."""
+    path = tmp_path / "m.gguf"
+    q = GGMLQuantizationType.Q8_0
+    write_tiny_model(path, "mixtral", qtype=q)
+    gf = read_gguf(path)
+    want = 0
+    for name, t in gf.tensors.items():
+        if len(t.shape) < 2:
+            continue
+        b = _matrix_bytes(tuple(t.shape), t.type)
+        if name == "token_embd.weight":
+            b //= t.shape[0]
+        if "_exps" in name:
+            assert t.shape[0] == 4
+            b = b // 4 * 2
+        want += b
+    assert decode_bytes_per_token(gf) == want
+
+
 def test_read_bandwidth_is_a_checked_measurement() -> None:
     """A small buffer (it fits in cache, so no statement about DRAM here): the probe sums
     every byte (its checksum is verified inside) and reports a finite positive rate."""

@@ -142,6 +142,43 @@ def test_tiny_gemma2_logits_bit_identical_however_computed(tmp_path: Path) -> No
         assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got - ref).max()}"
 
 
+@pytest.mark.parametrize("arch,qtype", [("mixtral", "Q4_0"), ("qwen3moe", "Q4_K")])
+def test_tiny_moe_logits_bit_identical_however_computed(tmp_path: Path, arch: str,
+                                                        qtype: str) -> None:
+    """The same on tiny MoE models: a row's chosen experts see different row groups (and
+    counts) in each way of batching, and the weighted sum over them must still give the same
+    bits; also on 1 and 2 threads."""
+    from gguf import GGMLQuantizationType as QT
+    from tiny_models import write_tiny_model
+
+    path = tmp_path / f"{arch}.gguf"
+    write_tiny_model(path, arch, qtype=QT[qtype], seed=5)
+    e = Engine(path, n_ctx=128, n_slots=2, kv_type="f16")
+    rng = np.random.default_rng(1)
+    ids = rng.integers(3, e.cfg.n_vocab, 60).tolist()
+    other = rng.integers(3, e.cfg.n_vocab, 70).tolist()
+    ref = e.prefill(ids, logits="all").logits[-LAST:]
+    assert np.isfinite(ref).all()
+    e.kv.clear(0)
+    e.kv.clear(1)
+    mixed = []
+    for i in range(0, len(ids), 6):
+        step = Batch.concat([Batch.for_sequence(other[i:i + 4], i, 1, "all"),
+                             Batch.for_sequence(ids[i:i + 6], i, 0, "all")])
+        mixed.append(e.step(step)[len(other[i:i + 4]):])
+    ways = {"chunks of 1": _chunked(e, ids, 1), "chunks of 7": _chunked(e, ids, 7),
+            "decode": _decode(e, ids), "with another": np.concatenate(mixed)[-LAST:]}
+    before = numba.get_num_threads()
+    try:
+        for n in sorted({1, 2} & set(range(1, numba.config.NUMBA_NUM_THREADS + 1))):
+            numba.set_num_threads(n)
+            ways[f"{n} threads, one prefill"] = _chunked(e, ids, 60)
+    finally:
+        numba.set_num_threads(before)
+    for name, got in ways.items():
+        assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got - ref).max()}"
+
+
 def test_tiny_gpt_oss_logits_bit_identical_however_computed(tmp_path: Path) -> None:
     """The same on a tiny gpt-oss (attention sinks, YaRN, alternating window 8, MoE with
     biases): 150 tokens, so the full-attention layers' keys span two chunks of 128 and the
