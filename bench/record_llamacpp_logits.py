@@ -45,9 +45,32 @@ CASES: dict[str, tuple[str, int, dict]] = {
     "gemma2-caps50-30": ("gemma2", 1, {"attn_logit_softcapping": 50.0,
                                        "final_logit_softcapping": 30.0, "n_layer": 3,
                                        "sliding_window": 5}),
+    "olmo2": ("olmo2", 0, {}),
+    # OLMo 3's layout: the converter's per-layer pattern (every 4th layer global), window 5
+    "olmo2-swa": ("olmo2", 1, {"n_layer": 4, "sliding_window": 5,
+                               "sliding_window_pattern": [True, True, True, False]}),
+    "smollm3": ("smollm3", 0, {}),
+    # fused qkv and gate/up; the file's sliding window (8) is ignored by llama.cpp's phi3
+    "phi3": ("phi3", 0, {}),
+    # Phi-3.5 / Phi-4-mini shape: partial rotary (12 of 16), GQA, LongRoPE with the long
+    # factors (the context, ~60 here and 256 in llama.cpp, exceeds the original 32) and
+    # attn_factor sqrt(1 + ln(128) / ln(32))
+    "phi3-longrope": ("phi3", 1, {"n_head_kv": 2, "rope_dims": 12, "context_length": 4096,
+                                  "original_context_length": 32}),
+    # the same below the original context (4096 > 256): the short factors, attn_factor 1.19
+    "phi3-longrope-short": ("phi3", 2, {"rope_dims": 12, "context_length": 131072,
+                                        "original_context_length": 4096}),
+    "granite": ("granite", 0, {}),
+    # the real 2B's multipliers (its logits / 8 come out small: std ~0.3)
+    "granite-2b-scales": ("granite", 1, {"embedding_scale": 12.0, "residual_scale": 0.22,
+                                         "attention_scale": 0.015625, "logit_scale": 8.0}),
     # MoE: Mixtral-style llama (4 experts, 2 per token) and qwen3moe (8 experts, 3 per token)
     "mixtral": ("mixtral", 0, {}),
     "qwen3moe": ("qwen3moe", 0, {}),
+    # quantized experts (write_tiny_model's qtype; GGML type ids): Q4_0, and Q4_K at the
+    # K-quant dims (hidden 256, experts 256 wide)
+    "mixtral-q4_0": ("mixtral", 1, {"qtype": 2}),
+    "qwen3moe-q4_k": ("qwen3moe", 1, {"qtype": 12}),
     # gpt-oss: sinks, biases, YaRN, MoE with biases and swiglu_oai; window 8 on layers 0, 2.
     # The second: three layers, window 5, 8 experts (4 per token, as gpt-oss-20b: 32 / 4),
     # Q8_0 experts

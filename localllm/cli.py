@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "localllm.commands.run",  # run
     "localllm.commands.show",  # show, tokenize
     "localllm.commands.perplexity",  # perplexity
+    "localllm.commands.embed",  # embed
     "localllm.commands.chat",  # chat
     "localllm.commands.bench",  # bench
     "localllm.server.app",  # serve
@@ -42,7 +43,7 @@ COMMAND_MODULES = (
 # command missing here still works: the full parser is built.
 _MODULE_OF = {
     "run": "localllm.commands.run", "show": "localllm.commands.show", "tokenize": "localllm.commands.show",
-    "perplexity": "localllm.commands.perplexity", "chat": "localllm.commands.chat",
+    "perplexity": "localllm.commands.perplexity", "embed": "localllm.commands.embed", "chat": "localllm.commands.chat",
     "bench": "localllm.commands.bench", "serve": "localllm.server.app", "pull": "localllm.commands.models",
     "list": "localllm.commands.models", "ls": "localllm.commands.models", "rm": "localllm.commands.models", "import": "localllm.commands.models",
 }

@@ -23,7 +23,8 @@ from localllm.errors import InvalidValueError, PromptTooLongError
 from localllm.formats import GGUFFile, read_gguf
 from localllm.kv.batch import Batch
 from localllm.kv.cache import KVCache
-from localllm.models.registry import load_model
+from localllm.models.config import ModelError
+from localllm.models.registry import is_encoder_arch, load_model
 
 
 def set_threads(n: int | None) -> int:
@@ -73,6 +74,8 @@ class Engine:
                        kv_memory=kv_memory)
         self.device_note: str | None = None  # why "auto" fell back to the CPU, if it did
         on_gpu = False
+        if device == "auto" and is_encoder_arch(str(self.metadata.get("general.architecture"))):
+            device = "cpu"  # encoders run on the CPU only: no GPU attempt, no note
         if device == "auto":  # the GPU where CuPy sees one and it can run this model
             from localllm.kernels.cuda.loader import resolve_device
 
@@ -90,6 +93,9 @@ class Engine:
 
     def _build(self, device: str, n_ctx: int | None, kv_opts: dict) -> None:
         """The model and its KV cache on `device` (sets model, cfg, n_ctx, kv, device)."""
+        if device == "cuda" and is_encoder_arch(str(self.metadata.get("general.architecture"))):
+            raise ModelError("embedding models (bert, nomic-bert) run on the CPU only: "
+                             "use --device cpu")
         if device == "cuda":
             # the same model, its raw blocks uploaded once (models/cuda_model.py); the
             # cache's books stay here and its storage goes to the GPU (localllm/kv/cuda.py)
@@ -104,11 +110,35 @@ class Engine:
             model, cache_class = load_model(self.gf), KVCache
         cfg = model.cfg
         n_ctx = n_ctx or min(4096, cfg.n_ctx_train)
+        if getattr(model, "max_positions", None):  # learned positions (bert): no further
+            n_ctx = min(n_ctx, model.max_positions)
         if n_ctx <= 0:
             raise InvalidValueError(f"context size must be positive, got {n_ctx}")
-        kv = cache_class(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v,
-                         layer_window=cfg.layer_window, **kv_opts)
+        if getattr(model, "is_encoder", False):
+            # an encoder keeps no K/V (embeddings run whole inputs through Engine.encode):
+            # a token-sized placeholder, so the engine's shape stays the same for its callers
+            kv_opts = {**kv_opts, "n_slots": 1, "kv_memory": None}
+            kv = cache_class(cfg.n_layer, 1, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v,
+                             layer_window=cfg.layer_window, **kv_opts)
+        else:
+            kv = cache_class(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim,
+                             cfg.head_dim_v, layer_window=cfg.layer_window, **kv_opts)
         self.model, self.cfg, self.n_ctx, self.kv, self.device = model, cfg, n_ctx, kv, device
+
+    @property
+    def is_encoder(self) -> bool:
+        """An embedding-only model (bert, nomic-bert): encode() works, step/prefill do not."""
+        return bool(getattr(self.model, "is_encoder", False))
+
+    def encode(self, tokens: list[int]) -> np.ndarray:
+        """An encoder's output for one input's tokens: [L, D] float32 (no KV cache: every
+        token attends to every other, so an input runs whole, in one pass)."""
+        if not self.is_encoder:
+            raise InvalidValueError("encode() is for embedding models; a decoder embeds "
+                                    "through step(..., hidden=True)")
+        if len(tokens) > self.n_ctx:
+            raise PromptTooLongError(len(tokens), self.n_ctx)
+        return self.model.encode(np.asarray(tokens, dtype=np.int64))
 
     @property
     def template(self):  # lazy: raw-prompt users never need jinja2
@@ -160,6 +190,9 @@ class Engine:
         """Run a decode-shaped and a prefill-shaped pass so every kernel this model uses is
         compiled (or loaded from the disk cache) now; leaves the slot empty."""
         n = min(40, self.n_ctx)
+        if self.is_encoder:
+            self.encode([0] * n)
+            return
         self.step(Batch.for_sequence([0] * n, 0, slot, "last"))
         self.step(Batch.for_sequence([0], 0, slot, "last"))
         self.kv.clear(slot)

@@ -1,10 +1,11 @@
 """Shared blocks of the decoder-only transformers: weights straight from the GGUF mmap and a
 forward pass over one Batch.
 
-The families (llama, qwen2/3, gemma2/3) differ only in configuration (norm placement, QK-norm,
-biases, activation, rope layout, windows): each family module builds a ModelConfig and the
-layer weights, and this module runs them. Shapes: N = batch rows, D = n_embd, H/Hkv = query/
-key-value heads, Dh = head_dim, F = n_ff, V = n_vocab.
+The families (llama, qwen2/3, gemma2/3, olmo2, smollm3, phi3, granite) differ only in
+configuration (norm placement, QK-norm, biases, activation, rope layout, factors and which
+layers rotate, windows, multipliers) and in how their tensors are named or fused: each family
+module builds a ModelConfig and the layer weights, and this module runs them. Shapes:
+N = batch rows, D = n_embd, H/Hkv = query/key-value heads, Dh = head_dim, F = n_ff, V = n_vocab.
 """
 
 from __future__ import annotations
@@ -134,12 +135,12 @@ class WeightGroup:
 
 @dataclass
 class LayerWeights:
-    attn_norm: np.ndarray  # [D]
+    attn_norm: np.ndarray | None  # [D]; None: no pre-norm (olmo2)
     wq: QWeight  # [H*Dh, D]
     wk: QWeight  # [Hkv*Dh, D]
     wv: QWeight  # [Hkv*Dv, D]
     wo: QWeight  # [D, H*Dv]
-    ffn_norm: np.ndarray  # [D]
+    ffn_norm: np.ndarray | None  # [D]; None: no pre-norm (olmo2)
     w_gate: QWeight | None  # [F, D] (None in an MoE layer)
     w_up: QWeight | None  # [F, D]
     w_down: QWeight | None  # [D, F]
@@ -147,8 +148,8 @@ class LayerWeights:
     bk: np.ndarray | None = None
     bv: np.ndarray | None = None
     bo: np.ndarray | None = None  # [D]
-    q_norm: np.ndarray | None = None  # [Dh]
-    k_norm: np.ndarray | None = None  # [Dh]
+    q_norm: np.ndarray | None = None  # [Dh], or [H*Dh] with cfg.qk_norm_whole
+    k_norm: np.ndarray | None = None  # [Dh], or [Hkv*Dh] with cfg.qk_norm_whole
     post_attn_norm: np.ndarray | None = None  # [D]
     post_ffn_norm: np.ndarray | None = None  # [D]
     moe: MoEWeights | None = None  # the FFN of an MoE layer (models/moe.py) instead of w_*
@@ -168,7 +169,8 @@ class WeightLoader:
 
     def __init__(self, gf: GGUFFile) -> None:
         self.gf = gf
-        self.packed_bytes = 0  # bytes of repacked copies made for this model
+        self.packed_bytes = 0  # bytes of repacked copies made for this model (but experts)
+        self.expert_packed_bytes = 0  # bytes of repacked MoE experts (a budget of their own)
 
     def has(self, name: str) -> bool:
         return name in self.gf.tensors
@@ -191,18 +193,26 @@ class WeightLoader:
         q = QWeight(name, t.data.reshape(rows, -1), int(t.type), rows, cols)
         return self.laid_out(q) if multiplied else q
 
-    def laid_out(self, q: QWeight, *, release: bool = True) -> QWeight:
+    def laid_out(self, q: QWeight, *, release: bool = True,
+                 expert_budget: int | None = None) -> QWeight:
         """q in the layout the kernels multiply fastest: with its r16 copy where this machine
         has r16 kernels for the type, the weight is within their size cap and the model's
         budget (R16_MAX_TOTAL, first come first served in load order) has room. The repacked
         weight's row-major file pages are then given back to the OS (release): only a tied
         embedding's lookups still read them, a page at a time, and they would otherwise count
-        twice in resident memory. q itself is left as it was."""
+        twice in resident memory. q itself is left as it was.
+        expert_budget: q is one expert of an MoE stack (models/moe.py), counted against this
+        budget of its own (expert_packed_bytes) instead of R16_MAX_TOTAL."""
+        used, limit = ((self.packed_bytes, R16_MAX_TOTAL) if expert_budget is None
+                       else (self.expert_packed_bytes, expert_budget))
         if not (not _RAW_LAYOUT.get() and r16_wanted(q.raw, q.qtype)
-                and self.packed_bytes + q.raw.nbytes <= R16_MAX_TOTAL):
+                and used + q.raw.nbytes <= limit):
             return q
         packed = repack_r16(q.raw, q.qtype)
-        self.packed_bytes += packed.nbytes
+        if expert_budget is None:
+            self.packed_bytes += packed.nbytes
+        else:
+            self.expert_packed_bytes += packed.nbytes
         if release:
             self.gf.release_pages(self.gf.tensors[q.name])
         return replace(q, packed=packed)
@@ -217,6 +227,24 @@ class WeightLoader:
 
     def optional_vector(self, name: str, n: int) -> np.ndarray | None:
         return self.vector(name, n) if self.has(name) else None
+
+    def fused(self, name: str, parts: list[int], cols: int) -> list[QWeight]:
+        """The weight `name` [sum(parts), cols] as one QWeight per consecutive block of
+        parts[i] rows (phi3's attn_qkv: q, k, v; its ffn_up: gate, up). Each raw is a view
+        of its rows of the file's tensor, never a copy, so the slices still go through one
+        WeightGroup call (one quantization of their shared input). The file's pages are
+        given back only when every slice got its own r16 copy."""
+        whole = self.matrix(name, sum(parts), cols, multiplied=False)
+        out: list[QWeight] = []
+        start = 0
+        for rows in parts:
+            part = QWeight(f"{name}[{start}:{start + rows}]", whole.raw[start:start + rows],
+                           whole.qtype, rows, cols)
+            out.append(self.laid_out(part, release=False))
+            start += rows
+        if all(q.packed is not None for q in out):
+            self.gf.release_pages(self.gf.tensors[name])
+        return out
 
     def _get(self, name: str):
         t = self.gf.tensors.get(name)
@@ -238,14 +266,22 @@ def load_standard_layers(
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
         moe = ffn(w, i) if ffn is not None else None
+        if cfg.qk_norm_whole:  # olmo2: required, one weight over all heads
+            q_norm = w.vector(p + "attn_q_norm.weight", H * Dh)
+            k_norm = w.vector(p + "attn_k_norm.weight", Hkv * Dh)
+        elif cfg.qk_norm:
+            q_norm = w.optional_vector(p + "attn_q_norm.weight", Dh)
+            k_norm = w.optional_vector(p + "attn_k_norm.weight", Dh)
+        else:
+            q_norm = k_norm = None
         layers.append(
             LayerWeights(
-                attn_norm=w.vector(p + "attn_norm.weight", D),
+                attn_norm=w.vector(p + "attn_norm.weight", D) if cfg.pre_norms else None,
                 wq=w.matrix(p + "attn_q.weight", H * Dh, D),
                 wk=w.matrix(p + "attn_k.weight", Hkv * Dh, D),
                 wv=w.matrix(p + "attn_v.weight", Hkv * Dv, D),
                 wo=w.matrix(p + "attn_output.weight", D, H * Dv),
-                ffn_norm=w.vector(p + "ffn_norm.weight", D),
+                ffn_norm=w.vector(p + "ffn_norm.weight", D) if cfg.pre_norms else None,
                 w_gate=None if moe else w.matrix(p + "ffn_gate.weight", F, D),
                 w_up=None if moe else w.matrix(p + "ffn_up.weight", F, D),
                 w_down=None if moe else w.matrix(p + "ffn_down.weight", D, F),
@@ -254,8 +290,8 @@ def load_standard_layers(
                 bk=w.optional_vector(p + "attn_k.bias", Hkv * Dh),
                 bv=w.optional_vector(p + "attn_v.bias", Hkv * Dv),
                 bo=w.optional_vector(p + "attn_output.bias", D),
-                q_norm=w.optional_vector(p + "attn_q_norm.weight", Dh) if cfg.qk_norm else None,
-                k_norm=w.optional_vector(p + "attn_k_norm.weight", Dh) if cfg.qk_norm else None,
+                q_norm=q_norm,
+                k_norm=k_norm,
                 post_attn_norm=(
                     w.vector(p + "post_attention_norm.weight", D) if cfg.post_norms else None
                 ),
@@ -268,6 +304,8 @@ def load_standard_layers(
 class DecoderModel:
     """A decoder-only transformer: forward(batch, kv) -> logits for the rows that ask."""
 
+    is_encoder = False  # models/bert.py's EncoderModel: True (embeddings only, no forward)
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -276,14 +314,25 @@ class DecoderModel:
         output_norm: np.ndarray,  # [D]
         output: QWeight,  # [V, D] (token_embd when tied)
         rope_freq_factors: np.ndarray | None = None,  # [n_rot/2] (llama 3 rope scaling)
+        rope_factors_long: np.ndarray | None = None,  # [n_rot/2] LongRoPE's long factors
     ) -> None:
         self.cfg = cfg
         self.token_embd = token_embd
         self.layers = layers
         self.output_norm = output_norm
         self.output = output
-        self.rope_freq_factors = rope_freq_factors
+        self.rope_freq_factors = rope_freq_factors  # LongRoPE: its short factors
+        self.rope_factors_long = rope_factors_long
         self._scratch: dict[int, tuple[np.ndarray, ...]] = {}  # row count -> buffers
+
+    def rope_factors(self, n_ctx: int) -> np.ndarray | None:
+        """Rope frequency factors [n_rot/2] for a cache of n_ctx positions per sequence:
+        LongRoPE's long set when that context exceeds the original training context, else
+        the file's one set (llama.cpp's get_rope_factors: chosen by the context size, so a
+        sequence's rotations never change as it grows)."""
+        if self.rope_factors_long is not None and n_ctx > self.cfg.rope_orig_ctx:
+            return self.rope_factors_long
+        return self.rope_freq_factors
 
     # --- the forward pass -----------------------------------------------------------------
 
@@ -320,6 +369,8 @@ class DecoderModel:
                              [b - a for _, a, b in segments])  # [N]
         act = ACTIVATIONS[cfg.activation]
         tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
+        freq_factors = self.rope_factors(kv.n_ctx)
+        res_scale = np.float32(cfg.residual_scale)
 
         def rope_tables(il: int) -> tuple[np.ndarray, np.ndarray]:
             """cos/sin [N, n_rot/2] for this batch's positions, once per distinct rope base
@@ -328,24 +379,28 @@ class DecoderModel:
             scale = cfg.layer_rope_scale[il]
             key = (base, scale)
             if key not in tables:
-                tables[key] = ops.rope_tables(pos, base, scale, cfg.n_rot, self.rope_freq_factors,
-                                              cfg.rope_yarn)
+                tables[key] = ops.rope_tables(pos, base, scale, cfg.n_rot, freq_factors,
+                                              cfg.rope_attn_factor, cfg.rope_yarn)
             return tables[key]
 
 
         for il, L in enumerate(self.layers):
-            ops.rms_norm(x, L.attn_norm, cfg.rms_eps, h, checked=True)
-            L.qkv(h, [q, k, v])
+            L.qkv(self._pre_norm(x, L.attn_norm, h), [q, k, v])
             add_qkv_biases(L, q, k, v)
-            q3 = q.reshape(n, H, Dh)
+            q3 = q.reshape(n, H, Dh)  # views: the norms below write through them
             k3 = k.reshape(n, Hkv, Dh)
-            if L.q_norm is not None:
-                ops.rms_norm_heads(q3, L.q_norm, cfg.rms_eps, q3)
-            if L.k_norm is not None:
-                ops.rms_norm_heads(k3, L.k_norm, cfg.rms_eps, k3)
-            cos, sin = rope_tables(il)
-            ops.rope_apply(q3, cos, sin, cfg.rope_neox, checked=True)
-            ops.rope_apply(k3, cos, sin, cfg.rope_neox, checked=True)
+            if cfg.qk_norm_whole:  # olmo2: each row of Q (and of K) normed whole
+                ops.rms_norm(q, L.q_norm, cfg.rms_eps, q, checked=True)
+                ops.rms_norm(k, L.k_norm, cfg.rms_eps, k, checked=True)
+            else:  # qwen3 / gemma3: each head, where the file has the norms
+                if L.q_norm is not None:
+                    ops.rms_norm_heads(q3, L.q_norm, cfg.rms_eps, q3)
+                if L.k_norm is not None:
+                    ops.rms_norm_heads(k3, L.k_norm, cfg.rms_eps, k3)
+            if cfg.layer_rope[il]:
+                cos, sin = rope_tables(il)
+                ops.rope_apply(q3, cos, sin, cfg.rope_neox, checked=True)
+                ops.rope_apply(k3, cos, sin, cfg.rope_neox, checked=True)
             v3 = v.reshape(n, Hkv, Dv)
             kv.store_rows(il, placed, k3, v3)
             if il == last:
@@ -370,22 +425,34 @@ class DecoderModel:
                 o += L.bo
             if L.post_attn_norm is not None:
                 ops.rms_norm(o, L.post_attn_norm, cfg.rms_eps, o, checked=True)
+            if cfg.residual_scale != 1.0:
+                o *= res_scale
             x += o
 
-            ops.rms_norm(x, L.ffn_norm, cfg.rms_eps, h, checked=True)
+            hf = self._pre_norm(x, L.ffn_norm, h)
             if L.moe is not None:
-                L.moe(h, o)
+                L.moe(hf, o)
             else:
-                L.gate_up(h, [gate, up])
+                L.gate_up(hf, [gate, up])
                 act(gate, up, gate)
                 L.down(gate, [o])
             if L.post_ffn_norm is not None:
                 ops.rms_norm(o, L.post_ffn_norm, cfg.rms_eps, o, checked=True)
+            if cfg.residual_scale != 1.0:
+                o *= res_scale
             x += o
 
         if not batch.want_logits.any():
             return np.empty((0, cfg.n_embd if hidden else cfg.n_vocab), dtype=np.float32)
         return self.final_norm(x) if hidden else self.logits(x)
+
+    def _pre_norm(self, x: np.ndarray, norm: np.ndarray | None, h: np.ndarray) -> np.ndarray:
+        """A block's input: rms_norm(x) written into h [N, D], or x itself where the family
+        has no pre-norm (olmo2 norms the block outputs instead)."""
+        if norm is None:
+            return x
+        ops.rms_norm(x, norm, self.cfg.rms_eps, h, checked=True)
+        return h
 
     def _buffers(self, n: int) -> tuple[np.ndarray, ...]:
         """Activation buffers for an n-row step, kept between calls (decode reuses the same
@@ -427,6 +494,8 @@ class DecoderModel:
             c = np.float32(cfg.final_softcap)
             np.tanh(out / c, out=out)
             out *= c
+        if cfg.logit_scale != 1.0:  # as llama.cpp: times the float32 reciprocal
+            out *= np.float32(1.0 / cfg.logit_scale)
         return out
 
 

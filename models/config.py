@@ -44,10 +44,21 @@ class ModelConfig:
     final_softcap: float = 0.0  # tanh soft-capping of logits (0: off)
     attn_softcap: float = 0.0
     qk_norm: bool = False  # RMS-norm each Q/K head (qwen3, gemma3)
+    # RMS-norm all of Q (and all of K) at once, before the split into heads: weights
+    # [H*Dh] / [Hkv*Dh] (olmo2)
+    qk_norm_whole: bool = False
+    pre_norms: bool = True  # RMS-norm the input of attention and of the FFN (False: olmo2)
     post_norms: bool = False  # RMS-norm attention and FFN outputs before the residual (gemma)
+    # Per layer: whether Q and K are rotated (smollm3 leaves every 4th layer without RoPE)
+    layer_rope: list[bool] = field(default_factory=list)
     # "silu" (llama/qwen), "gelu_tanh" (exact) or "gelu_tanh_ggml" (gemma, computed as
     # llama.cpp does: through a float16 table, which keeps our logits closest to its)
     activation: str = "silu"
+    residual_scale: float = 1.0  # multiplies each block's output before its residual add (granite)
+    logit_scale: float = 1.0  # the logits are divided by it (granite)
+    rope_attn_factor: float = 1.0  # multiplies rope's cos/sin: LongRoPE's attention factor
+    # LongRoPE: a context (positions per sequence) above this takes the long rope factors
+    rope_orig_ctx: int = 0
 
     def __post_init__(self) -> None:
         if self.n_rot == 0:
@@ -59,6 +70,8 @@ class ModelConfig:
         if not self.layer_rope_scale:
             self.layer_rope_scale = [self.rope_freq_scale if w == 0 else 1.0
                                      for w in self.layer_window]
+        if not self.layer_rope:
+            self.layer_rope = [True] * self.n_layer
         if self.attn_scale == 0.0:
             self.attn_scale = 1.0 / math.sqrt(self.head_dim)
         self.check()
@@ -76,7 +89,7 @@ class ModelConfig:
         if self.n_rot > self.head_dim or self.n_rot % 2:
             raise ModelError(f"{self.arch}: rope dimension {self.n_rot} invalid for head {self.head_dim}")
         if any(len(v) != self.n_layer for v in (self.layer_window, self.layer_rope_base,
-                                                 self.layer_rope_scale)):
+                                                 self.layer_rope_scale, self.layer_rope)):
             raise ModelError(f"{self.arch}: per-layer settings do not cover {self.n_layer} layers")
 
     @property

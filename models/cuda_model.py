@@ -79,7 +79,11 @@ def _products(ws: list[GpuWeight], act: dict) -> list[Any]:
 def _normed_group(ws: list[GpuWeight], x: Any, norm_w: Any, eps: float) -> list[Any]:
     """_group of rms_norm(x): where every product reads Q8_1 activations, the norm writes
     them directly (one launch instead of two, the same bits), and weights of one type share
-    a launch."""
+    a launch. norm_w None (olmo2: no pre-norm): the products of x itself."""
+    if norm_w is None:
+        if len({w.act for w in ws}) == 1 and ws[0].act != "f32":
+            return _products(ws, loader.quantize_act(x, ws[0].act))
+        return _group(ws, x)
     if all(w.act == "q8_1" for w in ws) and x.shape[1] % 32 == 0:
         return _products(ws, loader.rms_norm_q8_1(x, norm_w, eps))
     h = loader.rms_norm(x, norm_w, eps)
@@ -89,15 +93,21 @@ def _normed_group(ws: list[GpuWeight], x: Any, norm_w: Any, eps: float) -> list[
 
 
 def _residual(w: GpuWeight, a: Any, bias: Any, post_norm: Any, x: Any, eps: float,
-              act: dict | None = None) -> None:
-    """x += post_norm(a @ W^T + bias), in as few launches as the layer allows: the norm adds
-    into x itself, and without norm or bias the product does (act: a already quantized)."""
-    if post_norm is None and bias is None:
+              act: dict | None = None, scale: float = 1.0) -> None:
+    """x += scale * post_norm(a @ W^T + bias), in as few launches as the layer allows: the
+    norm adds into x itself, and without norm, bias or scale (granite's residual_scale) the
+    product does (act: a already quantized)."""
+    if post_norm is None and bias is None and scale == 1.0:
         w(a, out=x, add=True, act=act)
         return
     o = w(a, act=act)
     if bias is not None:
         o += bias
+    if scale != 1.0:  # as the CPU: after the bias and post-norm, before the add
+        if post_norm is not None:
+            o = loader.rms_norm(o, post_norm, eps)
+            post_norm = None
+        o *= np.float32(scale)
     if post_norm is None:
         x += o
     else:
@@ -200,9 +210,10 @@ class CudaModel:
         for w, ent in placed.items():
             arrays[f"ent{w}"] = np.ascontiguousarray(ent, dtype=np.int64)
         arrays.update(kv.step_books())
+        factors = self.host.rope_factors(kv.n_ctx)  # LongRoPE: the set for this context
         for j, (base, scale) in enumerate(self.rope_keys):
             arrays[f"cos{j}"], arrays[f"sin{j}"] = ops.rope_tables(
-                pos, base, scale, cfg.n_rot, self.host.rope_freq_factors, cfg.rope_yarn)
+                pos, base, scale, cfg.n_rot, factors, cfg.rope_attn_factor, cfg.rope_yarn)
         return arrays
 
     # --- the forward pass -------------------------------------------------------------------
@@ -287,10 +298,18 @@ class CudaModel:
         for il, L in enumerate(self.layers):
             q, k, v = _normed_group(L.qkv, x, L.attn_norm, eps)
             add_qkv_biases(L, q, k, v)
+            q_norm, k_norm = L.q_norm, L.k_norm
+            if cfg.qk_norm_whole:  # olmo2: each row of Q (of K) normed whole, then rope alone
+                q, k = loader.rms_norm(q, q_norm, eps), loader.rms_norm(k, k_norm, eps)
+                q_norm = k_norm = None
             q3, k3, v3 = q.reshape(n, H, Dh), k.reshape(n, Hkv, Dh), v.reshape(n, Hkv, Dv)
             j = self.layer_rope[il]  # QK-norms (where the family has them) and rope: 1 launch
-            loader.qk_norm_rope(q3, k3, L.q_norm, L.k_norm, a[f"cos{j}"], a[f"sin{j}"],
-                                cfg.rope_neox, eps)
+            if cfg.layer_rope[il]:
+                cos, sin = a[f"cos{j}"], a[f"sin{j}"]
+            else:  # a NoPE layer (smollm3): tables of zero pairs, so the launch only norms
+                cos = sin = cupy.empty((n, 0), dtype=cupy.float32)
+            if cfg.layer_rope[il] or q_norm is not None or k_norm is not None:
+                loader.qk_norm_rope(q3, k3, q_norm, k_norm, cos, sin, cfg.rope_neox, eps)
             kv.store_dev(il, a[f"ent{kv.layer_window[il]}"], k3, v3)
             if il == last and keep is not None:
                 # past the last K/V store only the rows that want logits matter
@@ -302,15 +321,18 @@ class CudaModel:
             attn = cupy.empty((m, H, Dv), dtype=cupy.float32)
             kv.attend_dev(il, q3, q_pos, row_slot, a, cfg.layer_window[il], cfg.attn_scale,
                           cfg.attn_softcap, si.n_pos, attn)
-            _residual(L.wo, attn.reshape(m, H * Dv), L.bo, L.post_attn_norm, x, eps)
+            _residual(L.wo, attn.reshape(m, H * Dv), L.bo, L.post_attn_norm, x, eps,
+                      scale=cfg.residual_scale)
             gate, up = _normed_group(L.gate_up, x, L.ffn_norm, eps)
             if L.down.act == "q8_1" and cfg.activation != "gelu_tanh" and gate.shape[1] % 32 == 0:
                 # the gate writes the down product's Q8_1 activations directly
                 _residual(L.down, None, None, L.post_ffn_norm, x, eps,
-                          act=loader.gated_q8_1(cfg.activation, gate, up))
+                          act=loader.gated_q8_1(cfg.activation, gate, up),
+                          scale=cfg.residual_scale)
             else:
                 loader.gated(cfg.activation, gate, up, out=gate)
-                _residual(L.down, gate, None, L.post_ffn_norm, x, eps)
+                _residual(L.down, gate, None, L.post_ffn_norm, x, eps,
+                          scale=cfg.residual_scale)
 
         h = loader.rms_norm(x, self.output_norm, eps)
         if hidden:
@@ -319,4 +341,6 @@ class CudaModel:
         if cfg.final_softcap:
             c = np.float32(cfg.final_softcap)
             out = cupy.tanh(out / c) * c
+        if cfg.logit_scale != 1.0:  # granite: times the float32 reciprocal, as the CPU
+            out *= np.float32(1.0 / cfg.logit_scale)
         return out

@@ -7,12 +7,18 @@ order; `ffn_gate_exps` [E, F, D], `ffn_up_exps` [E, F, D], `ffn_down_exps` [E, D
 e's matrix is the row slice [e*R, (e+1)*R) of the tensor's [E*R, row_bytes] blocks, so every
 expert is a zero-copy view of the memory-mapped file (ExpertStack).
 
-Layout. Experts stay in the file's row-major blocks, never in the r16 repacked layout: a
-repacked copy is anonymous memory, and experts are most of an MoE model's bytes (Mixtral
-8x7B: 45 of 47 GB), so R16_MAX_TOTAL (256 MB) would cover a layer or two and leave the rest
-row-major anyway. Row-major, an expert no token picks is never read, and its file pages
-are the OS's to evict: a decode step touches the active parameters only. The router and the
-attention weights take the usual layout.
+Layout. Each expert takes the r16 repacked layout where the machine has r16 kernels for its
+type (WeightLoader.laid_out), under a budget of its own, MOE_R16_MAX_TOTAL (4 GiB), first come
+first served in load order; a stack whose experts were all repacked gives its file pages
+back, so resident memory does not double. Why not the dense weights' budget (R16_MAX_TOTAL,
+256 MB): experts are most of an MoE model's bytes (Mixtral 8x7B: 45 of 47 GB), so that budget
+would cover a layer or two. Why repack at all: measured on the 4-layer Mixtral-shaped Q4_0
+file (bench/make_moe_file.py), one thread, an expert product at N=1 runs 17 GB/s from r16
+against 9 GB/s row-major (working set far above the caches), and decode is 2x faster
+(BENCHMARKS.md); llama.cpp repacks its Q4_0 experts too. The price: a load-time copy (~20 s
+for 3.2 GB of experts on the shared 2-core machine) and anonymous memory the OS cannot
+evict, hence the cap; past it experts stay zero-copy row-major views, read only when
+picked. The router and the attention weights take the usual layout.
 
 Execution (MoEWeights.__call__), for a batch of N rows:
   1. router logits [N, E] (one matmul), routing (kernels/cpu/moe_route.py): per row, k
@@ -42,6 +48,9 @@ from localllm.models.config import MetadataView, ModelConfig, ModelError
 
 if TYPE_CHECKING:
     from localllm.models.base import QWeight, WeightGroup, WeightLoader
+
+# Bytes of r16 copies of experts one model may make (see "Layout" above).
+MOE_R16_MAX_TOTAL = 4 << 30
 
 # An activation of the gated FFN: act(gate [M, F], up [M, F], out [M, F]), out may alias gate.
 Activation = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
@@ -95,7 +104,9 @@ class ExpertStack:
     """E expert matrices [R, C] of one 3-D GGUF tensor [E, R, C]: experts[e] is a QWeight
     over rows [e*R, (e+1)*R) of the file's blocks (a view; nothing is copied)."""
 
-    def __init__(self, full: QWeight, n_expert: int, bias: np.ndarray | None = None) -> None:
+    def __init__(self, full: QWeight, n_expert: int, bias: np.ndarray | None = None,
+                 lay_out: Callable[[QWeight], QWeight] | None = None) -> None:
+        """lay_out: gives each expert its layout (WeightLoader.laid_out); None: row-major."""
         from localllm.models.base import QWeight  # (base imports nothing from here)
 
         self.full = full  # [E*R, C] as one QWeight (raw [E*R, row_bytes] u8)
@@ -108,19 +119,25 @@ class ExpertStack:
             QWeight(f"{full.name}[{e}]", full.raw[e * R:(e + 1) * R], full.qtype, R, full.cols)
             for e in range(n_expert)
         ]
+        if lay_out is not None:
+            self.experts = [lay_out(q) for q in self.experts]
 
     @classmethod
     def load(cls, w: WeightLoader, name: str, n_expert: int, rows: int, cols: int,
              bias: str | None = None) -> ExpertStack:
         """Tensor `name` [E, rows, cols] (a missing or misshapen one is a ModelError); bias:
         the name of an optional [E, rows] bias tensor."""
-        # matrix() checks presence, shape and type; experts keep the file's layout (above)
+        # matrix() checks presence, shape and type; the experts' layout is decided here
         full = w.matrix(name, n_expert * rows, cols, multiplied=False,
                         file_shape=(n_expert, rows, cols))
         b = None
         if bias is not None and w.has(bias):
             b = w.vector(bias, n_expert * rows).reshape(n_expert, rows)
-        return cls(full, n_expert, b)
+        stack = cls(full, n_expert, b, lambda q: w.laid_out(
+            q, release=False, expert_budget=MOE_R16_MAX_TOTAL))
+        if all(q.packed is not None for q in stack.experts):
+            w.gf.release_pages(w.gf.tensors[name])  # nothing reads the row-major blocks now
+        return stack
 
 
 class MoEWeights:

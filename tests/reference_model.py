@@ -4,8 +4,9 @@
 sequence at positions 0..n-1, computed the obvious way: every weight dequantized with
 `gguf.quants.dequantize` (the ground truth for the block formats) and every op written out in
 float64, one function per block. It follows llama.cpp's semantics (src/models/llama.cpp,
-qwen2.cpp, qwen3.cpp, qwen3moe.cpp, gemma2.cpp, gemma3.cpp, openai-moe.cpp; MoE FFNs:
-src/llama-graph.cpp build_moe_ffn; hparams from src/llama-model.cpp `load_hparams` and each
+qwen2.cpp, qwen3.cpp, qwen3moe.cpp, gemma2.cpp, gemma3.cpp, olmo2.cpp, smollm3.cpp, phi3.cpp,
+granite.cpp, openai-moe.cpp; MoE FFNs: src/llama-graph.cpp build_moe_ffn; hparams from
+src/llama-model.cpp `load_hparams` and each
 model's `load_arch_hparams`); comments name the behaviour each step mirrors.
 
 It deliberately shares no code with the engine (localllm.*): it has its own ~100-line GGUF
@@ -14,8 +15,8 @@ gguf.GGUFReader's ~20 s), dequantizes only the embedding rows a prompt needs, an
 262144-row tied output head in chunks so memory stays bounded.
 
 Not modelled (raise NotImplementedError): MoE beyond Mixtral / Qwen3-MoE (softmax gating,
-renormalised weights) and gpt-oss, LongRoPE rope scaling, per-layer SWA head
-sizes, fused attn_qkv tensors. llama.cpp's CPU GELU uses an fp16 lookup table; the reference
+renormalised weights) and gpt-oss, per-layer SWA head sizes,
+fused attn_qkv tensors outside phi3 (phi3's fused qkv and gate/up and its LongRoPE factors are). llama.cpp's CPU GELU uses an fp16 lookup table; the reference
 uses the exact tanh formula it approximates.
 """
 
@@ -31,7 +32,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe", "gpt-oss")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3", "phi3",
+                   "granite", "qwen3moe", "gpt-oss")
 
 # ----------------------------------------------------------------------------------------------
 # GGUF file parsing (spec: ggml/docs/gguf.md; little-endian, versions 2 and 3)
@@ -180,6 +182,11 @@ class HParams:
     is_swa: list[bool] = field(default_factory=list)
     rope_base_swa: float = 10000.0
     rope_freq_scale_swa: float = 1.0
+    use_rope: list[bool] = field(default_factory=list)  # per layer; False: NoPE (smollm3)
+    residual_scale: float = 1.0  # granite: each block's output times this before the add
+    logit_scale: float = 1.0  # granite: logits divided by this
+    n_ctx_orig: int = 0  # LongRoPE (phi3): contexts above it take rope_factors_long
+    n_ctx: int = 0  # the context it runs in (phi3: picks the LongRoPE factor set)
     n_expert: int = 0  # MoE: experts per layer (0: dense FFN)
     n_expert_used: int = 0
     n_ff_exp: int = 0  # each expert's hidden width
@@ -204,7 +211,9 @@ def _per_layer(value: Any, n_layer: int, key: str) -> list[int]:
     return [int(value)] * n_layer
 
 
-def read_hparams(gguf: GGUFFile) -> HParams:
+def read_hparams(gguf: GGUFFile, n_ctx: int | None = None) -> HParams:
+    """n_ctx: the context llama.cpp would run with (picks LongRoPE's factor set); default
+    the training context, as llama.cpp's n_ctx = 0."""
     meta = gguf.metadata
     arch = _meta(meta, "general.architecture", required=True)
     if arch not in SUPPORTED_ARCHS:
@@ -238,7 +247,7 @@ def read_hparams(gguf: GGUFFile) -> HParams:
                           ("rope.dimension_count_swa", n_rot)):
         if int(_meta(meta, f"{arch}.{swa_key}", full)) != full:
             raise NotImplementedError(f"{arch}.{swa_key} != its full-attention value")
-    if arch in ("llama", "qwen2", "qwen3", "qwen3moe") and not (
+    if arch in ("llama", "qwen2", "qwen3", "olmo2", "smollm3", "granite", "qwen3moe") and not (
             head_dim_k == head_dim_v == n_rot):
         # these graphs GGML_ASSERT(n_embd_head == n_rot) and k == v head sizes
         raise ValueError(f"{arch} needs key_length == value_length == rope.dimension_count")
@@ -270,11 +279,11 @@ def read_hparams(gguf: GGUFFile) -> HParams:
         n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
         head_dim_k=head_dim_k, head_dim_v=head_dim_v, n_rot=n_rot,
         rms_eps=float(_meta(meta, f"{arch}.attention.layer_norm_rms_epsilon", required=True)),
-        rope_neox=arch in ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3"),
+        rope_neox=arch in ("qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "olmo2", "phi3"),
         rope_base=rope_base, rope_freq_scale=rope_freq_scale, rope_attn_factor=rope_attn_factor,
         kq_scale=1.0 / math.sqrt(head_dim_v if arch == "llama" else head_dim_k),
         q_scale=1.0, embd_scale=1.0, final_logit_softcap=0.0, attn_softcap=0.0, n_swa=0,
-        is_swa=[False] * n_layer, yarn=yarn,
+        is_swa=[False] * n_layer, use_rope=[True] * n_layer, yarn=yarn,
         n_expert=n_expert, n_expert_used=n_expert_used,
         # llama.cpp: Mixtral's experts are n_ff wide; qwen3moe reads
         # expert_feed_forward_length, else n_ff / n_expert_used
@@ -284,10 +293,34 @@ def read_hparams(gguf: GGUFFile) -> HParams:
     )
     if arch == "gpt-oss":
         _gpt_oss_hparams(meta, hp)
+    if arch == "smollm3":
+        # llama_model_smollm3: n_no_rope_layer_step = 4, fixed (no GGUF key); the graph skips
+        # rope where (il + 1) % step == 0
+        hp.use_rope = [(il + 1) % 4 != 0 for il in range(n_layer)]
+    if arch == "olmo2":
+        _olmo2_hparams(meta, hp)
     if arch == "gemma3":
         _gemma3_hparams(meta, hp)
     if arch == "gemma2":
         _gemma2_hparams(meta, hp)
+    if arch == "phi3":
+        # phi3.cpp: ggml_scale(Qcur, 1/sqrt(n_embd_head)), then build_attn(kq_scale = 1);
+        # the sliding window key is read and then switched off (full attention).
+        # n_ctx_orig_yarn: rope.scaling.original_context_length, default n_ctx_train
+        hp.q_scale, hp.kq_scale = 1.0 / math.sqrt(head_dim_k), 1.0
+        n_ctx_train = int(_meta(meta, "phi3.context_length", 2048))
+        hp.n_ctx_orig = int(_meta(meta, "phi3.rope.scaling.original_context_length",
+                                  n_ctx_train))
+        hp.n_ctx = n_ctx or n_ctx_train
+    if arch == "granite":
+        # granite.cpp: f_attention_scale (0: 1/sqrt(head)) as kq_scale; f_embedding_scale on
+        # the input embeddings, f_residual_scale on block outputs (0: off); logits / f_logit_scale
+        if not _meta(meta, "granite.rope.scaling.finetuned", True):
+            raise NotImplementedError("granite without rope is not modelled")
+        hp.kq_scale = float(_meta(meta, "granite.attention.scale", 0.0)) or hp.kq_scale
+        hp.embd_scale = float(_meta(meta, "granite.embedding_scale", 0.0)) or 1.0
+        hp.residual_scale = float(_meta(meta, "granite.residual_scale", 0.0)) or 1.0
+        hp.logit_scale = float(_meta(meta, "granite.logit_scale", required=True))
     return hp
 
 
@@ -337,6 +370,24 @@ def _gemma2_hparams(meta: dict[str, Any], hp: HParams) -> None:
         hp.q_scale = 1.0 / math.sqrt(hp.head_dim_k)
     hp.kq_scale = 1.0
     hp.embd_scale = math.sqrt(hp.n_embd)
+
+
+def _olmo2_hparams(meta: dict[str, Any], hp: HParams) -> None:
+    """llama_model_olmo2::load_arch_hparams: SWA only when the file has sliding_window > 0
+    (OLMo 3); load_swa_pattern(ml, 4): a per-layer bool array, else the period (default 4);
+    sliding layers rope with freq_base_swa (default: the global base) and scale 1."""
+    n_swa = int(_meta(meta, "olmo2.attention.sliding_window", 0))
+    if n_swa <= 0:
+        return
+    hp.n_swa = n_swa
+    pattern = _meta(meta, "olmo2.attention.sliding_window_pattern", 4)
+    if isinstance(pattern, list):
+        hp.is_swa = [bool(p) for p in pattern]
+    else:
+        n = int(pattern)
+        hp.is_swa = [n == 0 or il % n < n - 1 for il in range(hp.n_layer)]
+    hp.rope_base_swa = float(_meta(meta, "olmo2.rope.freq_base_swa", hp.rope_base))
+    hp.rope_freq_scale_swa = 1.0
 
 
 def _gemma3_hparams(meta: dict[str, Any], hp: HParams) -> None:
@@ -469,6 +520,11 @@ _OPTIONAL = {
     "qwen3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
     "gemma2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
     "gemma3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+    "olmo2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+    "smollm3": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+    "phi3": (),
+    "granite": ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
+                "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"),
     "qwen3moe": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
     "gpt-oss": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
 }
@@ -484,6 +540,14 @@ _REQUIRED = {
     "gemma3": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
                "attn_output", "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up",
                "ffn_down", "post_ffw_norm"),
+    "olmo2": ("attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_output",
+              "post_attention_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"),
+    "smollm3": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                "ffn_gate", "ffn_up", "ffn_down"),
+    # fused: attn_qkv [q rows, k rows, v rows], ffn_up [gate rows, up rows]
+    "phi3": ("attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"),
+    "granite": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                "ffn_gate", "ffn_up", "ffn_down"),
     "qwen3moe": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
                  "attn_output", "ffn_norm"),
     # (plus the biases in _REQUIRED_BIASES)
@@ -508,11 +572,11 @@ class ReferenceModel:
     go through a layer together), which keeps the real 270M model's memory small.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], n_ctx: int | None = None) -> None:
         self.gguf = GGUFFile(path)
         if "token_embd.weight" not in self.gguf.tensors:
             raise ValueError(f"{path}: no token_embd.weight tensor")
-        self.hp = read_hparams(self.gguf)
+        self.hp = read_hparams(self.gguf, n_ctx)
         self._check_tensors()
 
     # -- tensors ----------------------------------------------------------------------------
@@ -533,8 +597,10 @@ class ReferenceModel:
         optional = {"output.weight"}
         if hp.arch == "qwen2":
             optional.add("output.bias")
-        if hp.arch == "llama":
+        if hp.arch in ("llama", "granite"):
             optional.add("rope_freqs.weight")
+        if hp.arch == "phi3":
+            optional |= {"rope_factors_long.weight", "rope_factors_short.weight"}
         for il in range(hp.n_layer):
             optional |= {f"blk.{il}.{t}" for t in _OPTIONAL[hp.arch]}
         extra = sorted(names - expected - optional)
@@ -569,10 +635,23 @@ class ReferenceModel:
         hp, p = self.hp, f"blk.{il}."
         n = x.shape[0]
         n_head, n_head_kv = hp.n_head[il], hp.n_head_kv[il]
-        # build_qkv: separate Q/K/V matmuls, optional biases, reshape to heads
-        q = self._linear(x, p + "attn_q.weight", p + "attn_q.bias").reshape(n, n_head, -1)
-        k = self._linear(x, p + "attn_k.weight", p + "attn_k.bias").reshape(n, n_head_kv, -1)
-        v = self._linear(x, p + "attn_v.weight", p + "attn_v.bias").reshape(n, n_head_kv, -1)
+        if hp.arch == "phi3":
+            # build_qkv's fused path: one product, then views of its q, k, v columns
+            qkv = self._linear(x, p + "attn_qkv.weight")
+            nq, nk = n_head * hp.head_dim_k, n_head_kv * hp.head_dim_k
+            q = qkv[:, :nq].reshape(n, n_head, -1)
+            k = qkv[:, nq:nq + nk].reshape(n, n_head_kv, -1)
+            v = qkv[:, nq + nk:].reshape(n, n_head_kv, -1)
+        else:
+            # build_qkv: separate Q/K/V matmuls, optional biases, reshape to heads
+            q = self._linear(x, p + "attn_q.weight", p + "attn_q.bias")
+            k = self._linear(x, p + "attn_k.weight", p + "attn_k.bias")
+            if hp.arch == "olmo2":  # olmo2: RMS norm over the whole Q (K) row, before the reshape
+                q = rms_norm(q, self._w(p + "attn_q_norm.weight"), hp.rms_eps)
+                k = rms_norm(k, self._w(p + "attn_k_norm.weight"), hp.rms_eps)
+            q = q.reshape(n, n_head, -1)
+            k = k.reshape(n, n_head_kv, -1)
+            v = self._linear(x, p + "attn_v.weight", p + "attn_v.bias").reshape(n, n_head_kv, -1)
         # qwen3 / gemma3: RMS norm over each head's vector before rope (attn_q/k_norm)
         if hp.arch in ("qwen3", "qwen3moe", "gemma3"):
             q = rms_norm(q, self._w(p + "attn_q_norm.weight"), hp.rms_eps)
@@ -582,12 +661,16 @@ class ReferenceModel:
         swa = hp.is_swa[il]
         base = hp.rope_base_swa if swa else hp.rope_base
         scale = hp.rope_freq_scale_swa if swa else hp.rope_freq_scale
-        factors = self._w_opt("rope_freqs.weight") if hp.arch == "llama" else None
+        factors = self._w_opt("rope_freqs.weight") if hp.arch in ("llama", "granite") else None
+        if hp.arch == "phi3":  # get_rope_factors: long when n_ctx_seq > n_ctx_orig_yarn
+            factors = self._w_opt("rope_factors_long.weight" if hp.n_ctx > hp.n_ctx_orig
+                                  else "rope_factors_short.weight")
         pos = np.arange(n)
-        q = rope(q, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors,
-                 hp.yarn)
-        k = rope(k, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors,
-                 hp.yarn)
+        if hp.use_rope[il]:  # smollm3's NoPE layers leave q and k as they are
+            q = rope(q, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors,
+                     hp.yarn)
+            k = rope(k, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors,
+                     hp.yarn)
         q = q * hp.q_scale  # gemma2/3: ggml_scale(Qcur, f_attention_scale); 1 elsewhere
         # build_attn_mha: kq = K.Q per head; GQA broadcast maps query head h to kv head
         # h // (n_head / n_head_kv) (ggml_mul_mat broadcasting); masked softmax with scale
@@ -613,7 +696,7 @@ class ReferenceModel:
         out = out.reshape(n, n_head * v.shape[-1])
         # wo, plus wo_b for llama only (qwen2/qwen3/gemma3 never load attn_output.bias)
         return self._linear(out, p + "attn_output.weight",
-                            p + "attn_output.bias" if hp.arch in ("llama", "gpt-oss") else None)
+                            p + "attn_output.bias" if hp.arch in ("llama", "granite", "gpt-oss") else None)
 
     def moe(self, x: np.ndarray, il: int) -> np.ndarray:
         """gpt-oss's build_moe_ffn (SOFTMAX_WEIGHT gating, SWIGLU_OAI_MOE, biases): router
@@ -647,7 +730,12 @@ class ReferenceModel:
         """build_ffn(LLM_FFN_PAR): down(act(gate(x)) * up(x)); act = SiLU, or tanh-GELU for
         gemma2/gemma3. Biases only for llama (ffn_*_b)."""
         p = f"blk.{il}."
-        with_bias = self.hp.arch == "llama"
+        if self.hp.arch == "phi3":
+            # LLM_FFN_SWIGLU on the fused ffn_up: silu(first half) * second half
+            gate_up = self._linear(x, p + "ffn_up.weight")
+            ff = gate_up.shape[1] // 2
+            return self._linear(silu(gate_up[:, :ff]) * gate_up[:, ff:], p + "ffn_down.weight")
+        with_bias = self.hp.arch in ("llama", "granite")
         up = self._linear(x, p + "ffn_up.weight", p + "ffn_up.bias" if with_bias else None)
         gate = self._linear(x, p + "ffn_gate.weight", p + "ffn_gate.bias" if with_bias else None)
         act = gelu_tanh(gate) if self.hp.arch in ("gemma2", "gemma3") else silu(gate)
@@ -692,10 +780,19 @@ class ReferenceModel:
             x = x + rms_norm(a, self._w(p + "post_attention_norm.weight"), hp.rms_eps)
             f = self.ffn(rms_norm(x, self._w(p + "ffn_norm.weight"), hp.rms_eps), il)
             return x + rms_norm(f, self._w(p + "post_ffw_norm.weight"), hp.rms_eps)
-        # llama.cpp / qwen2.cpp / qwen3.cpp / qwen3moe.cpp: pre-norm residual blocks
-        x = x + self.attention(rms_norm(x, self._w(p + "attn_norm.weight"), hp.rms_eps), il)
+        if hp.arch == "olmo2":
+            # olmo2.cpp: no pre-norms; attn -> post_attention_norm -> residual; ffn ->
+            # post_ffw_norm -> residual
+            x = x + rms_norm(self.attention(x, il), self._w(p + "post_attention_norm.weight"),
+                             hp.rms_eps)
+            return x + rms_norm(self.ffn(x, il), self._w(p + "post_ffw_norm.weight"), hp.rms_eps)
+        # llama.cpp / qwen2.cpp / qwen3.cpp / qwen3moe.cpp / smollm3.cpp / phi3.cpp /
+        # granite.cpp: pre-norm residual blocks (granite scales each block's output by
+        # f_residual_scale first); an MoE layer's FFN is build_moe_ffn
+        rs = hp.residual_scale
+        x = x + rs * self.attention(rms_norm(x, self._w(p + "attn_norm.weight"), hp.rms_eps), il)
         ffn = self.moe_ffn if hp.n_expert else self.ffn
-        return x + ffn(rms_norm(x, self._w(p + "ffn_norm.weight"), hp.rms_eps), il)
+        return x + rs * ffn(rms_norm(x, self._w(p + "ffn_norm.weight"), hp.rms_eps), il)
 
     def output(self, x: np.ndarray) -> np.ndarray:
         """output_norm, lm_head (output.weight, or token_embd when absent = tied), qwen2's
@@ -713,7 +810,7 @@ class ReferenceModel:
         if hp.final_logit_softcap:
             c = hp.final_logit_softcap
             logits = np.tanh(logits / c) * c
-        return logits
+        return logits / hp.logit_scale
 
     def logits(self, tokens: list[int] | np.ndarray) -> np.ndarray:
         """Logits [n_tokens, n_vocab] float64 for one sequence at positions 0..n-1."""
@@ -729,7 +826,8 @@ class ReferenceModel:
 
 
 def reference_logits(path: str | os.PathLike[str] | ReferenceModel,
-                     tokens: list[int] | np.ndarray) -> np.ndarray:
-    """Float64 reference logits [n_tokens, n_vocab] of `tokens` (positions 0..n-1)."""
-    model = path if isinstance(path, ReferenceModel) else ReferenceModel(path)
+                     tokens: list[int] | np.ndarray, n_ctx: int | None = None) -> np.ndarray:
+    """Float64 reference logits [n_tokens, n_vocab] of `tokens` (positions 0..n-1); n_ctx:
+    the context it runs in (only LongRoPE's choice of factors reads it)."""
+    model = path if isinstance(path, ReferenceModel) else ReferenceModel(path, n_ctx)
     return model.logits(tokens)

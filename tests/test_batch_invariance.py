@@ -114,15 +114,26 @@ def test_fresh_compile_and_cached_kernels_give_the_same_perplexity(tmp_path: Pat
     assert runs[0]["ppl"] == runs[1]["ppl"]
 
 
-def test_tiny_gemma2_logits_bit_identical_however_computed(tmp_path: Path) -> None:
-    """The same on a tiny gemma2 (soft-capped attention and logits, alternating window 8, so
-    the 60-token text crosses it many times): one prefill, chunks of 1 and 7, decode, and
-    next to another sequence all give the same bits for the last 40 positions."""
+# Tiny models of the architectures the default model does not cover, with what makes each
+# differ: gemma2 (soft-capped attention and logits, alternating window 8, so the 60-token
+# text crosses it many times), olmo2 (no pre-norms, whole-row QK-norm; OLMo 3's windows: 8,
+# every 4th layer global), smollm3 (a NoPE layer between rotated ones).
+TINY_CASES = {
+    "gemma2": {},
+    "olmo2": {"n_layer": 4, "sliding_window": 8},
+    "smollm3": {},
+}
+
+
+@pytest.mark.parametrize("arch", list(TINY_CASES))
+def test_tiny_logits_bit_identical_however_computed(tmp_path: Path, arch: str) -> None:
+    """The same on tiny models: one prefill, chunks of 1 and 7, decode, and next to another
+    sequence all give the same bits for the last 40 positions."""
     from gguf import GGMLQuantizationType as QT
     from tiny_models import write_tiny_model
 
-    path = tmp_path / "gemma2.gguf"
-    write_tiny_model(path, "gemma2", qtype=QT.Q8_0, seed=3)
+    path = tmp_path / f"{arch}.gguf"
+    write_tiny_model(path, arch, qtype=QT.Q8_0, seed=3, **TINY_CASES[arch])
     e = Engine(path, n_ctx=128, n_slots=2, kv_type="f16")
     rng = np.random.default_rng(0)
     ids = rng.integers(3, e.cfg.n_vocab, 60).tolist()
@@ -138,6 +149,42 @@ def test_tiny_gemma2_logits_bit_identical_however_computed(tmp_path: Path) -> No
         mixed.append(e.step(step)[len(other[i:i + 4]):])
     ways = {"chunks of 1": _chunked(e, ids, 1), "chunks of 7": _chunked(e, ids, 7),
             "decode": _decode(e, ids), "with another": np.concatenate(mixed)[-LAST:]}
+    for name, got in ways.items():
+        assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got - ref).max()}"
+
+
+@pytest.mark.parametrize("arch,overrides", [
+    # fused q/k/v and gate/up row views (their r16 copies on VNNI machines), LongRoPE long
+    # factors with attn_factor, partial rotary, GQA
+    ("phi3", {"n_head_kv": 2, "rope_dims": 12, "context_length": 4096,
+              "original_context_length": 32}),
+    # embedding / residual / attention / logit multipliers
+    ("granite", {}),
+])
+def test_tiny_phi3_granite_logits_bit_identical_however_computed(
+        tmp_path: Path, arch: str, overrides: dict) -> None:
+    """As for gemma2: one prefill, chunks of 1 and 7, decode, and rows next to two other
+    sequences' give the same bits for the last 40 positions of a 60-token text."""
+    from gguf import GGMLQuantizationType as QT
+    from tiny_models import write_tiny_model
+
+    path = tmp_path / f"{arch}.gguf"
+    write_tiny_model(path, arch, qtype=QT.Q8_0, seed=3, **overrides)
+    e = Engine(path, n_ctx=128, n_slots=3, kv_type="f16")
+    rng = np.random.default_rng(0)
+    ids, other, quiet = (rng.integers(3, e.cfg.n_vocab, n).tolist() for n in (60, 70, 80))
+    ref = e.prefill(ids, logits="all").logits[-LAST:]
+    assert np.isfinite(ref).all()
+    for s in (0, 1, 2):
+        e.kv.clear(s)
+    mixed = []  # between another sequence's rows and rows of one that wants no logits
+    for i in range(0, len(ids), 6):
+        step = Batch.concat([Batch.for_sequence(other[i:i + 4], i, 1, "all"),
+                             Batch.for_sequence(ids[i:i + 6], i, 0, "all"),
+                             Batch.for_sequence(quiet[i:i + 8], i, 2, "none")])
+        mixed.append(e.step(step)[len(other[i:i + 4]):])
+    ways = {"chunks of 1": _chunked(e, ids, 1), "chunks of 7": _chunked(e, ids, 7),
+            "decode": _decode(e, ids), "with others": np.concatenate(mixed)[-LAST:]}
     for name, got in ways.items():
         assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got - ref).max()}"
 

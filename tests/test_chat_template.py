@@ -110,7 +110,7 @@ def test_pick_builtin(bpe_tok: Tokenizer) -> None:
     assert pick_builtin({"general.architecture": "llama"}, None) == "llama2"
     assert pick_builtin({"general.architecture": "phi2"}, None) == "chatml"
     assert pick_builtin({"general.architecture": "llama"}, bpe_tok) == "chatml"  # has im_start
-    assert set(BUILTIN_TEMPLATES) == {"gemma", "chatml", "llama3", "llama2"}
+    assert set(BUILTIN_TEMPLATES) == {"gemma", "chatml", "llama3", "llama2", "harmony"}
 
 
 def test_gguf_template_is_used_with_special_tokens(bpe_tok: Tokenizer) -> None:
@@ -164,6 +164,6 @@ def test_template_errors() -> None:
         ChatTemplate.builtin_named("gemma", None).render("hello")  # type: ignore[arg-type]
     with pytest.raises(TemplateError, match="string 'role'"):
         ChatTemplate.builtin_named("gemma", None).render([{"content": "x"}])
-    with pytest.raises(TemplateError, match="available: chatml, gemma, llama2, llama3"):
+    with pytest.raises(TemplateError, match="available: chatml, gemma, harmony, llama2, llama3"):
         ChatTemplate.builtin_named("vicuna", None)
     assert issubclass(TemplateError, ValueError)

@@ -31,6 +31,14 @@ TINY = [
     ("gemma3", QT.Q4_K, {"tensor_qtypes": {"ffn_down": QT.Q6_K, "attn_v": QT.Q5_0}}),
     ("gemma3", QT.F16, {"sliding_window": 8, "final_logit_softcapping": 30.0}),
     ("mistral", QT.Q5_K, {"sliding_window": 12}),
+    # no pre-norms, whole-row QK-norm, OLMo 3's windows (every 4th layer global)
+    ("olmo2", QT.Q8_0, {"n_layer": 4, "sliding_window": 8}),
+    ("smollm3", QT.Q4_K, {}),  # layer 3 without rope
+    # fused q/k/v and gate/up slices, LongRoPE's long factors (128 > 32) with attn_factor,
+    # partial rotary
+    ("phi3", QT.Q8_0, {"n_head_kv": 2, "rope_dims": 12, "context_length": 4096,
+                       "original_context_length": 32}),
+    ("granite", QT.Q4_K, {}),  # embedding, residual, attention and logit multipliers
 ]
 
 

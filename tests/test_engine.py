@@ -20,7 +20,8 @@ from localllm.kv.cache import KVCache
 from localllm.models.config import ModelError
 from localllm.models.registry import load_model
 
-ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "gpt-oss"]
+ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3", "phi3", "granite",
+         "gpt-oss"]
 
 
 def _tol(qtype: QT, ref: np.ndarray) -> float:

@@ -236,7 +236,7 @@ def test_rope_yarn_tables() -> None:
     n_rot, base, factor, n_orig = 64, 150000.0, 32.0, 4096
     pos = np.array([0, 1, 7, 1000, 100000], np.int64)
     yarn = ops.Yarn(n_ctx_orig=n_orig, attn_factor=0.9)
-    cos, sin = ops.rope_tables(pos, base, 1.0 / factor, n_rot, None, yarn)
+    cos, sin = ops.rope_tables(pos, base, 1.0 / factor, n_rot, None, yarn=yarn)
     for r, p in enumerate(pos):
         c, s = _rope_yarn_ggml(int(p), n_rot, base, 1.0 / factor, n_orig, 0.9)
         np.testing.assert_allclose(cos[r], c, rtol=0, atol=2e-6)
@@ -250,7 +250,7 @@ def test_rope_yarn_tables() -> None:
     np.testing.assert_allclose(cos[:, -1], linear[:, -1] * m, atol=1e-5)  # interpolated
     # ext_factor 0: no ramp, only the attention factor (ggml's rope without YaRN)
     off, _ = ops.rope_tables(pos, base, 1.0 / factor, n_rot, None,
-                             ops.Yarn(n_ctx_orig=n_orig, ext_factor=0.0, attn_factor=0.5))
+                             yarn=ops.Yarn(n_ctx_orig=n_orig, ext_factor=0.0, attn_factor=0.5))
     np.testing.assert_allclose(off, linear * 0.5, atol=1e-6)
 
 

@@ -16,7 +16,9 @@ from tiny_models import write_tiny_model
 
 from localllm.engine import Engine
 from localllm.formats import read_gguf
+from localllm.kernels.cpu.matmul import r16_wanted, repack_r16
 from localllm.kernels.cpu.moe_route import route_experts
+from localllm.models import moe as moe_mod
 from localllm.models.config import ModelError
 from localllm.models.registry import load_model
 
@@ -80,7 +82,12 @@ def test_routing_rejects_bad_arguments() -> None:
 
 
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3moe"])
-def test_experts_are_zero_copy_slices_of_the_file(tmp_path: Path, arch: str) -> None:
+@pytest.mark.parametrize("budget", [moe_mod.MOE_R16_MAX_TOTAL, 0])
+def test_experts_are_slices_of_the_file_laid_out_within_budget(
+        tmp_path: Path, arch: str, budget: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each expert is a zero-copy row slice of its stack; where this machine has r16 kernels
+    (and the experts' budget has room) it carries its r16 copy too, else none."""
+    monkeypatch.setattr(moe_mod, "MOE_R16_MAX_TOTAL", budget)
     path = tmp_path / "m.gguf"
     write_tiny_model(path, arch, qtype=QT.Q8_0)
     with read_gguf(path) as gf:
@@ -91,10 +98,13 @@ def test_experts_are_zero_copy_slices_of_the_file(tmp_path: Path, arch: str) -> 
         E, D, F = t.shape
         assert (moe.spec.n_expert, moe.spec.n_ff, D) == (E, F, model.cfg.n_embd)
         for e, q in enumerate(moe.down.experts):
-            assert q.packed is None and q.raw.base is not None
             assert np.shares_memory(q.raw, t.data)
             assert np.array_equal(q.raw, t.data[e * D:(e + 1) * D])
             assert (q.rows, q.cols) == (D, F)
+            if budget and r16_wanted(q.raw, q.qtype):
+                assert np.array_equal(q.packed, repack_r16(q.raw, q.qtype))
+            else:
+                assert q.packed is None
 
 
 # max |dlogit| / std(logits), measured: 1.1e-6, 0.060, 0.046, 0.076 (dense tiny llama Q4_0:
@@ -153,3 +163,13 @@ def test_bad_moe_files_are_one_clear_model_error(tmp_path: Path, arch: str, chan
     path = _rewrite(tmp_path, arch, change)
     with read_gguf(path) as gf, pytest.raises(ModelError, match=message):
         load_model(gf)
+
+
+def test_cuda_path_refuses_moe_in_one_line(tmp_path: Path) -> None:
+    """No GPU kernels for experts yet: the CUDA model says so before touching CuPy."""
+    from localllm.models.cuda_model import CudaModel
+
+    path = tmp_path / "m.gguf"
+    write_tiny_model(path, "mixtral")
+    with read_gguf(path) as gf, pytest.raises(ModelError, match="run on the CPU only"):
+        CudaModel(load_model(gf))

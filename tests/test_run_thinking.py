@@ -142,3 +142,63 @@ def test_app_shows_thinking_dimmed_and_folded(models) -> None:
             assert box.collapsed
 
     asyncio.run(scenario())
+
+
+# --- gpt-oss's harmony format and think levels --------------------------------------------------
+
+
+def test_think_levels_reach_the_template(models, tmp_path, capsys) -> None:
+    """--think=LEVEL: gpt-oss's "Reasoning: LEVEL" (max is its high); for a <think> model a
+    level is "on". `--think "a prompt"` keeps the prompt a prompt."""
+    from tiny_models import write_tiny_model
+
+    from localllm.cli import main
+    from localllm.formats import read_gguf
+    from localllm.text.harmony_template import HARMONY_TEMPLATE
+    from localllm.text.tokenizer import Tokenizer
+
+    oss = tmp_path / "oss.gguf"
+    write_tiny_model(oss, "qwen3", seed=1, chat_template=HARMONY_TEMPLATE, context_length=1024)
+    for flag, effort in (("--think=low", "low"), ("--think=max", "high"), ("--think", "medium"),
+                         ("--no-think", "medium")):
+        assert main(["run", str(oss), "--show-prompt", flag, "hi"]) == 0
+        out = capsys.readouterr().out
+        assert f"Reasoning: {effort}\n" in out and out.endswith(
+            "<|start|>user<|message|>hi<|end|><|start|>assistant\n"), flag
+    assert main(["run", str(models["qwen3_thinking_style"]), "--think=high", "--show-prompt",
+                 "hi"]) == 0
+    assert capsys.readouterr().out.endswith("<|im_start|>assistant\n\n")  # thinking on
+    assert main(["run", str(models["plain"]), "hi", "--think=low"]) == 1
+    assert "does not support thinking" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", str(oss), "hi", "--think=extreme"])
+    capsys.readouterr()
+    # a random model writes no channels: its reply is content, none of it lost
+    assert main(["run", str(oss), "hi", "-n", "12", "--temperature", "0", "--json"]) == 0
+    j = json.loads(capsys.readouterr().out)
+    gf = read_gguf(oss)
+    tok = Tokenizer.from_metadata(dict(gf.metadata))
+    gf.close()
+    assert j["text"] and j["thinking"] == ""
+    assert j["text"] == tok.decode(j["tokens"], skip_special=True)
+    # --format: the prompt opens the final channel; the constrained JSON is the answer
+    assert main(["run", str(oss), "hi", "-n", "6", "--temperature", "0", "--json",
+                 "--format", "json"]) == 0
+    j = json.loads(capsys.readouterr().out)
+    assert tok.decode(j["prompt_tokens"], skip_special=True).endswith(
+        "<|start|>assistant<|channel|>final<|message|>")
+    assert j["text"].startswith("{") and j["thinking"] == ""
+
+
+def test_view_with_harmony_splitter(capsys) -> None:
+    from localllm.generation.reasoning import reply_splitter
+
+    reply = ("<|channel|>analysis<|message|>plan<|end|><|start|>assistant<|channel|>final"
+             "<|message|>answer")
+    view = ThinkingView(reply_splitter(True, "<|start|>user<|message|>hi<|end|>"
+                                             "<|start|>assistant"), show=True)
+    for ch in reply:
+        view.push(ch)
+    view.finish()
+    out = capsys.readouterr()
+    assert out.out == "answer" and out.err == "plan\n"

@@ -84,6 +84,15 @@ def test_show_sliding_window_model(tmp_path: Path) -> None:
         in text
 
 
+def test_show_olmo3_windows(tmp_path: Path) -> None:
+    """olmo2 files with a window (OLMo 3): every 4th layer global by default."""
+    write_tiny_model(tmp_path / "o.gguf", "olmo2", n_layer=8, sliding_window=8)
+    with read_gguf(tmp_path / "o.gguf") as gf:
+        needs = kv_cache_needs(gf)
+    assert needs is not None and (needs["window"], needs["full_layers"]) == (8, 2)
+    assert needs["full_bytes_per_token"] == needs["bytes_per_token"] // 4
+
+
 def test_show_unknown_architecture(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "x.gguf", "mystery", {}, {})
     with read_gguf(path) as gf:

@@ -1,10 +1,10 @@
 """Tiny random-weight GGUF models for tests (llama, mistral-style llama, qwen2, qwen3, gemma2,
-gemma3).
+gemma3, olmo2, smollm3, phi3, granite).
 
 `write_tiny_model(path, arch)` writes a complete, llama.cpp-loadable GGUF: the metadata keys the
 real converters (llama.cpp convert_hf_to_gguf.py) write for that architecture, a small but real
 tokenizer section (SPM-style "llama" vocab for llama/gemma2/gemma3, byte-level BPE "gpt2" vocab with
-merges for qwen2/qwen3) and random weights in a chosen quantization type. The weights are
+merges for qwen2/qwen3/olmo2/smollm3) and random weights in a chosen quantization type. The weights are
 random normal scaled by 1/sqrt(fan_in) so activations keep unit-ish scale and logits are spread
 out (std of a few units) without saturating, so greedy tokens are well separated.
 
@@ -39,7 +39,8 @@ from tiny_models_kquants import K_QUANT_TYPES, quantize_k
 
 from localllm.text.tokenizer_bpe import bytes_to_unicode  # GPT-2 byte table
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "mixtral", "qwen3moe",
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3", "phi3",
+         "granite", "mixtral", "qwen3moe",
          "gpt-oss")
 
 # Types `gguf.quants.quantize` implements (checked against gguf 0.19) plus our K-quant encoders.
@@ -137,13 +138,15 @@ def build_spm_vocab(style: str) -> dict[str, Any]:
     style "llama": <unk>=0, <s>=1, </s>=2 (llama.cpp's SPM defaults), add_space_prefix true.
     style "gemma": <pad>=0, <eos>=1, <bos>=2, <unk>=3 plus <start_of_turn>/<end_of_turn>
     control tokens and no space prefix, like the gemma-3 GGUF.
+    style "phi3": "llama" plus Phi-3's added chat tokens after the pieces (control tokens,
+    as in the Phi-3 GGUF at ids 32000+), eos <|endoftext|>.
     Then the 256 byte-fallback tokens <0x00>..<0xFF> (type BYTE) and normal pieces: single
     characters, every prefix of '▁word' (llama.cpp's SPM tokenizer only merges two adjacent
     symbols when their concatenation is a vocab piece, so each prefix must exist for the whole
     word to be reachable) and a few word-initial pieces without '▁' for gemma (no space prefix).
     Scores decrease with the piece index, as in a sentencepiece model file.
     """
-    if style == "llama":
+    if style in ("llama", "phi3"):
         specials = [("<unk>", TokenType.UNKNOWN), ("<s>", TokenType.CONTROL),
                     ("</s>", TokenType.CONTROL)]
     elif style == "gemma":
@@ -167,10 +170,20 @@ def build_spm_vocab(style: str) -> dict[str, Any]:
     types = [int(tt) for _, tt in specials] + [int(TokenType.BYTE)] * 256
     types += [int(TokenType.NORMAL)] * len(pieces)
     scores = [0.0] * (len(specials) + 256) + [-float(i) for i in range(len(pieces))]
+    if style == "phi3":
+        added = ["<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"]
+        tokens += added
+        types += [int(TokenType.CONTROL)] * len(added)
+        scores += [0.0] * len(added)
     assert len(set(tokens)) == len(tokens)
 
     ids = {t: i for i, t in enumerate(tokens)}
-    if style == "llama":
+    if style == "phi3":
+        # as the Phi-3-mini GGUF: eos and padding <|endoftext|>, a BOS added
+        meta_ids = {"bos": ids["<s>"], "eos": ids["<|endoftext|>"], "unk": ids["<unk>"],
+                    "padding": ids["<|endoftext|>"]}
+        flags = {"add_bos_token": True, "add_eos_token": False}
+    elif style == "llama":
         meta_ids = {"bos": ids["<s>"], "eos": ids["</s>"], "unk": ids["<unk>"]}
         flags = {"add_bos_token": True, "add_eos_token": False}
     else:
@@ -216,8 +229,9 @@ def _train_bpe(text: str, n_merges: int) -> list[tuple[str, str]]:
     return merges
 
 
-def build_bpe_vocab(n_merges: int = 240) -> dict[str, Any]:
-    """Qwen-style byte-level BPE vocab ("gpt2" tokenizer model, "qwen2" pre-tokenizer):
+def build_bpe_vocab(n_merges: int = 240, pre: str = "qwen2") -> dict[str, Any]:
+    """Qwen-style byte-level BPE vocab ("gpt2" tokenizer model, pre-tokenizer `pre`: "qwen2";
+    OLMo 2's GGUFs say "dbrx" (its cl100k-style split), SmolLM3's "llama-bpe"):
     256 byte symbols, one token per learned merge, then <|endoftext|>, <|im_start|>,
     <|im_end|> control tokens (Qwen puts its specials after the BPE tokens too)."""
     b2u = bytes_to_unicode()
@@ -228,7 +242,7 @@ def build_bpe_vocab(n_merges: int = 240) -> dict[str, Any]:
     tokens = tokens + specials
     assert len(set(tokens)) == len(tokens)
     ids = {t: i for i, t in enumerate(tokens)}
-    return {"model": "gpt2", "pre": "qwen2", "tokens": tokens, "scores": None,
+    return {"model": "gpt2", "pre": pre, "tokens": tokens, "scores": None,
             "token_type": types, "merges": [f"{a} {b}" for a, b in merges],
             "ids": {"bos": ids["<|endoftext|>"], "eos": ids["<|im_end|>"],
                     "padding": ids["<|endoftext|>"]},
@@ -245,6 +259,11 @@ _CHAT_TEMPLATES = {
         "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
         "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    ),
+    "phi3": (
+        "{% for message in messages %}{{ '<|' + message['role'] + '|>' + '\n' + "
+        "message['content'] + '<|end|>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
     ),
     "gemma": (
         "{{ bos_token }}{% for message in messages %}"
@@ -276,6 +295,25 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     # enough here to bend the tiny model's logits (the real models: 50 and 30).
     "gemma2": dict(n_layer=4, n_head=4, n_head_kv=2, tie_embeddings=True, sliding_window=8,
                    attn_logit_softcapping=4.0, final_logit_softcapping=6.0),
+    # olmo2: no pre-norms, post-norms, whole-row QK-norm, NEOX rope, untied head like
+    # OLMo-2-1124-7B (full MHA there; GQA 4/2 here to cover the K norm's narrower width).
+    # sliding_window (+ pattern, default every 4th layer global) makes it OLMo 3-like.
+    "olmo2": dict(n_layer=3, n_head=4, n_head_kv=2, tie_embeddings=False, rope_freq_base=5e5),
+    # smollm3: llama blocks, NORM rope, tied head like SmolLM3-3B; 5 layers so layer 3 (the
+    # (il + 1) % 4 == 0 rule) is a NoPE layer with rotated layers on both sides.
+    "smollm3": dict(n_layer=5, n_head=4, n_head_kv=2, tie_embeddings=True, rope_freq_base=5e6),
+    # phi3: fused attn_qkv and gate/up (ffn_up [2F, D]), NEOX rope, untied head, MHA like
+    # Phi-3-mini; the sliding window key its converter writes (llama.cpp ignores it: full
+    # attention). original_context_length (with context_length above it): LongRoPE as
+    # Phi-3.5 / Phi-4-mini, rope_factors_short/long tensors and the converter's attn_factor.
+    "phi3": dict(n_layer=2, n_head=4, n_head_kv=4, tie_embeddings=False, sliding_window=8,
+                 original_context_length=None),
+    # granite: llama-like (NORM rope, GQA 4/2) with its four multipliers (the real 2B: 12,
+    # 0.22, 1/64, 8), sized so the tiny model's logits spread. Untied head: tied, the scaled
+    # embedding dominates the residual and the argmax is the input token every time.
+    "granite": dict(n_layer=2, n_head=4, n_head_kv=2, tie_embeddings=False,
+                    embedding_scale=2.0, residual_scale=0.5, attention_scale=0.2,
+                    logit_scale=0.5),
     # mixtral: llama arch with 4 experts, 2 used per token (Mixtral: 8 / 2), experts as
     # wide as feed_forward_length. qwen3moe: qwen3 attention, 8 experts, 3 used (the real
     # one: 128 / 8), experts expert_feed_forward_length wide. Both untied.
@@ -291,6 +329,7 @@ _COMMON_DEFAULTS: dict[str, Any] = dict(
     n_embd=64, head_dim=16, n_ff=128, context_length=256, rms_eps=1e-6, rope_freq_base=10000.0,
     sliding_window=None, sliding_window_pattern=None, rope_freq_base_swa=None,
     final_logit_softcapping=None, attn_logit_softcapping=None, rope_scaling_factor=None, rope_freqs=False,
+    rope_dims=None,
     tensor_qtypes=None, name=None, chat_template=None,
     n_expert=0, n_expert_used=0, n_ff_exp=None,
 )
@@ -300,7 +339,8 @@ _COMMON_DEFAULTS: dict[str, Any] = dict(
 _KQUANT_DIMS: dict[str, Any] = dict(n_embd=256, head_dim=64, n_ff=512)
 
 _ARCH_OF = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-            "gemma2": "gemma2", "gemma3": "gemma3", "mixtral": "llama", "qwen3moe": "qwen3moe",
+            "gemma2": "gemma2", "gemma3": "gemma3", "olmo2": "olmo2", "smollm3": "smollm3",
+            "phi3": "phi3", "granite": "granite", "mixtral": "llama", "qwen3moe": "qwen3moe",
             "gpt-oss": "gpt-oss"}
 
 
@@ -321,6 +361,8 @@ def _config(arch: str, qtype: GGMLQuantizationType, overrides: Mapping[str, Any]
     cfg.update(overrides)
     if cfg["n_head"] % cfg["n_head_kv"] != 0:
         raise ValueError("n_head must be a multiple of n_head_kv")
+    if arch == "phi3" and cfg["n_head"] * cfg["head_dim"] != cfg["n_embd"]:
+        raise ValueError("phi3 needs n_head * head_dim == n_embd (its q is n_embd wide)")
     if cfg["rope_freqs"] and _ARCH_OF[arch] != "llama":
         # llama.cpp only loads rope_freqs.weight for the llama family
         raise ValueError("rope_freqs=True is only meaningful for llama/mistral")
@@ -403,7 +445,8 @@ def _tensors(arch: str, cfg: dict, n_vocab: int, rng: np.random.Generator) -> di
     t["token_embd.weight"] = (emb_std * rng.standard_normal((n_vocab, d))).astype(np.float32)
     for i in range(cfg["n_layer"]):
         p = f"blk.{i}."
-        t[p + "attn_norm.weight"] = norm(d)
+        if arch != "olmo2":  # olmo2 norms block outputs only
+            t[p + "attn_norm.weight"] = norm(d)
         t[p + "attn_q.weight"] = mat(nq, d)
         t[p + "attn_k.weight"] = mat(nkv, d)
         t[p + "attn_v.weight"] = mat(nkv, d)
@@ -414,10 +457,16 @@ def _tensors(arch: str, cfg: dict, n_vocab: int, rng: np.random.Generator) -> di
         if arch in ("qwen3", "gemma3", "qwen3moe"):
             t[p + "attn_q_norm.weight"] = norm(hd)
             t[p + "attn_k_norm.weight"] = norm(hd)
+        if arch == "olmo2":  # one norm over all heads of Q, one over all of K
+            t[p + "attn_q_norm.weight"] = norm(nq)
+            t[p + "attn_k_norm.weight"] = norm(nkv)
         t[p + "attn_output.weight"] = mat(d, nq)
         if arch in ("gemma2", "gemma3"):
             t[p + "post_attention_norm.weight"] = norm(d, _GEMMA_POST_NORM)
-        t[p + "ffn_norm.weight"] = norm(d)
+        if arch == "olmo2":
+            t[p + "post_attention_norm.weight"] = norm(d)
+        else:
+            t[p + "ffn_norm.weight"] = norm(d)
         if cfg["n_expert"]:
             # router [E, d] (x3: spread its logits so the top-k choice is clear-cut) and
             # expert stacks [E, F, d] / [E, d, F]; F = n_ff_exp where the arch has it
@@ -432,17 +481,31 @@ def _tensors(arch: str, cfg: dict, n_vocab: int, rng: np.random.Generator) -> di
             t[p + "ffn_down.weight"] = mat(d, ff)
         if arch in ("gemma2", "gemma3"):
             t[p + "post_ffw_norm.weight"] = norm(d, _GEMMA_POST_NORM)
+        if arch == "olmo2":
+            t[p + "post_ffw_norm.weight"] = norm(d)
+        if arch == "phi3":  # fused as phi3's converter writes them: q, k, v rows; gate, up
+            t[p + "attn_qkv.weight"] = np.concatenate(
+                [t.pop(p + "attn_q.weight"), t.pop(p + "attn_k.weight"),
+                 t.pop(p + "attn_v.weight")])
+            t[p + "ffn_up.weight"] = np.concatenate(
+                [t.pop(p + "ffn_gate.weight"), t.pop(p + "ffn_up.weight")])
     t["output_norm.weight"] = norm(d)
     if not cfg["tie_embeddings"]:
         t["output.weight"] = mat(n_vocab, d) * 2.0  # x2: spread the logits a bit more
     if cfg["rope_freqs"]:
         t["rope_freqs.weight"] = _llama3_rope_factors(hd, cfg["rope_freq_base"])
+    if cfg.get("original_context_length"):
+        # LongRoPE factors [n_rot/2]: short near 1, long growing to 16 over the frequencies
+        # (the real ones: ~1-1.2 and ~1-50); fixed, so the random draws above do not move
+        half = (cfg["rope_dims"] or hd) // 2
+        t["rope_factors_short.weight"] = np.linspace(1.0, 1.5, half).astype(np.float32)
+        t["rope_factors_long.weight"] = np.geomspace(1.0, 16.0, half).astype(np.float32)
     return t
 
 
-_MATRIX_NAMES = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output",
-                 "ffn_gate", "ffn_up", "ffn_down",
-                 "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+_MATRIX_NAMES = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_qkv",
+                 "attn_output", "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_inp", "ffn_gate_exps",
+                 "ffn_up_exps", "ffn_down_exps")
 
 
 def _short_name(tensor_name: str) -> str:
@@ -467,26 +530,31 @@ def write_tiny_model(
     """Write a tiny random-weight GGUF for `arch` and return the metadata written (key -> value).
 
     arch: "llama", "mistral" (llama arch + sliding_window key), "qwen2", "qwen3", "gemma2",
-    "gemma3".
+    "gemma3", "olmo2", "smollm3", "phi3", "granite".
     qtype: type of the 2-D weight matrices (norms, biases and rope_freqs stay F32). The same
     seed gives the same float weights for every qtype, so a quantized model can be compared with
     its F32 twin.
     overrides: n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, context_length, rms_eps,
-    rope_freq_base, rope_freq_base_swa, sliding_window, sliding_window_pattern (gemma3; 0 makes
+    rope_freq_base, rope_freq_base_swa, sliding_window, sliding_window_pattern (gemma3; olmo2: a
+    period or per-layer booleans; 0 makes
     every layer local), final_logit_softcapping, attn_logit_softcapping, rope_scaling_factor
-    (writes linear rope scaling), rope_freqs (True: llama3-style rope_freqs.weight), tie_embeddings,
+    (writes linear rope scaling), rope_freqs (True: llama3-style rope_freqs.weight), rope_dims
+    (rope.dimension_count, partial rotary below head_dim), tie_embeddings,
     tensor_qtypes ({'attn_q': GGMLQuantizationType.Q5_0, ...} by short tensor name), name,
-    chat_template (Jinja source; default: a plain one for the family; False: none),
-    n_expert / n_expert_used / n_ff_exp (MoE archs "mixtral", "qwen3moe": experts, experts
-    per token, expert width where the arch writes expert_feed_forward_length).
+    chat_template (Jinja source; default: a plain one for the family; False: none).
+    phi3 also: original_context_length (LongRoPE). granite also: embedding_scale,
+    residual_scale, attention_scale, logit_scale. mixtral / qwen3moe also: n_expert,
+    n_expert_used, n_ff_exp (experts, experts per token, expert width where the arch writes
+    expert_feed_forward_length).
     """
     qtype = GGMLQuantizationType(qtype)
     cfg = _config(arch, qtype, overrides)
     gguf_arch = _ARCH_OF[arch]
-    vocab = build_spm_vocab("gemma" if arch in ("gemma2", "gemma3") else "llama") \
-        if arch in ("llama", "mistral", "mixtral", "gemma2", "gemma3") else build_bpe_vocab()
-    if arch == "gpt-oss":
-        vocab["pre"] = "gpt-4o"  # gpt-oss's pre-tokenizer
+    spm_style = {"gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3"}.get(arch, "llama")
+    vocab = build_spm_vocab(spm_style) \
+        if arch in ("llama", "mistral", "mixtral", "gemma2", "gemma3", "phi3") else \
+        build_bpe_vocab(pre={"olmo2": "dbrx", "smollm3": "llama-bpe",
+                              "gpt-oss": "gpt-4o"}.get(arch, "qwen2"))
     n_vocab = len(vocab["tokens"])
 
     tensors = _tensors(gguf_arch, cfg, n_vocab, np.random.default_rng(seed))
@@ -527,8 +595,21 @@ def write_tiny_model(
         f"{a}.attention.value_length": cfg["head_dim"],
         f"{a}.attention.layer_norm_rms_epsilon": cfg["rms_eps"],
         f"{a}.rope.freq_base": cfg["rope_freq_base"],
-        f"{a}.rope.dimension_count": cfg["head_dim"],
+        f"{a}.rope.dimension_count": cfg["rope_dims"] or cfg["head_dim"],
     }
+    if arch == "phi3":  # its converter writes no head sizes (n_embd / n_head)
+        del meta[f"{a}.attention.key_length"], meta[f"{a}.attention.value_length"]
+        orig = cfg["original_context_length"]
+        if orig:
+            scale = cfg["context_length"] / orig
+            meta[f"{a}.rope.scaling.original_context_length"] = orig
+            meta[f"{a}.rope.scaling.attn_factor"] = (
+                math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
+    if arch == "granite":
+        for key in ("embedding_scale", "residual_scale", "logit_scale"):
+            meta[f"{a}.{key}"] = cfg[key]
+        meta[f"{a}.attention.scale"] = cfg["attention_scale"]
+        meta[f"{a}.vocab_size"] = n_vocab
     if arch in ("llama", "mistral", "mixtral"):
         meta[f"{a}.vocab_size"] = n_vocab
     if cfg["n_expert"]:
@@ -565,7 +646,7 @@ def write_tiny_model(
     for key, flag in vocab["flags"].items():
         meta[f"tokenizer.ggml.{key}"] = flag
     template = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "gemma2": "gemma",
-                "gemma3": "gemma"}.get(arch, "chatml")
+                "gemma3": "gemma", "phi3": "phi3"}.get(arch, "chatml")
     if cfg["chat_template"] is not False:
         meta["tokenizer.chat_template"] = cfg["chat_template"] or _CHAT_TEMPLATES[template]
 

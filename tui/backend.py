@@ -182,9 +182,10 @@ class ChatBackend:
     """
 
     def __init__(self, model_path: str | Path, spec: SpecOptions | None = None,
-                 think: bool | None = None, **engine_opts: Any) -> None:
-        # think: the template's enable_thinking (None: its default); a thinking model's
-        # reasoning always comes apart from the reply, in Event.thinking
+                 think: bool | str | None = None, **engine_opts: Any) -> None:
+        # think: the template's enable_thinking (None: its default), or a level (gpt-oss's
+        # reasoning effort); a thinking model's reasoning always comes apart from the
+        # reply, in Event.thinking
         self.think = think
         self._engine_opts = engine_opts
         self._spec = spec or SpecOptions()
@@ -284,12 +285,11 @@ class ChatBackend:
         return self._render(messages)[0]
 
     def _render(self, messages: Sequence[dict]) -> tuple[list[int], str]:
+        from localllm.generation.reasoning import think_kwargs
         from localllm.text.chat_template import encode_chat
 
         eng = self.engine
-        kwargs = {}
-        if self.think is not None and eng.template.caps.thinking:
-            kwargs["enable_thinking"] = self.think
+        kwargs = think_kwargs(self.think, eng.template.caps.thinking)
         text = eng.template.render(messages, add_generation_prompt=True, **kwargs)
         return encode_chat(eng.tokenizer, text), text
 
@@ -304,9 +304,10 @@ class ChatBackend:
     def _chat(self, job: _Job) -> None:
         """A thin adapter: one Request through the token loop, run on this thread; its
         events become the app's (prefill progress included), Esc cancels between steps."""
-        from localllm.generation.reasoning import ThinkingSplitter, prompt_opens_thinking
+        from localllm.generation.reasoning import reply_splitter
         from localllm.generation.request import Request
         from localllm.generation.sampling import Sampler
+        from localllm.text.harmony import preserved_ids
 
         h, a, eng = job.handle, job.args, self.engine
         if eng is None:
@@ -319,11 +320,13 @@ class ChatBackend:
             h.put(ContextFull(n, eng.n_ctx, reserve, self._fit(a["messages"], eng.n_ctx - reserve)))
             return
         sampler = Sampler(a["config"], eng.tokenizer)  # validates the settings
+        caps = eng.template.caps
+        # gpt-oss: its channels' structure tokens in the text, for the splitter
         req = Request(ids, a["config"], max_tokens=a["max_tokens"], stop=a["stop"], slot=SLOT,
-                      progress=True)
+                      progress=True, show_tokens=preserved_ids(eng.tokenizer) if caps.harmony
+                      else frozenset())
         handle = self._loop.submit(req, sampler=sampler)
-        split = ThinkingSplitter(prompt_opens_thinking(text)) if eng.template.caps.thinking \
-            else None
+        split = reply_splitter(caps.harmony, text) if caps.thinking else None
         while True:
             for ev in handle.pending():
                 if ev.progress is None:

@@ -168,13 +168,16 @@ def yarn_corr_dims(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float,
 
 def rope_tables(pos: np.ndarray, theta_base: float, freq_scale: float = 1.0,
                 n_rot: int = 0, freq_factors: np.ndarray | None = None,
-                yarn: Yarn | None = None) -> tuple[np.ndarray, np.ndarray]:
+                attn_factor: float = 1.0, yarn: Yarn | None = None,
+                ) -> tuple[np.ndarray, np.ndarray]:
     """(cos, sin), each [N, n_rot/2] float32, of the rope angles for positions pos [N].
 
+    attn_factor multiplies both (ggml's mscale with ext_factor 0: LongRoPE's attention
+    factor), so the rotated dims of q and k come out scaled by it and the rest do not.
     yarn (ggml's rope_yarn with ext_factor != 0): pair i's angle mixes the extrapolated
     angle (unscaled) and the interpolated one (times freq_scale) by ramp(i) * ext_factor,
     ramp falling from 1 to 0 across yarn_corr_dims; cos and sin are multiplied by
-    attn_factor * (1 + 0.1 ln(1 / freq_scale))."""
+    attn_factor * yarn.attn_factor * (1 + 0.1 ln(1 / freq_scale))."""
     pos64 = np.asarray(pos)
     if pos64.ndim != 1 or not np.issubdtype(pos64.dtype, np.integer):
         raise ValueError(f"pos must be a 1-D integer array, got {pos64.dtype} {pos64.shape}")
@@ -183,7 +186,7 @@ def rope_tables(pos: np.ndarray, theta_base: float, freq_scale: float = 1.0,
     inv_freq = rope_inv_freq(theta_base, n_rot, freq_factors)  # [n_rot/2] float64
     if yarn is None or yarn.ext_factor == 0.0:
         theta = (pos64.astype(np.float64) * float(freq_scale))[:, None] * inv_freq[None, :]
-        mscale = 1.0 if yarn is None else yarn.attn_factor
+        mscale = attn_factor * (1.0 if yarn is None else yarn.attn_factor)
     else:
         lo, hi = yarn_corr_dims(n_rot, yarn.n_ctx_orig, theta_base, yarn.beta_fast,
                                 yarn.beta_slow)
@@ -191,7 +194,8 @@ def rope_tables(pos: np.ndarray, theta_base: float, freq_scale: float = 1.0,
         mix = (1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)) * yarn.ext_factor
         extrap = pos64.astype(np.float64)[:, None] * inv_freq[None, :]  # [N, n_rot/2]
         theta = extrap * float(freq_scale) * (1.0 - mix) + extrap * mix
-        mscale = yarn.attn_factor * (1.0 + 0.1 * math.log(1.0 / float(freq_scale)))
+        mscale = (attn_factor * yarn.attn_factor
+                  * (1.0 + 0.1 * math.log(1.0 / float(freq_scale))))
     if mscale != 1.0:
         return ((np.cos(theta) * mscale).astype(np.float32),
                 (np.sin(theta) * mscale).astype(np.float32))

@@ -16,6 +16,7 @@ from localllm.commands.options import (
     add_spec_opts,
     add_think_opt,
     engine_options,
+    refuse_embedding_model,
     sampler_config,
     spec_options,
 )
@@ -59,6 +60,8 @@ def cmd_chat(ns: argparse.Namespace) -> int:
             choice.path = pull_chat_model()
         else:
             choice = fallback_to_base()
+    if choice.path is not None:
+        refuse_embedding_model(choice.path, "chat")
     if spec.draft_model:
         from localllm.store.default import resolve_model
 

@@ -73,6 +73,19 @@ def _kv_memory(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def refuse_embedding_model(path: object, command: str) -> None:
+    """One line (ModelError) when the model at `path` is an embedding-only encoder (bert,
+    nomic-bert), which cannot generate: said before any weight is loaded."""
+    from localllm.formats import read_gguf
+    from localllm.models.config import ModelError
+    from localllm.models.registry import is_encoder_arch
+
+    arch = read_gguf(path).metadata.get("general.architecture")  # type: ignore[arg-type]
+    if isinstance(arch, str) and is_encoder_arch(arch):
+        raise ModelError(f"{path}: {arch} is an embedding model and cannot {command}; use "
+                         "`localllm embed MODEL TEXT...` (or /api/embed under `localllm serve`)")
+
+
 def add_sampling_opts(p: argparse.ArgumentParser) -> None:
     """One flag per sampler setting, generated from its declaration (sampler_settings.py)."""
     g = p.add_argument_group("sampling")
@@ -119,12 +132,38 @@ def sampler_config(ns: argparse.Namespace) -> SamplerConfig:
     return SamplerConfig(**{s.name: getattr(ns, s.name) for s in settings()})
 
 
+THINK_LEVELS = ("low", "medium", "high", "max")
+
+
+class _ThinkAction(argparse.Action):
+    """--think, --think=LEVEL, --no-think -> ns.think: True, a level, or False. The level
+    is written with '=' only (as `ollama run --think=high`), so `--think "a prompt"` still
+    leaves the prompt a prompt: each `--think=VALUE` is an option string of its own."""
+
+    VALUES: dict[str, bool | str] = {"": True, "true": True, "false": False,
+                                     **{lv: lv for lv in THINK_LEVELS}}
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        if option_string == "--no-think":
+            setattr(ns, self.dest, False)
+        else:
+            setattr(ns, self.dest, self.VALUES[(option_string or "").partition("=")[2]])
+
+
 def add_think_opt(p: argparse.ArgumentParser) -> None:
-    """--think / --no-think: a reasoning model's thinking shown dimmed (the default for a
-    model whose chat template can think) or hidden and turned off in the template."""
-    p.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,
+    """--think[=LEVEL] / --no-think: a reasoning model's thinking shown dimmed (the default
+    for a model whose chat template can think) or hidden and turned off in the template; a
+    level (low, medium, high, max) is gpt-oss's reasoning effort, "on" for other models."""
+    p.add_argument("--think", "--no-think", action=_ThinkAction, dest="think", default=None,
                    help="show a reasoning model's thinking, dimmed (default for a model that "
-                        "thinks); --no-think hides it and asks the template not to think")
+                        "thinks); --think=low|medium|high|max also sets gpt-oss's reasoning "
+                        "effort; --no-think hides it and asks the template not to think")
+    p.add_argument(*(f"--think={v}" for v in _ThinkAction.VALUES if v), action=_ThinkAction,
+                   dest="think", help=argparse.SUPPRESS)
 
 
 def add_spec_opts(p: argparse.ArgumentParser, draft_model: bool = True) -> None:

@@ -26,6 +26,7 @@ from localllm.commands.options import (
     add_spec_opts,
     add_think_opt,
     engine_options,
+    refuse_embedding_model,
     sampler_config,
     spec_options,
 )
@@ -116,6 +117,7 @@ class _Session:
 
     def events(self, ids: list[int], sampler: Sampler, truncate: bool) -> Iterator[Event]:
         from localllm.generation.generate import generate
+        from localllm.text.harmony import preserved_ids
 
         ns, constraint = self.ns, None
         if self.fmt is not None:
@@ -127,6 +129,9 @@ class _Session:
             truncate=truncate, ignore_eos=ns.ignore_eos, context_shift=ns.context_shift,
             n_keep=ns.keep, spec=self.spec, drafter=self.drafter, step_costs=self.step_costs,
             constraint=constraint,
+            # harmony's structure tokens, for the splitter to read the channels
+            show_tokens=preserved_ids(self.engine.tokenizer) if _harmony(self.engine, ns)
+            else frozenset(),
         )
 
 
@@ -141,6 +146,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     if ns.num_predict < -1:
         raise InvalidValueError("-n/--num-predict must be -1 (no limit) or >= 0")
     path = resolve_model(ns.model)
+    refuse_embedding_model(path, "generate text")
     interactive = prompt is None and sys.stdin.isatty() and not ns.json
     if prompt is None and not interactive:
         prompt = sys.stdin.read()
@@ -178,26 +184,36 @@ def cmd_run(ns: argparse.Namespace) -> int:
         sys.stdout.write((engine.tokenizer.decode(ids) if ns.raw else rendered) + "\n")
         return 0
     ids, rendered = _prompt_ids(engine, prompt, ns, history=[])
+    if fmt is not None and _harmony(engine, ns):
+        from localllm.text.harmony import open_final
+
+        ids, rendered = open_final(engine.tokenizer, ids, rendered)  # the JSON is the answer
     return _one_shot(session, ids, cfg, load_s, str(path), _thinking_split(engine, ns, rendered))
 
 
-def check_think(engine: Engine, think: bool | None, raw: bool = False) -> None:
+def check_think(engine: Engine, think: bool | str | None, raw: bool = False) -> None:
     """--think for a model whose chat template cannot think: one error line (Ollama's 400)."""
     if think and not raw and not engine.template.caps.thinking:
         raise InvalidValueError(f"{engine.path.name} does not support thinking (its chat "
-                                "template knows no <think> / enable_thinking)")
+                                "template knows no <think> / enable_thinking / harmony "
+                                "channels)")
+
+
+def _harmony(engine: Engine, ns: argparse.Namespace) -> bool:
+    """Whether the reply is gpt-oss's harmony: a templated prompt for a harmony template."""
+    return not ns.raw and engine.template.caps.harmony
 
 
 def _thinking_split(engine: Engine, ns: argparse.Namespace, rendered: str) -> object | None:
     """The reply's splitter (localllm.generation.reasoning), or None when nothing is split:
-    a thinking model's reply (reasoning shown, or hidden with --no-think), or a --raw prompt
-    with --think."""
-    from localllm.generation.reasoning import ThinkingSplitter, prompt_opens_thinking
+    a thinking model's reply (reasoning shown, or hidden with --no-think; harmony channels
+    or <think> tags), or a --raw prompt with --think (<think> tags)."""
+    from localllm.generation.reasoning import reply_splitter
 
     think = getattr(ns, "think", None)
     if (ns.raw and not think) or (not ns.raw and not engine.template.caps.thinking):
         return None
-    return ThinkingSplitter(prompt_opens_thinking(rendered))
+    return reply_splitter(_harmony(engine, ns), rendered)
 
 
 def _prompt_ids(engine: Engine, text: str, ns: argparse.Namespace,
@@ -213,11 +229,11 @@ def _prompt_ids(engine: Engine, text: str, ns: argparse.Namespace,
         messages.append({"role": "system", "content": ns.system})
     messages += history
     messages.append({"role": "user", "content": text})
+    from localllm.generation.reasoning import think_kwargs
+
     template = engine.template
     check_think(engine, getattr(ns, "think", None))
-    kwargs = {}
-    if getattr(ns, "think", None) is not None and template.caps.thinking:
-        kwargs["enable_thinking"] = ns.think  # Qwen 3: false renders an empty think block
+    kwargs = think_kwargs(getattr(ns, "think", None), template.caps.thinking)
     rendered = template.render(messages, add_generation_prompt=True, **kwargs)
     if template.last_missing:
         print(f"warning: the chat template ({template.name}) does not show "

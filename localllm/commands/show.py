@@ -90,14 +90,16 @@ def kv_cache_needs(gf: GGUFFile, kv_type: str = "f16") -> dict[str, Any] | None:
     """The KV cache one token costs this model (`kv_type`, the run/serve default f16): over
     all layers, and for sliding-window models over the full-attention layers alone (what a
     token costs once the sliding layers hold their window). None for an architecture this
-    runner cannot load."""
+    runner cannot load, and for an encoder (bert: no KV cache, an input runs whole)."""
     from localllm.kv.cache import layer_token_bytes
     from localllm.models.config import ModelError
-    from localllm.models.registry import model_config
+    from localllm.models.registry import is_encoder_arch, model_config
 
     try:
         cfg = model_config(gf)
     except ModelError:
+        return None
+    if is_encoder_arch(cfg.arch):
         return None
     per_layer = layer_token_bytes(cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v, kv_type)
     out: dict[str, Any] = {"type": kv_type, "layers": cfg.n_layer,

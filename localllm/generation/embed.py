@@ -13,7 +13,11 @@ pooled over the sequence:
 - "last": the last token's state. That is what Ollama's llama.cpp runner returns for a
   generative model (no pooling in the GGUF: it falls back to the last output row), and what
   decoder-based embedding models such as Qwen3-Embedding are trained for.
-- "cls": the first token's state (BERT-style models; here for completeness).
+- "cls": the first token's state (BERT-style models trained with it: bge, MiniLM's CLS).
+
+An encoder (models/bert.py: bert, nomic-bert) has no output head and no final norm: its
+last layer's output per token is pooled, and an input runs whole in one pass (attention is
+bidirectional; no KV cache), one input per `EmbedJob.step`.
 
 A GGUF that names its pooling (`{arch}.pooling_type`, llama.cpp's enum: 1 mean, 2 cls,
 3 last) gets that one; otherwise "mean". Normalisation is the caller's: Ollama's
@@ -92,13 +96,22 @@ def encode_inputs(engine: Engine, texts: Sequence[str], truncate: bool = True) -
     ValueError for a text that gives no tokens."""
     tok = engine.tokenizer
     out = []
+    eos = end_token(engine)
     for i, text in enumerate(texts):
         ids = tok.encode(text, add_special=True, parse_special=False)
         if not ids:
             raise InvalidValueError(f"input {i} is empty: there is nothing to embed")
-        eos = tok.eos_id if tok.add_eos else None
         out.append(fit_context(ids, engine.n_ctx, truncate, i, eos))
     return out
+
+
+def end_token(engine: Engine) -> int | None:
+    """The token encode() appends last, which truncation keeps last: BERT's [SEP], else EOS
+    where the vocabulary adds one, else None."""
+    tok = engine.tokenizer
+    if tok.add_sep and tok.sep_id is not None:
+        return tok.sep_id
+    return tok.eos_id if tok.add_eos else None
 
 
 def l2_normalize(v: np.ndarray) -> np.ndarray:
@@ -160,6 +173,8 @@ class EmbedJob:
         """Run one forward pass; True when every input has its vector."""
         if self.done:
             return True
+        if self.engine.is_encoder:
+            return self._encode_step()
         if not self._wave:
             self._start_wave(self._waves.pop(0))
         parts: list[Batch] = []
@@ -194,6 +209,16 @@ class EmbedJob:
             for slot, i in enumerate(self._wave):
                 self.result[i] = pool(np.concatenate(self._parts[slot]), self.pooling)
             self._wave, self._done, self._parts, self._kv = [], [], [], None  # frees the KV
+        return self.done
+
+    def _encode_step(self) -> bool:
+        """An encoder (bert): one whole input per pass, no KV cache (attention is
+        bidirectional, so an input cannot be cut into chunks). The waves' order is kept."""
+        wave = self._waves[0]
+        i = wave.pop(0)
+        if not wave:
+            self._waves.pop(0)
+        self.result[i] = pool(self.engine.encode(self.inputs[i]), self.pooling)
         return self.done
 
     def _start_wave(self, wave: list[int]) -> None:

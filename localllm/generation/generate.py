@@ -48,6 +48,7 @@ def generate(
     step_costs: StepCosts | None = None,
     constraint: TokenConstraint | None = None,
     progress: bool = False,
+    show_tokens: frozenset[int] = frozenset(),
 ) -> Iterator[Event]:
     """Yield text events, then one final event with done=True, done_reason and stats.
 
@@ -62,6 +63,7 @@ def generate(
     constraint: structured output (localllm.generation.constraint.make_constraint);
     generation ends with done_reason "stop" as soon as the value is complete.
     progress: events with `progress` = (evaluated, total) while the prompt is evaluated.
+    show_tokens: control tokens rendered in the text (Request.show_tokens).
     Leaving the loop early cancels the request; the slot keeps what it cached.
     """
     spec = spec or SpecOptions()
@@ -70,5 +72,6 @@ def generate(
     loop = Batcher(engine, spec=spec, costs=step_costs, drafter=drafter)
     req = Request(list(prompt_tokens), sampler.config, max_tokens=max_tokens, stop=stop,
                   ignore_eos=ignore_eos, truncate=truncate, constraint=constraint,
-                  context_shift=context_shift, n_keep=n_keep, slot=slot, progress=progress)
+                  context_shift=context_shift, n_keep=n_keep, slot=slot, progress=progress,
+                  show_tokens=show_tokens)
     return loop.stream(req, sampler=sampler)

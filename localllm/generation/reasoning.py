@@ -18,6 +18,8 @@ Ollama's `thinking.Parser` and llama-server's reasoning extraction do:
 
 from __future__ import annotations
 
+from typing import Any
+
 OPEN_TAG = "<think>"
 CLOSE_TAG = "</think>"
 
@@ -118,3 +120,29 @@ def split_all(text: str, opened: bool = False) -> tuple[str, str]:
     t1, c1 = s.push(text)
     t2, c2 = s.finish()
     return t1 + t2, c1 + c2
+
+
+def think_kwargs(think: bool | str | None, can_think: bool) -> dict[str, Any]:
+    """What a think setting asks of a chat template that can think: `enable_thinking`
+    (Qwen 3's switch: false renders an empty think block) and, for a level ("low",
+    "medium", "high", "max"), gpt-oss's `reasoning_effort` (its "Reasoning: ..." line; a
+    <think> template ignores it). None, or a template that cannot think: nothing."""
+    if think is None or not can_think:
+        return {}
+    kwargs: dict[str, Any] = {"enable_thinking": bool(think)}
+    if isinstance(think, str):
+        from localllm.text.harmony import effort_for
+
+        kwargs["reasoning_effort"] = effort_for(think)
+    return kwargs
+
+
+def reply_splitter(harmony: bool, prompt_text: str) -> Any:
+    """The splitter for a thinking model's reply to a rendered prompt: gpt-oss's harmony
+    channels (localllm.text.harmony, tool calls in its `calls`), else <think> tags. Both
+    have push(piece) -> (thinking, content) and finish()."""
+    if harmony:
+        from localllm.text.harmony import HarmonyParser
+
+        return HarmonyParser.for_prompt(prompt_text)
+    return ThinkingSplitter(prompt_opens_thinking(prompt_text))

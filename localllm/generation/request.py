@@ -54,6 +54,9 @@ class Request:
     n_keep: int = 0
     slot: int | None = None  # this KV slot (a chat's own), or None: the scheduler picks
     progress: bool = False  # events with `progress` while a long prompt is evaluated
+    # control tokens rendered in the text (others are dropped): the structure of a reply
+    # format the front door parses, gpt-oss's harmony <|channel|>, <|message|> ...
+    show_tokens: frozenset[int] = frozenset()
 
 
 class Handle:

@@ -123,7 +123,7 @@ class Sequence:
             sampler = ConstrainedSampler(sampler, req.constraint, sorted(eog))
         self.sampler = sampler
         self.eog = frozenset() if req.ignore_eos else eog
-        self.text = TextStream(engine.tokenizer, req.stop, self.eog)
+        self.text = TextStream(engine.tokenizer, req.stop, self.eog, req.show_tokens)
         self.generated = self.text.tokens  # the generated ids that count
         self.last: int | None = None  # last sampled token, not yet in the cache
         self.stats = GenerationStats(prompt_tokens=len(self.prompt))  # as used

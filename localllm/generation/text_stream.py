@@ -69,8 +69,9 @@ class TextStream:
     `finish()` once. `tokens` are the generated ids that count (no end-of-generation one)."""
 
     def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = (),
-                 eog: Collection[int] = frozenset()) -> None:
-        self.detok = StreamDetokenizer(tokenizer)
+                 eog: Collection[int] = frozenset(), keep: Collection[int] = ()) -> None:
+        # keep: control tokens shown as text (Request.show_tokens)
+        self.detok = StreamDetokenizer(tokenizer, keep=keep)
         self.stops = [s for s in stop if s]
         self.eog = frozenset(eog)
         self.tokens: list[int] = []

@@ -213,10 +213,14 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         print(f"warning: listening on {ns.host}: other machines can reach this server"
               + ("" if ns.api_key else " (no --api-key set)"), file=sys.stderr)
     state = make_state(ns)
-    print(f"localllm serve: {state.name} on http://{ns.host}:{ns.port} "
-          f"({state.scheduler.n_slots} slots x {state.engine.n_ctx} tokens; KV pool "
-          f"{state.engine.kv.nbytes() / 2**20:.0f} MiB, {state.engine.kv.max_tokens()} tokens "
-          "for one sequence at most)", file=sys.stderr)
+    if state.engine.is_encoder:  # no slots, no KV cache: inputs run whole, one at a time
+        what = f"embedding model, inputs of up to {state.engine.n_ctx} tokens"
+    else:
+        what = (f"{state.scheduler.n_slots} slots x {state.engine.n_ctx} tokens; KV pool "
+                f"{state.engine.kv.nbytes() / 2**20:.0f} MiB, {state.engine.kv.max_tokens()} "
+                "tokens for one sequence at most")
+    print(f"localllm serve: {state.name} on http://{ns.host}:{ns.port} ({what})",
+          file=sys.stderr)
     # uvicorn handles SIGINT/SIGTERM: it stops accepting and lets open responses finish.
     uvicorn.run(build_app(state), host=ns.host, port=ns.port, log_level="warning",
                 timeout_graceful_shutdown=30)

@@ -107,6 +107,14 @@ class ServerState:
                 "quantization_level": file_type_name(int(ftype)) if ftype is not None else ""}
 
 
+def require_generation(state: ServerState, what: str) -> None:
+    """400 for a generation route (what: "generate", "chat", ...) asked of an embedding-only
+    model (bert, nomic-bert), in Ollama's words; its embedding routes still answer."""
+    if getattr(state.engine, "is_encoder", False):
+        raise ApiError(400, f'"{state.name}" does not support {what}: it is an embedding '
+                            "model (use /api/embed or /v1/embeddings)")
+
+
 def default_name(path: Path) -> str:
     """A file name as an Ollama-style model name: 'SmolLM2-135M.Q4_1.gguf' -> 'smollm2-135m.q4_1:latest'."""
     return path.name.removesuffix(".gguf").lower().replace(":", "-") + ":latest"
@@ -237,16 +245,18 @@ def parse_stop(v: Any, what: str = "'stop'") -> list[str]:
 
 
 def chat_prompt(engine: Engine, messages: list[dict[str, Any]], template: str | None = None,
-                tools: list[dict[str, Any]] | None = None, think: bool | None = None) -> list[int]:
+                tools: list[dict[str, Any]] | None = None,
+                think: bool | str | None = None) -> list[int]:
     """Token ids of a conversation rendered with the model's chat template (or `template`,
     a Jinja override) and an open assistant turn. tools: the request's tool definitions,
     passed to the template (or written into the system prompt where it has no tool support);
-    think: the template's `enable_thinking` (None: not set)."""
+    think: the template's `enable_thinking` (None: not set); a level ("low", "medium",
+    "high", "max") is on, and gpt-oss's `reasoning_effort`."""
     return render_prompt(engine, messages, template, tools, think)[0]
 
 
 def render_prompt(engine: Engine, messages: list[dict[str, Any]], template: str | None = None,
-                  tools: list[dict[str, Any]] | None = None, think: bool | None = None,
+                  tools: list[dict[str, Any]] | None = None, think: bool | str | None = None,
                   ) -> tuple[list[int], str]:
     """`chat_prompt`'s token ids and the rendered text they came from (whose tail says
     whether the reply starts inside a think block)."""
@@ -254,9 +264,11 @@ def render_prompt(engine: Engine, messages: list[dict[str, Any]], template: str 
 
     # a template that cannot render these messages raises TemplateError: the client's 400
     tmpl = engine.template if template is None else ChatTemplate(template, engine.tokenizer)
+    from localllm.generation.reasoning import think_kwargs
+
     kwargs: dict[str, Any] = {"tools": tools} if tools else {}
-    if think is not None:
-        kwargs["enable_thinking"] = think
+    # the callers pass None for a model that cannot think
+    kwargs.update(think_kwargs(think, True))
     text = tmpl.render(messages, add_generation_prompt=True, **kwargs)
     return encode_chat(engine.tokenizer, text), text
 
@@ -355,20 +367,20 @@ async def format_constraint(state: ServerState, fmt: Any, what: str = "format") 
         raise ApiError(400, f"invalid '{what}': {e}") from None
 
 
-THINK_LEVELS = ("low", "medium", "high")
+# Ollama's think levels (api.ThinkValue); for gpt-oss a reasoning effort ("max" is its
+# "high"), for a <think> model simply "on"
+THINK_LEVELS = ("low", "medium", "high", "max")
 
 
-def think_setting(body: Mapping[str, Any], can_think: bool, model: Any) -> bool | None:
+def think_setting(body: Mapping[str, Any], can_think: bool, model: Any) -> bool | str | None:
     """Ollama's `think` field against what the model can do: None for a model that cannot
     think (asking it to is a 400, as Ollama answers), else whether the reply's reasoning is
-    split out (absent: yes, Ollama's default for a thinking model). "low"/"medium"/"high"
-    (gpt-oss's levels) count as true."""
+    split out (absent: yes, Ollama's default for a thinking model), or the level asked for
+    ("low"/"medium"/"high"/"max": on, at that effort)."""
     v = get(body, "think", (bool, str))
-    if isinstance(v, str):
-        if v not in THINK_LEVELS:
-            raise ApiError(400, f"invalid think value: {json.dumps(v)} (must be \"high\", "
-                                "\"medium\", \"low\", true, or false)")
-        v = True
+    if isinstance(v, str) and v not in THINK_LEVELS:
+        raise ApiError(400, f"invalid think value: {json.dumps(v)} (must be \"high\", "
+                            "\"medium\", \"low\", \"max\", true, or false)")
     if not can_think:
         if v:
             raise ApiError(400, f"{json.dumps(model)} does not support thinking")
@@ -376,14 +388,42 @@ def think_setting(body: Mapping[str, Any], can_think: bool, model: Any) -> bool 
     return True if v is None else v
 
 
+def shown_tokens(engine: Engine, harmony: bool) -> frozenset[int]:
+    """The control tokens a reply must show for its parser (`Request.show_tokens`):
+    harmony's structure tokens for a gpt-oss reply, else none."""
+    from localllm.text.harmony import preserved_ids
+
+    return preserved_ids(engine.tokenizer) if harmony else frozenset()
+
+
+def harmony_answer_first(engine: Engine, ids: list[int], text: str, constraint: Any,
+                         harmony: bool) -> tuple[list[int], str]:
+    """A harmony prompt under a structured-output constraint opens the final channel
+    (localllm.text.harmony.open_final); anything else: the prompt unchanged."""
+    if constraint is None or not harmony:
+        return ids, text
+    from localllm.text.harmony import open_final
+
+    return open_final(engine.tokenizer, ids, text)
+
+
 class ThinkStream:
     """A reply's text pieces as (thinking, content) when `think` is on, else all content.
-    `prompt_text` (the rendered prompt) says whether the reply starts inside thinking."""
+    `prompt_text` (the rendered prompt) says whether the reply starts inside thinking.
+    A harmony reply (gpt-oss: `harmony`) is always parsed, whatever `think` says: its
+    channels are no text for a reader, and gpt-oss cannot stop thinking; its tool calls are
+    in `calls` after `finish()`."""
 
-    def __init__(self, think: bool | None, prompt_text: str) -> None:
-        from localllm.generation.reasoning import ThinkingSplitter, prompt_opens_thinking
+    def __init__(self, think: bool | str | None, prompt_text: str, harmony: bool = False) -> None:
+        from localllm.generation.reasoning import reply_splitter
 
-        self.splitter = ThinkingSplitter(prompt_opens_thinking(prompt_text)) if think else None
+        self.splitter: Any = reply_splitter(harmony, prompt_text) if harmony or think else None
+        self.harmony = self.splitter if harmony else None
+
+    @property
+    def calls(self) -> list[dict[str, Any]]:
+        """Tool calls the reply made in harmony's syntax (complete after `finish()`)."""
+        return self.harmony.calls if self.harmony is not None else []
 
     def push(self, piece: str) -> tuple[str, str]:
         return ("", piece) if self.splitter is None else self.splitter.push(piece)

@@ -26,7 +26,13 @@ import numpy as np
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
-from localllm.generation.embed import EmbedJob, encode_inputs, fit_context, l2_normalize
+from localllm.generation.embed import (
+    EmbedJob,
+    encode_inputs,
+    end_token,
+    fit_context,
+    l2_normalize,
+)
 from localllm.generation.scheduler import SchedulerClosedError
 from localllm.server.common import (
     ApiError,
@@ -50,7 +56,7 @@ async def run_embed(request: HttpRequest, state: ServerState,
         # tokenizing long texts takes a while: off the event loop
         ids = await asyncio.to_thread(encode_inputs, eng, inputs, truncate)  # type: ignore[arg-type]
     else:
-        eos = eng.tokenizer.eos_id if eng.tokenizer.add_eos else None
+        eos = end_token(eng)
         ids = [fit_context(list(t), eng.n_ctx, truncate, i, eos)  # type: ignore[arg-type]
                for i, t in enumerate(inputs)]
     job = EmbedJob(eng, ids, n_batch=state.scheduler.prefill_chunk)

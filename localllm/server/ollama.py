@@ -30,18 +30,22 @@ from localllm.server.common import (
     check_tools,
     format_constraint,
     get,
+    harmony_answer_first,
     ns,
     ollama_defaults,
     parse_options,
     raw_prompt,
     read_json,
     render_prompt,
+    require_generation,
     rfc3339,
+    shown_tokens,
     think_setting,
     tool_names,
     unsupported,
 )
 from localllm.text.chat_caps import model_capabilities, ollama_capabilities
+from localllm.text.harmony import is_harmony_template
 
 NDJSON = "application/x-ndjson"
 FAR_FUTURE = "2318-01-01T00:00:00Z"  # expires_at of a model that never unloads
@@ -54,9 +58,10 @@ def _metrics(ev: Event, t0: float) -> dict[str, Any]:
             "eval_count": st.eval_tokens, "eval_duration": ns(st.eval_s)}
 
 
-def _common(body: dict[str, Any], state: ServerState) -> tuple[str, Any, bool, bool | None]:
+def _common(body: dict[str, Any], state: ServerState
+            ) -> tuple[str, Any, bool, bool | str | None]:
     """(model, options, stream, think): think is None for a model that cannot think, else
-    whether its reasoning is split out (see `think_setting`)."""
+    whether its reasoning is split out, or the level asked for (see `think_setting`)."""
     model = state.resolve(body.get("model"))
     stream = get(body, "stream", bool, True)
     get(body, "keep_alive", (int, float, str))
@@ -68,14 +73,17 @@ def _common(body: dict[str, Any], state: ServerState) -> tuple[str, Any, bool, b
 
 
 def _request(state: ServerState, prompt: list[int], options: Any, truncate: bool,
-             constraint: Any = None) -> Request:
+             constraint: Any = None, harmony: bool = False) -> Request:
     o = parse_options(options, ollama_defaults(), state.engine.n_ctx)
     return Request(prompt, o.sampling, max_tokens=o.max_tokens, stop=o.stop, truncate=truncate,
-                   speculate=o.speculate, draft_max=o.draft_max, constraint=constraint)
+                   speculate=o.speculate, draft_max=o.draft_max, constraint=constraint,
+                   show_tokens=shown_tokens(state.engine, harmony))
 
 
 async def generate(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
+    state.resolve(body.get("model"))
+    require_generation(state, "generate")
     model, options, stream, think = _common(body, state)
     prompt = get(body, "prompt", str, "")
     system = get(body, "system", str)
@@ -90,20 +98,25 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
                              "done": True, "done_reason": "load"})
     eng = state.engine
     # Tokenizing a long prompt takes a while: off the event loop, which serves other streams.
+    # as Ollama: a raw prompt's reply is split only at <think> tags (when think is on), a
+    # templated one also by gpt-oss's harmony channels
+    harmony = not raw and (eng.template.caps.harmony if template is None
+                           else is_harmony_template(template))
     if raw:
         ids, text = await asyncio.to_thread(raw_prompt, eng, prompt), prompt
     else:
         msgs = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": prompt}]
         ids, text = await asyncio.to_thread(render_prompt, eng, msgs, template, None, think)
-    split = ThinkStream(think, text)
+    constraint = await format_constraint(state, body.get("format"))
+    ids, text = harmony_answer_first(eng, ids, text, constraint, harmony)
+    split = ThinkStream(think, text, harmony)
     if context:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in context):
             raise ApiError(400, "'context' must be an array of token ids")
         bos = eng.tokenizer.bos_id
         ids = list(context) + (ids[1:] if ids and ids[0] == bos else ids)
-    constraint = await format_constraint(state, body.get("format"))
-    req = _request(state, ids, options, truncate, constraint)
+    req = _request(state, ids, options, truncate, constraint, harmony)
     s = Stream(state, req)
 
     def final(ev: Event, text: str, thinking: str) -> dict[str, Any]:
@@ -143,6 +156,8 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
 
 async def chat(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
+    state.resolve(body.get("model"))
+    require_generation(state, "chat")
     model, options, stream, think = _common(body, state)
     messages = check_messages(body.get("messages", []))
     truncate = get(body, "truncate", bool, False)
@@ -153,11 +168,16 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
     tools = check_tools(body.get("tools"))
     ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages, None, tools,
                                                think)
-    split = ThinkStream(think, prompt_text)  # thinking first, then tool calls in the content
+    harmony = state.engine.template.caps.harmony
     constraint = await format_constraint(state, body.get("format"))
-    s = Stream(state, _request(state, ids, options, truncate, constraint))
+    ids, prompt_text = harmony_answer_first(state.engine, ids, prompt_text, constraint, harmony)
+    # thinking first, then tool calls in the content (a harmony reply has its own channel
+    # for calls: the splitter finds them)
+    split = ThinkStream(think, prompt_text, harmony)
+    s = Stream(state, _request(state, ids, options, truncate, constraint, harmony))
     # with tools, the reply is parsed for calls; a stream holds text back where one may start
-    calls_in = ToolStream(state.engine.template.caps, tool_names(tools)) if tools else None
+    calls_in = ToolStream(state.engine.template.caps, tool_names(tools)) \
+        if tools and not harmony else None
 
     def final(ev: Event, text: str, thinking: str = "",
               calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -173,7 +193,7 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
         text, ev = await s.collect(request)
         thinking, text = split.whole(text)
         if calls_in is None:
-            return JSONResponse(final(ev, text, thinking))
+            return JSONResponse(final(ev, text, thinking, split.calls))
         calls_in.push(text)
         calls_in.sent = 0  # nothing was shown: the whole content is still to send
         rest, calls = calls_in.end()
@@ -184,10 +204,9 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
             while True:
                 ev = await s.next()
                 if ev.done:
-                    calls: list[dict[str, Any]] = []
                     t1, c1 = split.push(ev.text)
                     t2, c2 = split.finish()
-                    text = c1 + c2
+                    text, calls = c1 + c2, split.calls
                     if calls_in is not None:
                         text = calls_in.push(text)
                         rest, calls = calls_in.end()

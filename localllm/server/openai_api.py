@@ -31,10 +31,13 @@ from localllm.server.common import (
     check_tools,
     format_constraint,
     get,
+    harmony_answer_first,
     parse_stop,
     raw_prompt,
     read_json,
     render_prompt,
+    require_generation,
+    shown_tokens,
     tool_names,
     unsupported,
 )
@@ -85,22 +88,48 @@ def _include_usage(body: dict[str, Any]) -> bool:
     return bool(get(so, "include_usage", bool, False))
 
 
-def _think(body: dict[str, Any], can_think: bool) -> tuple[bool | None, bool]:
-    """(the template's enable_thinking, whether reasoning_content is split out), as
-    llama-server does: a thinking model's reasoning goes to `reasoning_content` unless
-    `reasoning_format` is "none"; `chat_template_kwargs.enable_thinking` (llama-server) or
-    `reasoning_effort` "none" (Ollama's mapping) turns thinking off in the template."""
+# OpenAI's reasoning efforts as Ollama maps them onto its think levels
+# (openai.thinkFromReasoningEffort): past either end of Ollama's scale, the nearest level
+_EFFORTS: dict[str, bool | str] = {
+    "none": False, "minimal": "low", "low": "low", "medium": "medium", "high": "high",
+    "max": "max", "xhigh": "max", "ultra": "max"}
+
+
+def _think(body: dict[str, Any], can_think: bool) -> tuple[bool | str | None, bool]:
+    """(the template's enable_thinking or think level, whether reasoning_content is split
+    out), as llama-server does: a thinking model's reasoning goes to `reasoning_content`
+    unless `reasoning_format` is "none"; `chat_template_kwargs.enable_thinking`
+    (llama-server) turns thinking on or off in the template. `reasoning_effort` (or
+    `reasoning.effort`, or llama-server's `chat_template_kwargs.reasoning_effort`) is read
+    as Ollama reads it: "none" is off, a level is on at that effort (gpt-oss's
+    "Reasoning: ..."), anything else a 400, and so is any effort but "none" for a model
+    that cannot think."""
     kwargs = get(body, "chat_template_kwargs", dict, {})
-    enable = get(kwargs, "enable_thinking", bool, where="chat_template_kwargs.")
-    effort = get(body, "reasoning_effort", str)
-    if enable is None and effort is not None:
-        enable = effort != "none"
+    enable: bool | str | None = get(kwargs, "enable_thinking", bool,
+                                    where="chat_template_kwargs.")
+    # llama-server's way to set gpt-oss's effort: a template variable
+    effort = get(kwargs, "reasoning_effort", str, where="chat_template_kwargs.")
+    effort = get(body, "reasoning_effort", str, effort)
+    reasoning = get(body, "reasoning", dict)
+    if reasoning is not None:  # the Responses API's shape, which Ollama takes here too
+        effort = get(reasoning, "effort", str, effort, where="reasoning.")
+    level = None
+    if effort is not None:
+        if effort not in _EFFORTS:
+            raise ApiError(400, f"invalid reasoning value: {json.dumps(effort)} (must be "
+                                + ", ".join(f'"{e}"' for e in _EFFORTS if e != "none")
+                                + ', or "none")')
+        level = _EFFORTS[effort]
     fmt = get(body, "reasoning_format", str, "auto")
     if fmt not in ("auto", "deepseek", "deepseek-legacy", "none"):
         raise ApiError(400, "'reasoning_format' must be one of auto, deepseek, "
                             "deepseek-legacy, none")
     if not can_think:
+        if level:
+            raise ApiError(400, f"{json.dumps(body.get('model'))} does not support thinking")
         return None, False
+    if level is not None and (enable is None or (enable and isinstance(level, str))):
+        enable = level
     return enable, fmt != "none"
 
 
@@ -111,6 +140,7 @@ def _sse(obj: Any) -> bytes:
 async def chat_completions(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
     model = state.resolve(body.get("model"))
+    require_generation(state, "chat")
     messages = check_messages(body.get("messages"))
     if not messages:
         raise ApiError(400, "[] is too short - 'messages'")
@@ -120,28 +150,36 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
     tools = check_tools(body.get("tools"))
     if body.get("tool_choice") == "none":
         tools = []
-    enable_thinking, extract = _think(body, state.engine.template.caps.thinking)
+    caps = state.engine.template.caps
+    enable_thinking, extract = _think(body, caps.thinking)
     ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages, None, tools,
                                                enable_thinking)
-    split = ThinkStream(extract, prompt_text)
+    # a harmony reply (gpt-oss) is parsed into its channels unless reasoning_format is
+    # "none": then, as llama-server, it is all content, channels and all
+    harmony = caps.harmony and extract
     constraint = await _response_format(body, state)
-    s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop, constraint=constraint))
+    ids, prompt_text = harmony_answer_first(state.engine, ids, prompt_text, constraint,
+                                            caps.harmony)
+    split = ThinkStream(extract, prompt_text, harmony)
+    s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop, constraint=constraint,
+                              show_tokens=shown_tokens(state.engine, caps.harmony)))
     rid, created = f"chatcmpl-{s.handle.id}", int(time.time())
     head = {"id": rid, "created": created, "model": model, "system_fingerprint": FINGERPRINT}
-    calls_in = ToolStream(state.engine.template.caps, tool_names(tools)) if tools else None
+    calls_in = ToolStream(caps, tool_names(tools)) if tools and not harmony else None
     if not stream:
         text, ev = await s.collect(request)
         reasoning, text = split.whole(text)
         msg: dict[str, Any] = {"role": "assistant", "content": text}
         finish = ev.done_reason
+        rest, calls = text, split.calls
         if calls_in is not None:
             calls_in.push(text)
             calls_in.sent = 0  # nothing was shown: the whole content is still to send
             rest, calls = calls_in.end()
-            if calls:
-                msg = {"role": "assistant", "content": rest or None,
-                       "tool_calls": to_openai_tool_calls(calls)}
-                finish = "tool_calls"
+        if calls:
+            msg = {"role": "assistant", "content": rest or None,
+                   "tool_calls": to_openai_tool_calls(calls)}
+            finish = "tool_calls"
         if reasoning:
             msg["reasoning_content"] = reasoning
         return JSONResponse({**head, "object": "chat.completion", "choices": [
@@ -168,7 +206,7 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
                 if ev.done:
                     t1, c1 = split.push(ev.text)
                     t2, c2 = split.finish()
-                    reasoning, text, calls, finish = t1 + t2, c1 + c2, [], ev.done_reason
+                    reasoning, text, calls, finish = t1 + t2, c1 + c2, split.calls, ev.done_reason
                     if calls_in is not None:
                         text = calls_in.push(text)
                         rest, calls = calls_in.end()
@@ -202,6 +240,7 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
 async def completions(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
     model = state.resolve(body.get("model"))
+    require_generation(state, "completions")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]

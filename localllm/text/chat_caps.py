@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from localllm.text.harmony import is_harmony_template
+
 Messages = list[dict[str, Any]]
 RenderFn = Callable[..., str]  # (messages, add_generation_prompt, **context) -> text
 
@@ -41,6 +43,7 @@ class TemplateCaps:
     object_arguments: bool = True  # tool call arguments shown when given as a dict
     typed_content: bool = False  # contents must be [{"type": "text", "text": ...}]
     thinking: bool = False  # the template knows enable_thinking / reasoning_content / <think>
+    harmony: bool = False  # it writes gpt-oss's harmony channels (localllm.text.harmony)
     tool_call_format: str = "generic"  # which parser in localllm.text.tool_calls fits its output
 
     def to_dict(self) -> dict[str, Any]:
@@ -50,6 +53,9 @@ class TemplateCaps:
 # The names Ollama's /api/show "capabilities" uses (ollama types/model/capability.go) that a
 # GGUF decoder can have here; "chat" is localllm's own (`localllm show`), not Ollama's.
 OLLAMA_CAPABILITIES = ("completion", "tools", "thinking", "embedding")
+# Encoder architectures (models/bert.py ENCODER_ARCHS): embedding models whether or not the
+# file names a pooling (text/ sits beside models/, so the names are repeated here)
+ENCODER_ARCHS = ("bert", "nomic-bert")
 
 
 def model_capabilities(metadata: Mapping[str, Any], caps: TemplateCaps | None) -> list[str]:
@@ -58,7 +64,8 @@ def model_capabilities(metadata: Mapping[str, Any], caps: TemplateCaps | None) -
 
     caps: the probed chat template (None: the model has none). As Ollama decides it
     (server/images.go): a file that names its pooling (`{arch}.pooling_type`) is an
-    embedding model, "embedding" and not "completion"; any other is a decoder, "completion".
+    embedding model, "embedding" and not "completion", and so is an encoder architecture
+    (bert, nomic-bert: it cannot generate); any other is a decoder, "completion".
     A decoder with a chat template adds "chat", then "tools" when the template shows tool
     definitions or calls (those it cannot show are polyfilled into the system prompt, but that
     is not the model's trained format) and "thinking" when it knows a reasoning block.
@@ -66,7 +73,7 @@ def model_capabilities(metadata: Mapping[str, Any], caps: TemplateCaps | None) -
     it is not listed, because Ollama's client treats an "embedding" model as embedding-only.
     """
     arch = metadata.get("general.architecture")
-    if arch and f"{arch}.pooling_type" in metadata:
+    if arch and (f"{arch}.pooling_type" in metadata or arch in ENCODER_ARCHS):
         return ["embedding"]
     out = ["completion"]
     if caps is not None:
@@ -169,7 +176,10 @@ def probe(render: RenderFn, source: str) -> TemplateCaps:
     call_turn = with_call(args) if caps.tool_calls else [
         first_user, {"role": "assistant", "content": wrap("ok")}]
     caps.tool_responses = shows(_RESULT_NEEDLE, [*call_turn, result], tools=[_PROBE_TOOL])
-    caps.thinking = any(s in source for s in ("enable_thinking", "reasoning_content", "<think>"))
+    # a harmony template always thinks: its replies open in the analysis channel
+    caps.harmony = is_harmony_template(source)
+    caps.thinking = caps.harmony or any(
+        s in source for s in ("enable_thinking", "reasoning_content", "<think>"))
     caps.tool_call_format = _detect_format(source)
     return caps
 
@@ -223,6 +233,12 @@ def polyfill(messages: Sequence[Mapping[str, Any]], caps: TemplateCaps,
             out[0]["content"] = text_of(out[0].get("content")) + "\n\n" + text
         else:
             out.insert(0, {"role": "system", "content": text})
+
+    if caps.harmony:
+        # gpt-oss's templates read an earlier turn's reasoning from `thinking` (as
+        # llama.cpp copies it there from the APIs' reasoning_content)
+        out = [{**m, "thinking": m["reasoning_content"]} if m.get("reasoning_content")
+               and not m.get("thinking") else m for m in out]
 
     fixed: Messages = []
     pending_ids: list[str] = []  # ids of calls not yet answered, in order

@@ -30,6 +30,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from localllm.errors import LocalLLMError
 from localllm.text.chat_caps import TemplateCaps, missing_messages, polyfill, probe
+from localllm.text.harmony_template import HARMONY_TEMPLATE
 from localllm.text.tokenizer import Tokenizer
 
 
@@ -105,6 +106,7 @@ BUILTIN_TEMPLATES: dict[str, str] = {
     "chatml": _CHATML,
     "llama3": _LLAMA3,
     "llama2": _LLAMA2,
+    "harmony": HARMONY_TEMPLATE,  # gpt-oss (localllm/text/harmony_template.py)
 }
 
 
@@ -188,6 +190,8 @@ def pick_builtin(md: Mapping[str, Any], tokenizer: Tokenizer | None) -> str:
         return tokenizer is not None and all(tokenizer.token_to_id(t) is not None for t in texts)
 
     arch = str(md.get("general.architecture", "") or "").lower()
+    if has("<|start|>", "<|channel|>", "<|message|>", "<|end|>"):
+        return "harmony"  # gpt-oss's vocabulary: replies are written in channels
     if has("<start_of_turn>", "<end_of_turn>") or arch.startswith("gemma"):
         return "gemma"
     if has("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"):

@@ -10,7 +10,7 @@ the same text as ``Tokenizer.decode`` of all of them.
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Protocol
 
 
@@ -22,18 +22,23 @@ class StreamDetokenizer:
     """Turns a stream of token ids into text, one token at a time.
 
     ``skip_special`` drops control tokens (BOS, ``<end_of_turn>`` ...) like
-    ``Tokenizer.decode(ids, skip_special=True)``; user-defined tokens are always shown.
+    ``Tokenizer.decode(ids, skip_special=True)``; user-defined tokens are always shown, and so
+    are the control tokens in ``keep`` (the structure of a reply format a front end parses,
+    such as gpt-oss's ``<|channel|>``: llama.cpp's "preserved tokens").
     """
 
-    def __init__(self, tokenizer: _PieceSource, skip_special: bool = True) -> None:
+    def __init__(self, tokenizer: _PieceSource, skip_special: bool = True,
+                 keep: Collection[int] = ()) -> None:
         self.tokenizer = tokenizer
         self.skip_special = skip_special
+        self.keep = frozenset(keep)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._text_parts: list[str] = []
 
     def push(self, token_id: int) -> str:
         """Add one token; return the text that became complete (possibly "")."""
-        piece = self.tokenizer.token_to_piece(token_id, special=not self.skip_special)
+        piece = self.tokenizer.token_to_piece(
+            token_id, special=not self.skip_special or token_id in self.keep)
         text = self._decoder.decode(piece) if piece else ""
         if text:
             self._text_parts.append(text)

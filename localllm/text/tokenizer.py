@@ -9,6 +9,8 @@ which picks the class for ``tokenizer.ggml.model``:
 * ``"gpt2"`` -- byte-level BPE (Llama 3, Qwen 2, SmolLM, GPT-2 ...): ``BpeTokenizer`` in
   tokenizer_bpe.py, the HuggingFace ``tokenizers`` library with the pre-tokenizer regexes
   llama.cpp picks for ``tokenizer.ggml.pre``.
+* ``"bert"`` -- WordPiece (BERT, MiniLM, bge, nomic-embed ...): ``WpmTokenizer`` in
+  tokenizer_wpm.py, llama.cpp's ``llm_tokenizer_wpm``; [CLS] ... [SEP] (``add_sep``).
 
 Special tokens are split out of the raw text first, the way llama.cpp's
 ``tokenizer_st_partition`` does it: user-defined tokens always, control tokens only when
@@ -63,7 +65,7 @@ _TYPE_TO_ATTR = {
     TOKEN_TYPE_BYTE: ATTR_BYTE,
 }
 
-SUPPORTED_MODELS = ("llama", "gpt2")
+SUPPORTED_MODELS = ("llama", "gpt2", "bert")
 
 # Token texts llama.cpp recognises by name (llama-vocab.cpp, "auto-detect special tokens").
 _EOT_NAMES = (
@@ -123,8 +125,9 @@ def _tokenizer_class(model: Any) -> type[Tokenizer]:
     # imported here: both modules build on this one
     from localllm.text.tokenizer_bpe import BpeTokenizer
     from localllm.text.tokenizer_spm import SpmTokenizer
+    from localllm.text.tokenizer_wpm import WpmTokenizer
 
-    for klass in (SpmTokenizer, BpeTokenizer):
+    for klass in (SpmTokenizer, BpeTokenizer, WpmTokenizer):
         if model == klass.MODEL:
             return klass
     raise TokenizerError(
@@ -147,6 +150,9 @@ class Tokenizer(ABC):
     # (token text, rstrip) exceptions to that (see SpmTokenizer)
     RSTRIP_SPECIALS_ARCHS: frozenset[str] = frozenset()
     RSTRIP_OVERRIDES: tuple[tuple[str, bool], ...] = ()
+    # a separator appended after the text (and EOS) by encode(add_special=True): BERT's [SEP]
+    add_sep: bool = False
+    sep_id: int | None = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Tokenizer:
         if cls is Tokenizer:
@@ -257,6 +263,11 @@ class Tokenizer(ABC):
                 if tid is not None:
                     attrs[tid] = attrs[tid] | ATTR_RSTRIP if on else attrs[tid] & ~ATTR_RSTRIP
 
+    def _read_metadata(self, md: Mapping[str, Any]) -> None:
+        """Settings of this vocab type beyond the shared keys (from_metadata calls it once the
+        tokenizer is built); none by default."""
+        return None
+
     @abstractmethod
     def _encode_fragments(self, fragments: list[int | str], out: list[int]) -> None:
         """Append the ids of ``fragments`` (special-token ids and raw text) to ``out``."""
@@ -306,7 +317,7 @@ class Tokenizer(ABC):
         add_bos_md = _opt_bool(md, "tokenizer.ggml.add_bos_token")
         add_eos_md = _opt_bool(md, "tokenizer.ggml.add_eos_token")
         prefix_md = _opt_bool(md, "tokenizer.ggml.add_space_prefix")
-        return klass(
+        tok = klass(
             model=model,
             pre=pre,
             tokens=tokens,
@@ -328,6 +339,8 @@ class Tokenizer(ABC):
                               else prefix_md),
             architecture=_as_str(md.get("general.architecture", "") or ""),
         )
+        tok._read_metadata(md)
+        return tok
 
     def _find_end_tokens(
         self, eot: int | None, eom: int | None, fim: list[int | None]
@@ -457,6 +470,8 @@ class Tokenizer(ABC):
             self._encode_fragments(self._partition(text, parse_special), out)
         if add_special and self.add_eos:
             out.append(self.eos_id)  # type: ignore[arg-type]
+        if add_special and self.add_sep and self.sep_id is not None:
+            out.append(self.sep_id)
         return out
 
     def _partition(self, text: str, parse_special: bool) -> list[int | str]:
