@@ -84,6 +84,17 @@ CASES: dict[str, tuple[str, int, dict]] = {
     "llama-tq2_0": ("llama", 0, {"qtype": GGMLQuantizationType.TQ2_0}),
     "llama-iq1_s": ("llama", 0, {"qtype": GGMLQuantizationType.IQ1_S}),
     "llama-iq1_m": ("llama", 0, {"qtype": GGMLQuantizationType.IQ1_M}),
+    # gpt-oss: sinks, biases, YaRN, MoE with biases and swiglu_oai; window 8 on layers 0, 2.
+    # The second: three layers, window 5, 8 experts (4 per token, as gpt-oss-20b: 32 / 4),
+    # Q8_0 experts
+    "gpt-oss": ("gpt-oss", 0, {}),
+    "gpt-oss-3l-q8": ("gpt-oss", 1, {"n_layer": 3, "sliding_window": 5, "n_expert": 8,
+                                     "n_expert_used": 4,
+                                     "tensor_qtypes": {"ffn_gate_exps": 8, "ffn_up_exps": 8,
+                                                       "ffn_down_exps": 8}}),
+    # MXFP4 experts (type 39), as in the released gpt-oss files
+    "gpt-oss-mxfp4": ("gpt-oss", 2, {"tensor_qtypes": {"ffn_gate_exps": 39, "ffn_up_exps": 39,
+                                                       "ffn_down_exps": 39}}),
 }
 # The float64 reference (tests/reference_model.py) multiplies unquantized activations; with
 # quantized weights llama.cpp and localllm quantize them to 8 bits first, which on these

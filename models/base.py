@@ -76,6 +76,7 @@ ACTIVATIONS = {
     "silu": ops.silu_mul,
     "gelu_tanh": ops.gelu_tanh_mul,  # exact formula
     "gelu_tanh_ggml": ops.gelu_tanh_mul_ggml,  # llama.cpp's float16-table GELU
+    "swiglu_oai": ops.swiglu_oai_mul,  # gpt-oss: clamped, sigmoid(1.702 x), (up + 1)
 }
 
 
@@ -152,6 +153,7 @@ class LayerWeights:
     post_attn_norm: np.ndarray | None = None  # [D]
     post_ffn_norm: np.ndarray | None = None  # [D]
     moe: MoEWeights | None = None  # the FFN of an MoE layer (models/moe.py) instead of w_*
+    sinks: np.ndarray | None = None  # [H] float32 per-head attention sink logits (gpt-oss)
 
     def __post_init__(self) -> None:
         self.qkv = WeightGroup(self.wq, self.wk, self.wv)  # input: attention-normed x
@@ -378,7 +380,7 @@ class DecoderModel:
             key = (base, scale)
             if key not in tables:
                 tables[key] = ops.rope_tables(pos, base, scale, cfg.n_rot, freq_factors,
-                                              cfg.rope_attn_factor)
+                                              cfg.rope_attn_factor, cfg.rope_yarn)
             return tables[key]
 
 
@@ -417,7 +419,7 @@ class DecoderModel:
             else:
                 q_slot, q_pos = row_slot, pos
             kv.attend_rows(il, q_slot, q3, q_pos, cfg.layer_window[il], cfg.attn_scale,
-                           cfg.attn_softcap, attn)
+                           cfg.attn_softcap, attn, L.sinks)
             L.o_proj(attn.reshape(n, H * Dv), [o])
             if L.bo is not None:
                 o += L.bo

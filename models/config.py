@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localllm.errors import LocalLLMError
+from localllm.kernels.cpu.ops import Yarn
 
 
 class ModelError(LocalLLMError, ValueError):
@@ -29,6 +30,7 @@ class ModelConfig:
     rms_eps: float
     rope_base: float
     rope_freq_scale: float = 1.0  # 1 / linear scaling factor
+    rope_yarn: Yarn | None = None  # YaRN scaling (rope.scaling.type "yarn"), else None
     rope_neox: bool = True  # rotate (i, i + n_rot/2) pairs; False: adjacent pairs (llama GGUF)
     n_rot: int = 0  # rotated dims per head (0: all)
     # Per layer: attention window in positions (0 = full attention) and rope base.
@@ -138,14 +140,29 @@ def rope_freq_scale(mv: MetadataView) -> float:
     """llama.cpp reads `rope.scaling.type`/`factor` (or the older `rope.scale_linear`)."""
     kind = mv.get("rope.scaling.type", "none")
     factor = mv.float("rope.scaling.factor", 0.0)
-    if kind in ("linear",) and factor > 0:
+    if kind in ("linear", "yarn") and factor > 0:
         return 1.0 / factor
     legacy = mv.float("rope.scale_linear", 0.0)
     if legacy > 0:
         return 1.0 / legacy
-    if kind not in ("none", "linear", "llama3", ""):
-        raise ModelError(f"rope scaling type {kind!r} is not supported yet (supported: linear, llama3)")
+    if kind not in ("none", "linear", "llama3", "yarn", ""):
+        raise ModelError(f"rope scaling type {kind!r} is not supported yet "
+                         f"(supported: linear, llama3, yarn)")
     return 1.0
+
+
+def rope_yarn(mv: MetadataView) -> Yarn | None:
+    """YaRN's parameters as llama.cpp's context derives them (llama-context.cpp), for
+    rope.scaling.type "yarn"; None otherwise. The original context defaults to the training
+    context; the betas are llama.cpp's fixed 32 / 1."""
+    if mv.get("rope.scaling.type", "none") != "yarn":
+        return None
+    n_ctx_train = mv.int("context_length", 2048)
+    n_orig = mv.int("rope.scaling.original_context_length", n_ctx_train)
+    if n_orig <= 0:
+        raise ModelError(f"metadata key {mv.arch}.rope.scaling.original_context_length must be "
+                         f"positive, got {n_orig}")
+    return Yarn(n_ctx_orig=n_orig, attn_factor=mv.float("rope.scaling.attn_factor", 1.0))
 
 
 def base_config(md: dict[str, Any], arch: str, **overrides: Any) -> ModelConfig:
@@ -170,6 +187,7 @@ def base_config(md: dict[str, Any], arch: str, **overrides: Any) -> ModelConfig:
         rms_eps=mv.float("attention.layer_norm_rms_epsilon", 1e-5),
         rope_base=mv.float("rope.freq_base", 10000.0),
         rope_freq_scale=rope_freq_scale(mv),
+        rope_yarn=rope_yarn(mv),
         n_rot=mv.int("rope.dimension_count", head_dim),
     )
     kw.update(overrides)

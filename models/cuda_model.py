@@ -158,6 +158,10 @@ class CudaModel:
 
     def __init__(self, model: DecoderModel) -> None:
         cfg = model.cfg
+        if cfg.arch == "gpt-oss":
+            # its attention sinks and biased mixture-of-experts FFN have no GPU kernels
+            raise ModelError("gpt-oss models run on the CPU only for now (no CUDA kernels for "
+                             "attention sinks and its experts); use --device cpu")
         if any(L.moe is not None for L in model.layers):
             raise ModelError(f"{cfg.arch}: mixture-of-experts models run on the CPU only "
                              "for now (--device cpu)")
@@ -210,7 +214,7 @@ class CudaModel:
         factors = self.host.rope_factors(kv.n_ctx)  # LongRoPE: the set for this context
         for j, (base, scale) in enumerate(self.rope_keys):
             arrays[f"cos{j}"], arrays[f"sin{j}"] = ops.rope_tables(
-                pos, base, scale, cfg.n_rot, factors, cfg.rope_attn_factor)
+                pos, base, scale, cfg.n_rot, factors, cfg.rope_attn_factor, cfg.rope_yarn)
         return arrays
 
     # --- the forward pass -------------------------------------------------------------------

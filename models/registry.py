@@ -6,7 +6,18 @@ from collections.abc import Callable
 from typing import Any
 
 from localllm.formats import GGUFFile
-from localllm.models import bert, gemma2, gemma3, granite, llama, olmo2, phi3, qwen, smollm3
+from localllm.models import (
+    bert,
+    gemma2,
+    gemma3,
+    gpt_oss,
+    granite,
+    llama,
+    olmo2,
+    phi3,
+    qwen,
+    smollm3,
+)
 from localllm.models.base import DecoderModel
 from localllm.models.config import ModelConfig, ModelError
 
@@ -24,6 +35,7 @@ BUILDERS: dict[str, Callable[[GGUFFile], DecoderModel | bert.EncoderModel]] = {
     "nomic-bert": bert.build_nomic_bert,
     "phi3": phi3.build,
     "granite": granite.build,
+    "gpt-oss": gpt_oss.build,
 }
 # The configuration each builder reads (metadata only: no tensor is touched), for what a model
 # needs before it is loaded (`localllm show`). Same keys as BUILDERS.
@@ -40,6 +52,7 @@ CONFIGS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {
     "nomic-bert": bert.config_nomic_bert,
     "phi3": phi3.config,
     "granite": granite.config,
+    "gpt-oss": gpt_oss.config,
 }
 
 

@@ -5,7 +5,7 @@ sequence at positions 0..n-1, computed the obvious way: every weight dequantized
 `gguf.quants.dequantize` (the ground truth for the block formats) and every op written out in
 float64, one function per block. It follows llama.cpp's semantics (src/models/llama.cpp,
 qwen2.cpp, qwen3.cpp, qwen3moe.cpp, gemma2.cpp, gemma3.cpp, olmo2.cpp, smollm3.cpp, phi3.cpp,
-granite.cpp; MoE FFNs: src/llama-graph.cpp build_moe_ffn; hparams from
+granite.cpp, openai-moe.cpp; MoE FFNs: src/llama-graph.cpp build_moe_ffn; hparams from
 src/llama-model.cpp `load_hparams` and each
 model's `load_arch_hparams`); comments name the behaviour each step mirrors.
 
@@ -15,7 +15,7 @@ gguf.GGUFReader's ~20 s), dequantizes only the embedding rows a prompt needs, an
 262144-row tied output head in chunks so memory stays bounded.
 
 Not modelled (raise NotImplementedError): MoE beyond Mixtral / Qwen3-MoE (softmax gating,
-renormalised weights), YaRN rope scaling, per-layer SWA head sizes,
+renormalised weights) and gpt-oss, per-layer SWA head sizes,
 fused attn_qkv tensors outside phi3 (phi3's fused qkv and gate/up and its LongRoPE factors are). llama.cpp's CPU GELU uses an fp16 lookup table; the reference
 uses the exact tanh formula it approximates.
 """
@@ -33,7 +33,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3", "phi3",
-                   "granite", "qwen3moe")
+                   "granite", "qwen3moe", "gpt-oss")
 
 # ----------------------------------------------------------------------------------------------
 # GGUF file parsing (spec: ggml/docs/gguf.md; little-endian, versions 2 and 3)
@@ -190,6 +190,9 @@ class HParams:
     n_expert: int = 0  # MoE: experts per layer (0: dense FFN)
     n_expert_used: int = 0
     n_ff_exp: int = 0  # each expert's hidden width
+    # YaRN (rope.scaling.type "yarn"): (n_ctx_orig, beta_fast, beta_slow), else None
+    yarn: tuple[int, float, float] | None = None
+    attn_sinks: bool = False  # gpt-oss: a learned sink logit per head in the softmax
 
 
 def _meta(meta: dict[str, Any], key: str, default: Any = None, required: bool = False) -> Any:
@@ -217,8 +220,8 @@ def read_hparams(gguf: GGUFFile, n_ctx: int | None = None) -> HParams:
         raise NotImplementedError(f"reference model supports {SUPPORTED_ARCHS}, not {arch!r}")
     n_expert = int(_meta(meta, f"{arch}.expert_count", 0))
     n_expert_used = int(_meta(meta, f"{arch}.expert_used_count", 0))
-    if n_expert and arch not in ("llama", "qwen3moe"):
-        raise NotImplementedError("MoE is only modelled for llama (Mixtral) and qwen3moe")
+    if n_expert and arch not in ("llama", "qwen3moe", "gpt-oss"):
+        raise NotImplementedError("MoE is only modelled for llama (Mixtral), qwen3moe and gpt-oss")
     if arch == "qwen3moe" and not n_expert:
         raise ValueError("qwen3moe needs expert_count > 0")  # as llama.cpp
     if n_expert and not 0 < n_expert_used <= n_expert:
@@ -256,8 +259,15 @@ def read_hparams(gguf: GGUFFile, n_ctx: int | None = None) -> HParams:
     factor = float(_meta(meta, f"{arch}.rope.scaling.factor",
                          _meta(meta, f"{arch}.rope.scale_linear", 0.0)))
     rope_freq_scale = 1.0 if factor == 0.0 else 1.0 / factor
+    yarn = None
     if scaling_type == "none":
         rope_freq_scale = 1.0
+    elif scaling_type == "yarn":
+        # llama-context.cpp: ext_factor 1; n_ctx_orig_yarn from original_context_length
+        # (default: the training context); beta_fast / beta_slow: the fixed 32 / 1
+        n_ctx_train = int(_meta(meta, f"{arch}.context_length", required=True))
+        yarn = (int(_meta(meta, f"{arch}.rope.scaling.original_context_length", n_ctx_train)),
+                32.0, 1.0)
     elif scaling_type != "linear":
         raise NotImplementedError(f"rope scaling type {scaling_type!r} is not modelled")
     # with ext_factor 0 (no YaRN) ggml's rope multiplies cos and sin by attn_factor
@@ -273,7 +283,7 @@ def read_hparams(gguf: GGUFFile, n_ctx: int | None = None) -> HParams:
         rope_base=rope_base, rope_freq_scale=rope_freq_scale, rope_attn_factor=rope_attn_factor,
         kq_scale=1.0 / math.sqrt(head_dim_v if arch == "llama" else head_dim_k),
         q_scale=1.0, embd_scale=1.0, final_logit_softcap=0.0, attn_softcap=0.0, n_swa=0,
-        is_swa=[False] * n_layer, use_rope=[True] * n_layer,
+        is_swa=[False] * n_layer, use_rope=[True] * n_layer, yarn=yarn,
         n_expert=n_expert, n_expert_used=n_expert_used,
         # llama.cpp: Mixtral's experts are n_ff wide; qwen3moe reads
         # expert_feed_forward_length, else n_ff / n_expert_used
@@ -281,6 +291,8 @@ def read_hparams(gguf: GGUFFile, n_ctx: int | None = None) -> HParams:
                   int(_meta(meta, f"{arch}.expert_feed_forward_length", 0))
                   or n_ff[0] // max(n_expert_used, 1)),
     )
+    if arch == "gpt-oss":
+        _gpt_oss_hparams(meta, hp)
     if arch == "smollm3":
         # llama_model_smollm3: n_no_rope_layer_step = 4, fixed (no GGUF key); the graph skips
         # rope where (il + 1) % step == 0
@@ -310,6 +322,26 @@ def read_hparams(gguf: GGUFFile, n_ctx: int | None = None) -> HParams:
         hp.residual_scale = float(_meta(meta, "granite.residual_scale", 0.0)) or 1.0
         hp.logit_scale = float(_meta(meta, "granite.logit_scale", required=True))
     return hp
+
+
+def _gpt_oss_hparams(meta: dict[str, Any], hp: HParams) -> None:
+    """llama_model_openai_moe::load_arch_hparams + its graph's constants."""
+    # n_swa required; LLAMA_SWA_TYPE_STANDARD with load_swa_pattern(ml, 2): even layers slide
+    hp.n_swa = int(_meta(meta, "gpt-oss.attention.sliding_window", required=True))
+    pattern = _meta(meta, "gpt-oss.attention.sliding_window_pattern", 2)
+    if isinstance(pattern, list):
+        hp.is_swa = [bool(p) for p in pattern]
+    else:
+        n = int(pattern)
+        hp.is_swa = [n == 0 or il % n < n - 1 for il in range(hp.n_layer)]
+    # SWA layers: rope_freq_base_train_swa (default: the global base), the global scale
+    hp.rope_base_swa = float(_meta(meta, "gpt-oss.rope.freq_base_swa", hp.rope_base))
+    hp.rope_freq_scale_swa = hp.rope_freq_scale
+    hp.rope_neox = True  # LLAMA_ROPE_TYPE_NEOX
+    hp.kq_scale = 1.0 / math.sqrt(hp.n_rot)  # build_attn(..., 1/sqrt(n_rot))
+    hp.attn_sinks = True
+    if not hp.n_expert:
+        raise ValueError("gpt-oss needs expert_count > 0")  # as llama.cpp
 
 
 def _gemma2_hparams(meta: dict[str, Any], hp: HParams) -> None:
@@ -398,7 +430,8 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, freq_scale: float,
-         attn_factor: float, neox: bool, freq_factors: np.ndarray | None) -> np.ndarray:
+         attn_factor: float, neox: bool, freq_factors: np.ndarray | None,
+         yarn: tuple[int, float, float] | None = None) -> np.ndarray:
     """ggml_rope_ext with ext_factor = 0. x: [n_tokens, n_heads, head_dim].
 
     theta_i(p) = freq_scale * p * base^(-2i/n_rot) / freq_factors[i]  (ggml_rope_cache_init,
@@ -410,6 +443,22 @@ def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, freq_sca
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors
     theta = freq_scale * positions[:, None].astype(np.float64) * inv_freq[None, :]  # [n, half]
+    if yarn is not None:
+        # ggml rope_yarn, ext_factor 1: pair i's angle is ramp(i) of the way from the
+        # interpolated (scaled) angle to the extrapolated one, ramp falling from 1 to 0
+        # between the correction dims (ggml_rope_yarn_corr_dims); magnitude scaled by
+        # 1 + 0.1 ln(1 / freq_scale) (llama.cpp's context cancels get_mscale's own factor)
+        n_orig, beta_fast, beta_slow = yarn
+
+        def corr_dim(beta: float) -> float:
+            return n_rot * math.log(n_orig / (beta * 2 * math.pi)) / (2 * math.log(base))
+
+        lo = max(0.0, math.floor(corr_dim(beta_fast)))
+        hi = min(n_rot - 1.0, math.ceil(corr_dim(beta_slow)))
+        ramp = 1.0 - np.clip((np.arange(half) - lo) / max(0.001, hi - lo), 0.0, 1.0)
+        extrap = theta / freq_scale
+        theta = theta * (1.0 - ramp) + extrap * ramp
+        attn_factor = attn_factor * (1.0 + 0.1 * math.log(1.0 / freq_scale))
     cos = (np.cos(theta) * attn_factor)[:, None, :]  # [n, 1, half]
     sin = (np.sin(theta) * attn_factor)[:, None, :]
     out = x.copy()
@@ -449,6 +498,14 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """ggml_swiglu_oai with llama.cpp's alpha 1.702 and limit 7 (LLM_FFN_SWIGLU_OAI_MOE):
+    x = min(gate, 7), y = clamp(up, -7, 7); x * sigmoid(1.702 x) * (y + 1)."""
+    x = np.minimum(gate, 7.0)
+    y = np.clip(up, -7.0, 7.0)
+    return x / (1.0 + np.exp(-1.702 * x)) * (y + 1.0)
+
+
 # ----------------------------------------------------------------------------------------------
 # The model
 # ----------------------------------------------------------------------------------------------
@@ -469,6 +526,7 @@ _OPTIONAL = {
     "granite": ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
                 "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"),
     "qwen3moe": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+    "gpt-oss": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
 }
 _REQUIRED = {
     "llama": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
@@ -492,6 +550,13 @@ _REQUIRED = {
                 "ffn_gate", "ffn_up", "ffn_down"),
     "qwen3moe": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm",
                  "attn_output", "ffn_norm"),
+    # (plus the biases in _REQUIRED_BIASES)
+    "gpt-oss": ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_sinks",
+                "post_attention_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
+                "ffn_down_exps"),
+}
+_REQUIRED_BIASES = {
+    "gpt-oss": ("attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
 }
 # An MoE layer's FFN tensors (in place of ffn_gate/up/down)
 _MOE_TENSORS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -525,6 +590,7 @@ class ReferenceModel:
             required += _MOE_TENSORS
         for il in range(hp.n_layer):
             expected |= {f"blk.{il}.{t}.weight" for t in required}
+            expected |= {f"blk.{il}.{t}.bias" for t in _REQUIRED_BIASES.get(hp.arch, ())}
         missing = sorted(expected - names)
         if missing:
             raise ValueError(f"{self.gguf.path}: missing tensors {missing[:5]}")
@@ -601,14 +667,17 @@ class ReferenceModel:
                                   else "rope_factors_short.weight")
         pos = np.arange(n)
         if hp.use_rope[il]:  # smollm3's NoPE layers leave q and k as they are
-            q = rope(q, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors)
-            k = rope(k, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors)
+            q = rope(q, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors,
+                     hp.yarn)
+            k = rope(k, pos, hp.n_rot, base, scale, hp.rope_attn_factor, hp.rope_neox, factors,
+                     hp.yarn)
         q = q * hp.q_scale  # gemma2/3: ggml_scale(Qcur, f_attention_scale); 1 elsewhere
         # build_attn_mha: kq = K.Q per head; GQA broadcast maps query head h to kv head
         # h // (n_head / n_head_kv) (ggml_mul_mat broadcasting); masked softmax with scale
         visible = attention_mask(n, hp.n_swa if swa else 0)
         group = n_head // n_head_kv
         out = np.empty((n, n_head, v.shape[-1]))
+        sinks = self._w(p + "attn_sinks.weight") if hp.attn_sinks else None
         for h in range(n_head):
             kv = h // group
             scores = q[:, h, :] @ k[:, kv, :].T  # [n_q, n_k]
@@ -616,11 +685,46 @@ class ReferenceModel:
                 scores = hp.attn_softcap * np.tanh(scores / hp.attn_softcap)
             scores = scores * hp.kq_scale  # ggml_soft_max_ext's scale
             scores = np.where(visible, scores, -np.inf)
+            if sinks is not None:
+                # gpt-oss: ggml_soft_max_ext with sinks: one more logit per head (unscaled,
+                # unmasked) in the max and the denominator, with no value
+                m = np.maximum(scores.max(axis=-1, keepdims=True), sinks[h])
+                e = np.exp(scores - m)
+                out[:, h, :] = (e / (e.sum(-1, keepdims=True) + np.exp(sinks[h] - m))) @ v[:, kv, :]
+                continue
             out[:, h, :] = softmax(scores) @ v[:, kv, :]
         out = out.reshape(n, n_head * v.shape[-1])
         # wo, plus wo_b for llama only (qwen2/qwen3/gemma3 never load attn_output.bias)
         return self._linear(out, p + "attn_output.weight",
-                            p + "attn_output.bias" if hp.arch in ("llama", "granite") else None)
+                            p + "attn_output.bias" if hp.arch in ("llama", "granite", "gpt-oss") else None)
+
+    def moe(self, x: np.ndarray, il: int) -> np.ndarray:
+        """gpt-oss's build_moe_ffn (SOFTMAX_WEIGHT gating, SWIGLU_OAI_MOE, biases): router
+        logits (+ bias) -> the top n_expert_used experts by logit -> softmax over those
+        logits as the weights; each expert: down(swiglu_oai(gate(x) + bg, up(x) + bu)) + bd,
+        summed with the weights. x: [n, n_embd] -> [n, n_embd]."""
+        hp, p = self.hp, f"blk.{il}."
+        logits = self._linear(x, p + "ffn_gate_inp.weight", p + "ffn_gate_inp.bias")  # [n, E]
+        top = np.argsort(-logits, axis=1, kind="stable")[:, : hp.n_expert_used]  # [n, k]
+        sel = np.take_along_axis(logits, top, axis=1)
+        w = softmax(sel)  # [n, k]
+        experts = {}
+        for name in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            info = self.gguf.tensors[p + name + ".weight"]
+            mat = self.gguf.dequant(p + name + ".weight").reshape(
+                info.shape[2], info.shape[1], info.shape[0])  # [E, out, in]
+            bias = self.gguf.dequant(p + name + ".bias").reshape(info.shape[2], info.shape[1])
+            experts[name] = (mat, bias)
+        out = np.zeros_like(x)
+        for r in range(x.shape[0]):
+            for j in range(hp.n_expert_used):
+                e = top[r, j]
+                (wg, bg), (wu, bu), (wd, bd) = (
+                    (experts[n][0][e], experts[n][1][e])
+                    for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
+                act = swiglu_oai(wg @ x[r] + bg, wu @ x[r] + bu)
+                out[r] += w[r, j] * (wd @ act + bd)
+        return out
 
     def ffn(self, x: np.ndarray, il: int) -> np.ndarray:
         """build_ffn(LLM_FFN_PAR): down(act(gate(x)) * up(x)); act = SiLU, or tanh-GELU for
@@ -663,6 +767,12 @@ class ReferenceModel:
 
     def layer(self, x: np.ndarray, il: int) -> np.ndarray:
         hp, p = self.hp, f"blk.{il}."
+        if hp.arch == "gpt-oss":
+            # openai-moe.cpp: attn_norm -> attn -> residual; post_attention_norm -> MoE ->
+            # residual (the post-attention norm is the FFN's input norm; there is no ffn_norm)
+            x = x + self.attention(rms_norm(x, self._w(p + "attn_norm.weight"), hp.rms_eps), il)
+            return x + self.moe(rms_norm(x, self._w(p + "post_attention_norm.weight"),
+                                         hp.rms_eps), il)
         if hp.arch in ("gemma2", "gemma3"):
             # gemma2.cpp / gemma3.cpp: attn_norm -> attn -> post_attention_norm -> residual;
             # ffn_norm -> ffn -> post_ffw_norm -> residual

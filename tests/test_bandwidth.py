@@ -91,3 +91,18 @@ def test_bench_bandwidth_reports_decode_as_a_fraction_of_the_limit(tmp_path: Pat
     assert t["bytes_per_token"] > lim["weights_bytes_per_token"]  # plus the K/V it reads
     assert abs(t["limit_ts"] - bw / t["bytes_per_token"]) < 1e-6 * t["limit_ts"]
     assert abs(t["fraction"] - tg["mean_ts"] * t["bytes_per_token"] / bw) < 1e-9
+
+
+def test_decode_bytes_per_token_counts_the_active_experts(tmp_path: Path) -> None:
+    """An MoE token reads its expert_used_count experts of each layer (gpt-oss: 2 of 4 here,
+    4 of 32 in gpt-oss-20b), the router and the rest in full."""
+    path = tmp_path / "m.gguf"
+    q = GGMLQuantizationType.Q8_0
+    write_tiny_model(path, "gpt-oss", qtype=q)
+    gf = read_gguf(path)
+    full = sum(t.data.nbytes for n, t in gf.tensors.items()
+               if len(t.shape) >= 2 and n != "token_embd.weight")
+    experts = sum(t.data.nbytes for n, t in gf.tensors.items() if "_exps." in n)
+    assert experts > 0 and {"output.weight", "blk.0.ffn_down_exps.bias"} <= set(gf.tensors)
+    emb_row = gf.tensors["token_embd.weight"].data.nbytes // gf.tensors["token_embd.weight"].shape[0]
+    assert decode_bytes_per_token(gf) == full - experts + experts // 2 + emb_row

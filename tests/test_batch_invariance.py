@@ -224,3 +224,32 @@ def test_tiny_moe_logits_bit_identical_however_computed(tmp_path: Path, arch: st
         numba.set_num_threads(before)
     for name, got in ways.items():
         assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got - ref).max()}"
+
+
+def test_tiny_gpt_oss_logits_bit_identical_however_computed(tmp_path: Path) -> None:
+    """The same on a tiny gpt-oss (attention sinks, YaRN, alternating window 8, MoE with
+    biases): 150 tokens, so the full-attention layers' keys span two chunks of 128 and the
+    sinks go through the chunk merge too; one prefill, chunks of 1 and 7, decode, and next to
+    another sequence all give the same bits for the last 40 positions."""
+    from gguf import GGMLQuantizationType as QT
+    from tiny_models import write_tiny_model
+
+    path = tmp_path / "gpt-oss.gguf"
+    write_tiny_model(path, "gpt-oss", qtype=QT.Q8_0, seed=3)
+    e = Engine(path, n_ctx=256, n_slots=2, kv_type="f16")
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, e.cfg.n_vocab, 150).tolist()
+    other = rng.integers(3, e.cfg.n_vocab, 110).tolist()
+    ref = e.prefill(ids, logits="all").logits[-LAST:]
+    assert np.isfinite(ref).all()
+    e.kv.clear(0)
+    e.kv.clear(1)
+    mixed = []
+    for i in range(0, len(ids), 6):
+        step = Batch.concat([Batch.for_sequence(other[i:i + 4], i, 1, "all"),
+                             Batch.for_sequence(ids[i:i + 6], i, 0, "all")])
+        mixed.append(e.step(step)[len(other[i:i + 4]):])
+    ways = {"chunks of 1": _chunked(e, ids, 1), "chunks of 7": _chunked(e, ids, 7),
+            "decode": _decode(e, ids), "with another": np.concatenate(mixed)[-LAST:]}
+    for name, got in ways.items():
+        assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got - ref).max()}"

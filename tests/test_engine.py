@@ -20,7 +20,8 @@ from localllm.kv.cache import KVCache
 from localllm.models.config import ModelError
 from localllm.models.registry import load_model
 
-ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3", "phi3", "granite"]
+ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3", "phi3", "granite",
+         "gpt-oss"]
 
 
 def _tol(qtype: QT, ref: np.ndarray) -> float:
@@ -245,3 +246,62 @@ def test_gemma2_config_defaults_follow_llama_cpp() -> None:
                             "gemma2.attention.sliding_window_pattern": 3})
     assert c.attn_scale == pytest.approx(1 / math.sqrt(16))
     assert c.layer_window[:3] == [4096, 4096, 0] and c.layer_rope_base[:3] == [10.0, 10.0, 5000.0]
+
+
+@pytest.mark.parametrize("drop", ["blk.0.attn_sinks.weight", "blk.1.ffn_down_exps.bias",
+                                  "blk.0.ffn_gate_inp.bias", "output.weight"])
+def test_gpt_oss_missing_tensor_is_a_model_error(tmp_path, models: dict, drop: str) -> None:
+    """Sinks, the router's and experts' biases and the untied head are required (as in
+    llama.cpp's openai-moe loader): a file without one is a one-line ModelError."""
+    from gguf_files import write_gguf
+
+    gf = read_gguf(models["gpt-oss", QT.F32])
+    tensors = {name: (t.data.copy(), t.type, tuple(t.shape)) for name, t in gf.tensors.items()
+               if name != drop}
+    md = {k: v for k, v in gf.metadata.items() if not k.startswith(("GGUF.", "general.architecture"))}
+    p = tmp_path / "broken.gguf"
+    write_gguf(p, "gpt-oss", md, tensors)
+    with pytest.raises(ModelError, match=f"missing tensor '{drop}'"):
+        load_model(read_gguf(p))
+
+
+def test_gpt_oss_config_follows_llama_cpp() -> None:
+    """gpt-oss-20b's metadata: window 128 on the even layers (pattern 2), YaRN factor 32 over
+    4096 on every layer (sliding ones too), q.k scaled by 1/sqrt(n_rot), swiglu_oai; no
+    feed_forward_length needed (the experts' width serves)."""
+    import math
+
+    from localllm.models import gpt_oss
+
+    a = "gpt-oss"
+    md = {f"{a}.block_count": 24, f"{a}.embedding_length": 2880, f"{a}.context_length": 131072,
+          f"{a}.attention.head_count": 64, f"{a}.attention.head_count_kv": 8,
+          f"{a}.attention.key_length": 64, f"{a}.attention.value_length": 64,
+          f"{a}.attention.layer_norm_rms_epsilon": 1e-5, f"{a}.rope.freq_base": 150000.0,
+          f"{a}.attention.sliding_window": 128, f"{a}.expert_count": 32,
+          f"{a}.expert_used_count": 4, f"{a}.expert_feed_forward_length": 2880,
+          f"{a}.rope.scaling.type": "yarn", f"{a}.rope.scaling.factor": 32.0,
+          f"{a}.rope.scaling.original_context_length": 4096,
+          "tokenizer.ggml.tokens": ["a"] * 10}
+    c = gpt_oss.config(md)
+    assert c.layer_window == [128, 0] * 12 and c.n_ff == 2880
+    assert c.layer_rope_base == [150000.0] * 24 and c.layer_rope_scale == [1 / 32] * 24
+    assert c.rope_yarn is not None and c.rope_yarn.n_ctx_orig == 4096
+    assert (c.rope_yarn.beta_fast, c.rope_yarn.beta_slow, c.rope_yarn.ext_factor) == (32, 1, 1)
+    assert c.attn_scale == pytest.approx(1 / math.sqrt(64)) and c.rope_neox
+    assert c.activation == "swiglu_oai" and (c.head_dim * c.n_head) != c.n_embd
+    c = gpt_oss.config(md | {f"{a}.rope.freq_base_swa": 10.0,
+                             f"{a}.attention.sliding_window_pattern": [False, True] * 12})
+    assert c.layer_window[:2] == [0, 128] and c.layer_rope_base[:2] == [150000.0, 10.0]
+    with pytest.raises(ModelError, match="rope scaling type 'longrope'"):
+        gpt_oss.config(md | {f"{a}.rope.scaling.type": "longrope"})
+
+
+def test_gpt_oss_on_the_gpu_path_is_a_model_error(models: dict) -> None:
+    """The CUDA forward has no sinks or biased experts: a one-line ModelError before any GPU
+    work (so it holds on machines without CuPy too)."""
+    from localllm.models.cuda_model import CudaModel
+
+    m = load_model(read_gguf(models["gpt-oss", QT.F32]))
+    with pytest.raises(ModelError, match="gpt-oss models run on the CPU only"):
+        CudaModel(m)

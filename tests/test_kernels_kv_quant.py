@@ -385,3 +385,41 @@ def test_attention_argument_checks_and_strided_out() -> None:
         kq.attention("q8_0", "f32", q, ks, vs, q_pos, kv_pos[:5], 0, 0.25, 0.0, good)
     with pytest.raises(ValueError, match="unknown KV cache type"):
         kq.attention("bf16", "f32", q, ks, vs, q_pos, kv_pos, 0, 0.25, 0.0, good)
+
+
+def ref_attention_sinks(q, k, v, q_pos, kv_pos, window, scale, sinks) -> np.ndarray:
+    """float64 attention with one extra logit per query head (gpt-oss's attn_sinks): in the
+    softmax's max and denominator, with no value (llama.cpp's soft_max with sinks)."""
+    n, hq, _ = q.shape
+    g = hq // k.shape[1]
+    kh = np.repeat(k.astype(np.float64), g, axis=1)
+    vh = np.repeat(v.astype(np.float64), g, axis=1)
+    logits = np.einsum("nhd,thd->nht", q.astype(np.float64), kh) * scale
+    vis = (kv_pos[None, :] <= q_pos[:, None])
+    if window > 0:
+        vis &= q_pos[:, None] - kv_pos[None, :] < window
+    logits = np.where(vis[:, None, :], logits, -np.inf)
+    sink = np.broadcast_to(sinks.astype(np.float64)[None, :, None], (n, hq, 1))
+    m = np.maximum(logits.max(axis=-1, keepdims=True), sink)
+    p = np.exp(logits - m)
+    return np.einsum("nht,thd->nhd", p, vh) / (p.sum(-1, keepdims=True) + np.exp(sink - m))
+
+
+@pytest.mark.parametrize("window", [0, 40])
+@pytest.mark.parametrize("t", [45, 300])  # one chunk of keys; several (merged)
+def test_attention_sinks(window: int, t: int) -> None:
+    rng = np.random.default_rng(11)
+    q, k, v, q_pos, kv_pos = setup(rng, n=5, hq=4, hkv=2, t=t, q_scale=2.0)
+    # sinks around the logits' scale, one far above them (takes almost all the mass)
+    sinks = np.array([0.5, -2.0, 3.0, 40.0], dtype=np.float32)
+    ks, vs = make_cache("f32", k, kv_pos, t), make_cache("f32", v, kv_pos, t)
+    out = np.full((5, 4, 64), np.nan, dtype=np.float32)
+    kq.attention("f32", "f32", q, ks, vs, q_pos, kv_pos, window, 0.125, 0.0, out, sinks=sinks)
+    want = ref_attention_sinks(q, k, v, q_pos, kv_pos, window, 0.125, sinks)
+    np.testing.assert_allclose(out, want, rtol=0, atol=TIGHT)
+    plain = run("f32", "f32", q, ks, vs, q_pos, kv_pos, window, 0.125)
+    assert np.abs(plain - out).max() > 1e-2  # the sinks do change the result
+    assert np.abs(out[:, 3]).max() < 1e-6  # a dominant sink leaves ~nothing
+    with pytest.raises(ValueError, match="sinks"):
+        kq.attention("f32", "f32", q, ks, vs, q_pos, kv_pos, window, 0.125, 0.0, out,
+                     sinks=sinks[:3])

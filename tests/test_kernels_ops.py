@@ -189,6 +189,71 @@ def test_silu_mul() -> None:
     np.testing.assert_array_equal(res, [[0.0, 0.0, 0.0, 88.5, 0.0]])
 
 
+def test_swiglu_oai_mul() -> None:
+    """ggml_swiglu_oai: x = min(gate, 7), y = clamp(up, -7, 7), x sigmoid(1.702 x) (y + 1)."""
+    gate, up = _gate_inputs(6)
+    up[1:] *= 6.0  # reach past the +-7 clamp of up (gate's extremes in row 0 pass it)
+    x = np.minimum(gate.astype(np.float64), 7.0)
+    y = np.clip(up.astype(np.float64), -7.0, 7.0)
+    with np.errstate(over="ignore"):
+        ref = x / (1 + np.exp(-1.702 * x)) * (y + 1.0)
+    assert (gate > 7).any() and (np.abs(up) > 7).any() and np.isfinite(ref).all()
+    out = np.empty_like(gate)
+    ops.swiglu_oai_mul(gate, up, out)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    ops.swiglu_oai_mul(gate, up, up)  # in place into `up`
+    np.testing.assert_array_equal(up, out)
+    far = np.array([[-60.0, -1e30, 100.0, 0.0]], np.float32)
+    res = np.empty_like(far)
+    ops.swiglu_oai_mul(far, np.full_like(far, 9.0), res)
+    want = 7.0 / (1 + math.exp(-1.702 * 7.0)) * 8.0
+    np.testing.assert_allclose(res, [[0.0, 0.0, want, 0.0]], rtol=1e-6)
+
+
+def _rope_yarn_ggml(pos: int, n_rot: int, base: float, freq_scale: float, n_orig: int,
+                    attn_factor: float) -> tuple[np.ndarray, np.ndarray]:
+    """ggml_rope_cache_init + rope_yarn for one position, written out pair by pair as the C
+    code does (beta_fast 32, beta_slow 1, ext_factor 1)."""
+    def corr(beta: float) -> float:
+        return n_rot * math.log(n_orig / (beta * 2 * math.pi)) / (2 * math.log(base))
+    lo, hi = max(0.0, math.floor(corr(32.0))), min(n_rot - 1.0, math.ceil(corr(1.0)))
+    cos, sin = [], []
+    theta_extrap = float(pos)
+    for i0 in range(0, n_rot, 2):
+        y = (i0 // 2 - lo) / max(0.001, hi - lo)
+        ramp_mix = 1 - min(1.0, max(0.0, y))
+        theta = freq_scale * theta_extrap * (1 - ramp_mix) + theta_extrap * ramp_mix
+        mscale = attn_factor * (1.0 + 0.1 * math.log(1.0 / freq_scale))
+        cos.append(math.cos(theta) * mscale)
+        sin.append(math.sin(theta) * mscale)
+        theta_extrap *= base ** (-2.0 / n_rot)
+    return np.array(cos), np.array(sin)
+
+
+def test_rope_yarn_tables() -> None:
+    """YaRN (gpt-oss: factor 32 over an original context of 4096, base 150000, 64-dim heads):
+    the tables equal ggml's formula, the ramp leaves fast dims unscaled, scales slow ones."""
+    n_rot, base, factor, n_orig = 64, 150000.0, 32.0, 4096
+    pos = np.array([0, 1, 7, 1000, 100000], np.int64)
+    yarn = ops.Yarn(n_ctx_orig=n_orig, attn_factor=0.9)
+    cos, sin = ops.rope_tables(pos, base, 1.0 / factor, n_rot, None, yarn=yarn)
+    for r, p in enumerate(pos):
+        c, s = _rope_yarn_ggml(int(p), n_rot, base, 1.0 / factor, n_orig, 0.9)
+        np.testing.assert_allclose(cos[r], c, rtol=0, atol=2e-6)
+        np.testing.assert_allclose(sin[r], s, rtol=0, atol=2e-6)
+    lo, hi = ops.yarn_corr_dims(n_rot, n_orig, base, 32.0, 1.0)
+    assert 0 < lo < hi < n_rot // 2  # a real ramp inside the head
+    plain, _ = ops.rope_tables(pos, base, 1.0, n_rot)
+    linear, _ = ops.rope_tables(pos, base, 1.0 / factor, n_rot)
+    m = 0.9 * (1 + 0.1 * math.log(factor))
+    np.testing.assert_allclose(cos[:, 0], plain[:, 0] * m, atol=1e-5)  # extrapolated
+    np.testing.assert_allclose(cos[:, -1], linear[:, -1] * m, atol=1e-5)  # interpolated
+    # ext_factor 0: no ramp, only the attention factor (ggml's rope without YaRN)
+    off, _ = ops.rope_tables(pos, base, 1.0 / factor, n_rot, None,
+                             yarn=ops.Yarn(n_ctx_orig=n_orig, ext_factor=0.0, attn_factor=0.5))
+    np.testing.assert_allclose(off, linear * 0.5, atol=1e-6)
+
+
 def test_gated_errors() -> None:
     a = np.ones((2, 4), np.float32)
     with pytest.raises(ValueError, match="differ"):

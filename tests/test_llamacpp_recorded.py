@@ -57,7 +57,7 @@ def test_logits_and_greedy_match_recorded_llama_cpp(tmp_path: Path, record: Path
     recorded = np.array(r["logits"], dtype=np.float64)
     mine = logits[r["rows_from"]:]
     assert mine.shape == recorded.shape
-    quantized = r["overrides"].get("qtype", 0) != 0
+    quantized = r["overrides"].get("qtype", 0) != 0 or bool(r["overrides"].get("tensor_qtypes"))
     tol = PORTABLE_QUANT_TOL if quantized and kernel_path() == "portable" else LOGIT_TOL
     np.testing.assert_allclose(mine, recorded, atol=tol, rtol=0)
     assert (mine.argmax(1) == recorded.argmax(1)).all()

@@ -101,8 +101,9 @@ def test_tiny_model_metadata_and_tensor_types(tmp_path: Path, arch: str) -> None
     assert len(meta["tokenizer.ggml.token_type"]) == n_vocab
     g = GGUFFile(path)
     for name, info in g.tensors.items():
-        # vectors and MoE routers (ffn_gate_inp: llama-quantize keeps them F32) stay F32
-        f32 = len(info.shape) == 1 or "ffn_gate_inp" in name
+        # vectors, biases (gpt-oss's expert biases are 2-D) and MoE routers (ffn_gate_inp:
+        # llama-quantize keeps them F32) stay F32
+        f32 = len(info.shape) == 1 or "ffn_gate_inp" in name or name.endswith(".bias")
         assert info.qtype == (Q.F32 if f32 else Q.Q4_0), name
     assert g.tensors["token_embd.weight"].shape == (meta[f"{a}.embedding_length"], n_vocab)
     if arch in ("gemma2", "gemma3", "qwen3"):
@@ -259,7 +260,7 @@ def test_attention_mask_causal_and_sliding_window() -> None:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2",
-                                  "smollm3", "mixtral", "qwen3moe"])
+                                  "smollm3", "mixtral", "qwen3moe", "gpt-oss"])
 def test_reference_is_causal(tmp_path: Path, arch: str) -> None:
     path, meta = _model(tmp_path, arch)
     model = ReferenceModel(path)

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import tiny_models_gptoss as gptoss
 from gguf import (
     GGML_QUANT_SIZES,
     GGMLQuantizationType,
@@ -40,7 +41,8 @@ from tiny_models_kquants import K_QUANT_TYPES, quantize_k
 from localllm.text.tokenizer_bpe import bytes_to_unicode  # GPT-2 byte table
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3", "phi3",
-         "granite", "mixtral", "qwen3moe")
+         "granite", "mixtral", "qwen3moe",
+         "gpt-oss")
 
 # Types `gguf.quants.quantize` implements (checked against gguf 0.19) plus our K-quant encoders.
 _GGUF_QUANTIZABLE = frozenset(
@@ -330,6 +332,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                     n_expert_used=2),
     "qwen3moe": dict(n_layer=2, n_head=4, n_head_kv=2, tie_embeddings=False,
                      rope_freq_base=1e6, n_expert=8, n_expert_used=3, n_ff_exp=32),
+    # gpt-oss: sinks, biases, biased MoE, YaRN, alternating window (tiny_models_gptoss.py)
+    "gpt-oss": gptoss.DEFAULTS,
 }
 
 _COMMON_DEFAULTS: dict[str, Any] = dict(
@@ -347,7 +351,8 @@ _KQUANT_DIMS: dict[str, Any] = dict(n_embd=256, head_dim=64, n_ff=512)
 
 _ARCH_OF = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
             "gemma2": "gemma2", "gemma3": "gemma3", "olmo2": "olmo2", "smollm3": "smollm3",
-            "phi3": "phi3", "granite": "granite", "mixtral": "llama", "qwen3moe": "qwen3moe"}
+            "phi3": "phi3", "granite": "granite", "mixtral": "llama", "qwen3moe": "qwen3moe",
+            "gpt-oss": "gpt-oss"}
 
 
 def _config(arch: str, qtype: GGMLQuantizationType, overrides: Mapping[str, Any]) -> dict:
@@ -432,6 +437,8 @@ def _tensors(arch: str, cfg: dict, n_vocab: int, rng: np.random.Generator) -> di
     """Random float32 weights keyed by GGUF tensor name, shapes [out, in] (numpy order; GGUF
     stores ne = [in, out]). Norm weights are near 1: gemma's converter already folds the
     `1 + w` of Gemma's RMSNorm into the stored weight, so all archs just multiply."""
+    if arch == "gpt-oss":
+        return gptoss.tensors(cfg, n_vocab, rng)
     d, hd, ff = cfg["n_embd"], cfg["head_dim"], cfg["n_ff"]
     nq, nkv = cfg["n_head"] * hd, cfg["n_head_kv"] * hd
 
@@ -510,7 +517,7 @@ def _tensors(arch: str, cfg: dict, n_vocab: int, rng: np.random.Generator) -> di
 
 
 _MATRIX_NAMES = ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_qkv",
-                 "attn_output", "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_exps",
+                 "attn_output", "ffn_gate", "ffn_up", "ffn_down", "ffn_gate_inp", "ffn_gate_exps",
                  "ffn_up_exps", "ffn_down_exps")
 
 
@@ -559,7 +566,8 @@ def write_tiny_model(
     spm_style = {"gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3"}.get(arch, "llama")
     vocab = build_spm_vocab(spm_style) \
         if arch in ("llama", "mistral", "mixtral", "gemma2", "gemma3", "phi3") else \
-        build_bpe_vocab(pre={"olmo2": "dbrx", "smollm3": "llama-bpe"}.get(arch, "qwen2"))
+        build_bpe_vocab(pre={"olmo2": "dbrx", "smollm3": "llama-bpe",
+                              "gpt-oss": "gpt-4o"}.get(arch, "qwen2"))
     n_vocab = len(vocab["tokens"])
 
     tensors = _tensors(gguf_arch, cfg, n_vocab, np.random.default_rng(seed))
@@ -575,6 +583,9 @@ def write_tiny_model(
         for n in tensors:
             if _short_name(n) == short:
                 qtypes[n] = GGMLQuantizationType(t)
+    for n in tensors:
+        if n.endswith("_exps.bias"):  # 2-D expert biases stay F32 (llama.cpp adds them in F32)
+            qtypes[n] = GGMLQuantizationType.F32
     for name, t in qtypes.items():
         block = GGML_QUANT_SIZES[t][0]
         if tensors[name].shape[-1] % block != 0:
@@ -629,6 +640,8 @@ def write_tiny_model(
         meta[f"{a}.final_logit_softcapping"] = cfg["final_logit_softcapping"]
     if cfg["attn_logit_softcapping"] is not None:
         meta[f"{a}.attn_logit_softcapping"] = cfg["attn_logit_softcapping"]
+    if arch == "gpt-oss":
+        meta.update(gptoss.metadata(cfg))
     if cfg["rope_scaling_factor"] is not None:
         meta[f"{a}.rope.scaling.type"] = "linear"
         meta[f"{a}.rope.scaling.factor"] = cfg["rope_scaling_factor"]

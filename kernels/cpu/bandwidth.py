@@ -75,17 +75,18 @@ def decode_bytes_per_token(gf: GGUFFile, depth: int = 0, kv_bytes_per_token: int
     """Bytes one decode step reads: every matrix (2-D or more) except the token embedding,
     plus the embedding's one row, or all of it when it is also the output head (no
     `output.weight`), plus `depth` cached tokens of K/V at kv_bytes_per_token each. Of a
-    mixture-of-experts stack (`*_exps`, [E, R, C]) a token reads the experts it is routed
-    to: expert_used_count of expert_count (the active parameters)."""
+    mixture-of-experts stack (`*_exps`, [E, R, C], and gpt-oss's expert biases [E, R]) a token
+    reads the experts it is routed to: expert_used_count of expert_count (the active
+    parameters)."""
+    total = 0
+    emb = gf.tensors.get("token_embd.weight")
     arch = gf.metadata.get("general.architecture")
     n_exp = int(gf.metadata.get(f"{arch}.expert_count", 0) or 0)
     n_used = int(gf.metadata.get(f"{arch}.expert_used_count", 0) or 0)
-    total = 0
-    emb = gf.tensors.get("token_embd.weight")
-    for t in gf.tensors.values():
+    for name, t in gf.tensors.items():
         if t is emb or len(t.shape) < 2:
             continue
-        if n_exp and len(t.shape) == 3 and t.shape[0] == n_exp and "_exps" in t.name:
+        if n_exp and "_exps." in name and t.shape[0] == n_exp:
             total += t.data.nbytes // n_exp * min(n_used, n_exp)
         else:
             total += t.data.nbytes

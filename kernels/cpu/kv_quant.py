@@ -22,7 +22,9 @@ rounds Q to f16 for an f16 K cache and to q8_0 for a quantized one and takes int
 f32 dot is at least as accurate; V is accumulated in float32 too). The softmax is the streaming
 ("online") one of flash attention: one pass over the keys keeping a running max, denominator
 and weighted V sum per query head, rescaled at most once per key block; exp is a ~1 ulp
-polynomial so that a block's 32 exps vectorise.
+polynomial so that a block's 32 exps vectorise. A head may carry a learned sink logit
+(gpt-oss's attn_sinks): one more term of its softmax, taking mass and adding no value, folded
+in where a row's softmax is finished (_sink_norm), so the key loop is the same with or without.
 
 Storage is addressed through a block table (`attention_paged`): a sequence's position p lives
 at entry table[s, p // B] * B + p % B of one storage array shared by all sequences, so its
@@ -717,10 +719,24 @@ def _accumulate_row(pr, vb, acc, i: int) -> None:
 
 
 @njit(cache=True, inline="always")
-def _write_item(item, g: int, n_chunks: int, m, den, acc, dst) -> None:
+def _sink_norm(mx: np.float32, total: np.float32, sink: np.float32) -> np.float32:
+    """The factor that turns a (row, head)'s value sum, taken relative to its max logit mx
+    with denominator total, into its output when the softmax has one more logit, the head's
+    learned sink (gpt-oss's attn_sinks): it takes probability mass and adds no value, as
+    llama.cpp's soft_max with sinks (the max taken over the logits and the sink). A row
+    that sees no key (total 0) gets zeros, as without a sink."""
+    if not total > np.float32(0.0):
+        return np.float32(0.0)
+    top = max(mx, sink)
+    a = _expf(mx - top)
+    return a / (total * a + _expf(sink - top))
+
+
+@njit(cache=True, inline="always")
+def _write_item(item, g: int, n_chunks: int, m, den, acc, dst, sinks) -> None:
     """The item's (row, head) results: out = acc / den with one chunk, else its partial
     softmax (m, den, acc) into (part_m, part_l, part_acc) for the merge; dst: (out, part_m,
-    part_l, part_acc)."""
+    part_l, part_acc). sinks: [Hq] per-head sink logits, or empty (see _sink_norm)."""
     r0, nr, hk, c = item
     out, part_m, part_l, part_acc = dst
     dv = acc.shape[1]
@@ -730,7 +746,10 @@ def _write_item(item, g: int, n_chunks: int, m, den, acc, dst) -> None:
         if n_chunks == 1:
             # the merge with one chunk: exp(0) = 1 and 0 + acc * 1 = acc exactly, so writing
             # acc / den here gives its bits without a second parallel region
-            inv = np.float32(1.0) / den[i] if den[i] > np.float32(0.0) else np.float32(0.0)
+            if sinks.shape[0]:
+                inv = _sink_norm(m[i], den[i], sinks[h])
+            else:
+                inv = np.float32(1.0) / den[i] if den[i] > np.float32(0.0) else np.float32(0.0)
             for e in range(dv):
                 out[r, h, e] = acc[i, e] * inv
             continue
@@ -772,7 +791,7 @@ def _attention_item(
     vs,    # V storage [E, Hkv, Wv], likewise
     rows,  # (q_pos, row_slot): each row's position and the sequence whose keys it reads
     keys,  # (kv_pos, table, blk): where the keys live (see _attention_kernel)
-    opts,  # (window, scale, softcap)
+    opts,  # (window, scale, softcap, sinks [Hq] float32 or empty)
     work,  # (tiles, rows_per_tile, n_hkv, c_lo, n_chunks): how the call is cut into items
     dst,   # (out, part_m, part_l, part_acc): the results, and the partial ones of a call of
            # several chunks
@@ -780,7 +799,7 @@ def _attention_item(
 ) -> None:
     """Work item `it` of _attention_kernel: one tile of rows, one kv head, one chunk of keys."""
     q_pos, row_slot = rows
-    window, scale, softcap = opts
+    window, scale, softcap, sinks = opts
     tiles, rows_per_tile, n_hkv, c_lo, n_chunks = work
     m, den, acc, sc, pr, vis, kvis, ent, kb, vb = bufs
     g = q.shape[1] // n_hkv
@@ -803,13 +822,13 @@ def _attention_item(
         _decode_block(vs, hk, ent, kvis, vb)
         for i in range(ni):
             _accumulate_row(pr, vb, acc, i)
-    _write_item(item, g, n_chunks, m, den, acc, dst)
+    _write_item(item, g, n_chunks, m, den, acc, dst, sinks)
 
 
 @njit(cache=True, inline="always")
-def _merge_chunks(rh: int, n_chunks: int, part_m, part_l, part_acc, out) -> None:
+def _merge_chunks(rh: int, n_chunks: int, part_m, part_l, part_acc, out, sinks) -> None:
     """Flash-decoding merge of (row, head) pair rh's per-chunk partial softmaxes into out,
-    always in chunk order."""
+    always in chunk order (sinks: as _write_item's)."""
     n_hq, dv = out.shape[1], out.shape[2]
     r = rh // n_hq
     h = rh % n_hq
@@ -827,7 +846,7 @@ def _merge_chunks(rh: int, n_chunks: int, part_m, part_l, part_acc, out) -> None
                 total += part_l[c, r, h] * f
                 for e in range(dv):
                     out[r, h, e] += part_acc[c, r, h, e] * f
-        inv = np.float32(1.0) / total
+        inv = _sink_norm(mx, total, sinks[h]) if sinks.shape[0] else np.float32(1.0) / total
         for e in range(dv):
             out[r, h, e] *= inv
 
@@ -844,6 +863,7 @@ def _attention_kernel(
     table,     # [S, NB] int64: sequence s's logical block i is storage block table[s, i] (<0: none)
     blk: int,  # entries per block: position p of s at entry table[s, p // blk] * blk + p % blk
     window: int, scale: np.float32, softcap: np.float32,
+    sinks,     # [Hq] float32: each head's sink logit (gpt-oss), or [0]: no sinks
     out,       # [N, Hq, Dv] float32
     tiles,     # [n_tiles + 1] int64: row bounds of the tiles (one slot per tile)
     rows_per_tile: int, c_lo: int, n_chunks: int,
@@ -867,13 +887,13 @@ def _attention_kernel(
         # (prange's index is unsigned inside the parallel region: int64 keeps it to one
         # compiled signature of the item)
         _attention_item(np.int64(it), q, ks, vs, (q_pos, row_slot), (kv_pos, table, blk),
-                        (window, scale, softcap), (tiles, rows_per_tile, n_hkv, c_lo, n_chunks),
+                        (window, scale, softcap, sinks), (tiles, rows_per_tile, n_hkv, c_lo, n_chunks),
                         (out, part_m, part_l, part_acc),
                         _item_buffers(q, out, rows_per_tile, n_hkv))
     if n_chunks == 1:
         return
     for rh in prange(q.shape[0] * q.shape[1]):
-        _merge_chunks(rh, n_chunks, part_m, part_l, part_acc, out)
+        _merge_chunks(rh, n_chunks, part_m, part_l, part_acc, out, sinks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1024,6 +1044,7 @@ def attention(
     softcap: float,
     out: np.ndarray,  # [N, Hq, Dv] float32
     ring: bool = False,
+    sinks: np.ndarray | None = None,  # [Hq] float32: per-head sink logits (gpt-oss)
 ) -> None:
     """Causal (optionally sliding-window, soft-capped) GQA attention over a stored cache.
 
@@ -1032,7 +1053,8 @@ def attention(
 
     Key t is visible to query row i iff kv_pos[t] != EMPTY_POS, kv_pos[t] <= q_pos[i] and
     (window <= 0 or q_pos[i] - kv_pos[t] < window). Query head h reads kv head h // (Hq / Hkv).
-    A row that sees no key gets zeros.
+    A row that sees no key gets zeros. sinks: one more logit per query head in its softmax,
+    with no value (it only takes probability mass).
     """
     _kernel_view(k_type, k_store, "k_store")
     _kernel_view(v_type, v_store, "v_store")
@@ -1061,10 +1083,13 @@ def attention(
     if not ring:
         kv_pos, k_store, v_store = _canonical(kv_pos, k_store, v_store)
     n_ent = kv_pos.shape[0]
+    if n_ent == 0:  # an empty cache: no row sees a key (and the kernel's p % n_ent has no ring)
+        out[...] = 0.0
+        return
     _run(q, _kernel_view(k_type, k_store, "k_store"), _kernel_view(v_type, v_store, "v_store"),
          n_hkv, q_pos,
          np.zeros(n_rows, np.int64), kv_pos, _slot_table(1, n_ent, q_pos), n_ent, window,
-         scale, softcap, res)
+         scale, softcap, res, sinks)
     if not direct:
         out[...] = res
 
@@ -1234,26 +1259,44 @@ def attention_plan(n_hq: int, n_hkv: int, dv: int, q_pos: np.ndarray, row_seq: n
 
 def _execute(plan: AttentionPlan, q: np.ndarray, ks: np.ndarray, vs: np.ndarray,
              kv_pos: np.ndarray, table: np.ndarray, blk: int, scale: float, softcap: float,
-             res: np.ndarray) -> None:
-    """The kernel calls of a plan for one layer's q [N, Hq, Dh] into res [N, Hq, Dv]."""
+             res: np.ndarray, sinks: np.ndarray | None = None) -> None:
+    """The kernel calls of a plan for one layer's q [N, Hq, Dh] into res [N, Hq, Dv];
+    sinks: [Hq] float32 per-head sink logits, or None."""
     sc, cap = np.float32(scale), np.float32(softcap)
+    sinks = _sinks_arg(sinks, plan.n_hq)
     for a, b, tiles, part_m, part_l, part_acc in plan.calls:
         whole = a == 0 and b == plan.n_rows
         _attention_kernel(
             q if whole else q[a:b], ks, vs, plan.n_hkv,
             plan.q_pos if whole else plan.q_pos[a:b],
             plan.row_seq if whole else plan.row_seq[a:b], kv_pos, table, blk, plan.window,
-            sc, cap, res if whole else res[a:b], tiles, plan.rows_per_tile, plan.c_lo,
+            sc, cap, sinks, res if whole else res[a:b], tiles, plan.rows_per_tile, plan.c_lo,
             plan.n_chunks, part_m, part_l, part_acc,
         )
 
 
 def _run(q: np.ndarray, ks: np.ndarray, vs: np.ndarray, n_hkv: int,
          q_pos: np.ndarray, row_slot: np.ndarray, kv_pos: np.ndarray, table: np.ndarray,
-         blk: int, window: int, scale: float, softcap: float, res: np.ndarray) -> None:
+         blk: int, window: int, scale: float, softcap: float, res: np.ndarray,
+         sinks: np.ndarray | None = None) -> None:
     """Plan and run one call (attention_plan, then the kernel calls)."""
     plan = attention_plan(q.shape[1], n_hkv, res.shape[2], q_pos, row_slot, window)
-    _execute(plan, q, ks, vs, kv_pos, table, blk, scale, softcap, res)
+    _execute(plan, q, ks, vs, kv_pos, table, blk, scale, softcap, res, sinks)
+
+
+_NO_SINKS = np.zeros(0, dtype=np.float32)
+
+
+def _sinks_arg(sinks: np.ndarray | None, n_hq: int) -> np.ndarray:
+    """The kernel's sinks argument: [Hq] float32 C-contiguous, or the empty array for none."""
+    if sinks is None:
+        return _NO_SINKS
+    if not (isinstance(sinks, np.ndarray) and sinks.dtype == np.float32
+            and sinks.shape == (n_hq,) and sinks.flags.c_contiguous):
+        raise ValueError(f"sinks must be a C-contiguous float32 [{n_hq}] array (one per query "
+                         f"head), got {getattr(sinks, 'dtype', type(sinks))} "
+                         f"{getattr(sinks, 'shape', '')}")
+    return sinks
 
 
 class StorageViews(NamedTuple):
@@ -1272,7 +1315,7 @@ def storage_views(kv_type: str, arr: np.ndarray) -> StorageViews:
 
 def attention_planned(plan: AttentionPlan, q: np.ndarray, k: StorageViews, v: StorageViews,
                       kv_pos: np.ndarray, table: np.ndarray, block: int, scale: float,
-                      softcap: float, out: np.ndarray) -> None:
+                      softcap: float, out: np.ndarray, sinks: np.ndarray | None = None) -> None:
     """attention_paged for a plan's rows, checking only what changes per call: q [N, Hq, Dh]
     and out [N, Hq, Dv], float32 C-contiguous, against the plan and the views. The caller
     (KVCache, once per layer of a forward step) built the plan, the views and the table
@@ -1283,7 +1326,7 @@ def attention_planned(plan: AttentionPlan, q: np.ndarray, k: StorageViews, v: St
             or not (q.flags.c_contiguous and out.flags.c_contiguous)):
         raise ValueError(f"q {q.shape} / out {out.shape} do not fit this cache: C-contiguous "
                          f"float32 [{plan.n_rows}, {plan.n_hq}, {k.head_dim} / {v.head_dim}]")
-    _execute(plan, q, k.arr, v.arr, kv_pos, table, block, scale, softcap, out)
+    _execute(plan, q, k.arr, v.arr, kv_pos, table, block, scale, softcap, out, sinks)
 
 
 def store_planned(views: StorageViews, src: np.ndarray, idx: np.ndarray) -> None:

@@ -5,10 +5,11 @@ forward pass allocates nothing per token.  Semantics follow llama.cpp / ggml:
 
   rms_norm        ggml_rms_norm (sum of squares in float64) followed by the weight multiply
   rope_tables,    ggml_rope_ext, modes NORMAL (adjacent pairs) and NEOX (split halves), linear
-  rope_apply      frequency scaling and per-pair frequency factors; no YaRN / LongRoPE yet
+  rope_apply      frequency scaling, per-pair frequency factors and YaRN (rope_yarn); no LongRoPE
   gelu_tanh_mul   ggml_gelu (tanh approximation, computed exactly here: ggml's CPU path reads a
                   float16 lookup table, so it differs from this by up to ~1e-3 relative)
   silu_mul        ggml_silu * up
+  swiglu_oai_mul  ggml_swiglu_oai (gpt-oss): clamped gate * sigmoid(1.702 gate) * (clamped up + 1)
   hadamard_       the Walsh-Hadamard rotation of quantized KV caches
 
 Attention over the KV cache lives with the cache's storage types (kv_quant.py). Ops only the
@@ -23,6 +24,7 @@ logits (-inf) and overflowing exponentials must keep IEEE semantics.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit, prange
@@ -139,23 +141,64 @@ def rope_inv_freq(theta_base: float, n_rot: int,
     return inv
 
 
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN rope scaling, as llama.cpp runs it (rope.scaling.type "yarn"): the context's
+    ext_factor (1 for yarn files), the original training context (rope.scaling.
+    original_context_length), the correction betas (llama.cpp's fixed defaults 32 / 1; no
+    GGUF key sets them) and attn_factor, the cos/sin multiplier llama.cpp hands ggml_rope_ext
+    (its yarn_attn_factor: rope.scaling.attn_factor; the 1 + 0.1 ln(factor) of
+    get_mscale is cancelled there and applied in ggml's rope_yarn instead)."""
+
+    n_ctx_orig: int
+    ext_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attn_factor: float = 1.0
+
+
+def yarn_corr_dims(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float,
+                   beta_slow: float) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims: the rotary dims where YaRN's ramp from extrapolation
+    (fast-turning dims, kept) to interpolation (slow ones, scaled) starts and ends."""
+    def dim(beta: float) -> float:
+        return n_rot * math.log(n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(base))
+    return max(0.0, math.floor(dim(beta_fast))), min(n_rot - 1.0, math.ceil(dim(beta_slow)))
+
+
 def rope_tables(pos: np.ndarray, theta_base: float, freq_scale: float = 1.0,
                 n_rot: int = 0, freq_factors: np.ndarray | None = None,
-                attn_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+                attn_factor: float = 1.0, yarn: Yarn | None = None,
+                ) -> tuple[np.ndarray, np.ndarray]:
     """(cos, sin), each [N, n_rot/2] float32, of the rope angles for positions pos [N].
 
     attn_factor multiplies both (ggml's mscale with ext_factor 0: LongRoPE's attention
-    factor), so the rotated dims of q and k come out scaled by it and the rest do not."""
+    factor), so the rotated dims of q and k come out scaled by it and the rest do not.
+    yarn (ggml's rope_yarn with ext_factor != 0): pair i's angle mixes the extrapolated
+    angle (unscaled) and the interpolated one (times freq_scale) by ramp(i) * ext_factor,
+    ramp falling from 1 to 0 across yarn_corr_dims; cos and sin are multiplied by
+    attn_factor * yarn.attn_factor * (1 + 0.1 ln(1 / freq_scale))."""
     pos64 = np.asarray(pos)
     if pos64.ndim != 1 or not np.issubdtype(pos64.dtype, np.integer):
         raise ValueError(f"pos must be a 1-D integer array, got {pos64.dtype} {pos64.shape}")
     if n_rot <= 0 or n_rot % 2:
         raise ValueError(f"n_rot must be a positive even number, got {n_rot}")
     inv_freq = rope_inv_freq(theta_base, n_rot, freq_factors)  # [n_rot/2] float64
-    theta = (pos64.astype(np.float64) * float(freq_scale))[:, None] * inv_freq[None, :]
-    if attn_factor != 1.0:
-        return ((np.cos(theta) * attn_factor).astype(np.float32),
-                (np.sin(theta) * attn_factor).astype(np.float32))
+    if yarn is None or yarn.ext_factor == 0.0:
+        theta = (pos64.astype(np.float64) * float(freq_scale))[:, None] * inv_freq[None, :]
+        mscale = attn_factor * (1.0 if yarn is None else yarn.attn_factor)
+    else:
+        lo, hi = yarn_corr_dims(n_rot, yarn.n_ctx_orig, theta_base, yarn.beta_fast,
+                                yarn.beta_slow)
+        i = np.arange(n_rot // 2, dtype=np.float64)
+        mix = (1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)) * yarn.ext_factor
+        extrap = pos64.astype(np.float64)[:, None] * inv_freq[None, :]  # [N, n_rot/2]
+        theta = extrap * float(freq_scale) * (1.0 - mix) + extrap * mix
+        mscale = (attn_factor * yarn.attn_factor
+                  * (1.0 + 0.1 * math.log(1.0 / float(freq_scale))))
+    if mscale != 1.0:
+        return ((np.cos(theta) * mscale).astype(np.float32),
+                (np.sin(theta) * mscale).astype(np.float32))
     return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
 
 
@@ -228,6 +271,34 @@ def _silu_mul(g, u, o):
         # past x = -88, exp(-x) overflows float32: silu is 0 there (the polynomial clamps)
         s = x / (np.float32(1.0) + _expf(-x)) if x > np.float32(-88.0) else x * np.float32(0.0)
         o[i] = s * u[i]
+
+
+# gpt-oss's gate constants (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE: alpha and limit are fixed
+# there, not read from the file)
+SWIGLU_OAI_ALPHA = 1.702
+SWIGLU_OAI_LIMIT = 7.0
+
+
+@njit(cache=True, error_model="numpy")  # strict IEEE, as _silu_mul
+def _swiglu_oai_mul(g, u, o, alpha, limit):
+    """o = x sigmoid(alpha x) (y + 1), x = min(g, limit), y = clamp(u, -limit, limit), over
+    flat [n] f32 arrays (o may alias): ggml_swiglu_oai. Written like _silu_mul (its
+    polynomial exp, no fast-math) so it vectorises and an element's bits never depend on
+    its lane."""
+    for i in range(g.shape[0]):
+        x = min(g[i], limit)
+        y = min(max(u[i], -limit), limit)
+        ax = alpha * x
+        # past alpha x = -88 exp(-alpha x) overflows float32: the gate is 0 there
+        s = x / (np.float32(1.0) + _expf(-ax)) if ax > np.float32(-88.0) else x * np.float32(0.0)
+        o[i] = s * (y + np.float32(1.0))
+
+
+def swiglu_oai_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+    """out = swiglu_oai(gate, up) (gpt-oss's experts; see _swiglu_oai_mul). All [N, F] f32;
+    out may alias gate/up."""
+    _gated(lambda g, u, o: _swiglu_oai_mul(g, u, o, np.float32(SWIGLU_OAI_ALPHA),
+                                           np.float32(SWIGLU_OAI_LIMIT)), gate, up, out)
 
 
 def _gated(kernel, gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:

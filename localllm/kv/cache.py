@@ -575,9 +575,12 @@ class KVCache:
         scale: float,
         softcap: float,
         out: np.ndarray,  # [n, Hq, Dv] float32, C-contiguous
+        sinks: np.ndarray | None = None,  # [Hq] float32: per-head sink logits (gpt-oss)
     ) -> None:
         """`attend` for the rows of every sequence of a batch in one kernel call, through the
-        block tables; each row gets the bits it would get alone, wherever its blocks are."""
+        block tables; each row gets the bits it would get alone, wherever its blocks are.
+        sinks: one more logit in each head's softmax that takes probability mass and adds
+        no value (kv_quant._sink_norm)."""
         w = self._check_window(layer, window)
         if self.k_rot:
             q = np.array(q, copy=True)
@@ -603,7 +606,7 @@ class KVCache:
         kv, vv = self._layer_views(layer)
         kv_quant.attention_planned(plan, np.ascontiguousarray(q, dtype=np.float32), kv, vv,
                                    self.pools[w].pos, self.tables[w], self.block, scale,
-                                   softcap, out)
+                                   softcap, out, sinks)
         if self.v_rot:
             ops.hadamard_(out, self.v_rot)
 
