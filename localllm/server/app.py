@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -25,6 +26,7 @@ from starlette.routing import Route
 from localllm.errors import InvalidValueError, LocalLLMError, PromptTooLongError
 from localllm.server import embeddings, ollama, openai_api
 from localllm.server.common import ApiError, ClientGone, ServerState
+from localllm.server.security import ORIGINS_ENV, GuardMiddleware
 
 Handler = Callable[[HttpRequest, ServerState], Awaitable[Response]]
 
@@ -122,7 +124,8 @@ async def metrics(request: HttpRequest, state: ServerState) -> Response:
     return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
 
-def build_app(state: ServerState) -> Starlette:
+def build_app(state: ServerState, origins: list[str] | None = None) -> Starlette:
+    """The app; `origins`: browser origins allowed beyond the local ones (security.py)."""
     o, oa = ollama, openai_api
     table: list[tuple[str, Handler, list[str]]] = [
         ("/", o.root, ["GET"]),
@@ -155,7 +158,8 @@ def build_app(state: ServerState) -> Starlette:
             status, getattr(exc, "detail", "error"))
         return error_response(request.url.path.startswith("/v1/"), status, msg)
 
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error},
+                    middleware=[Middleware(GuardMiddleware, origins=origins)])
     app.state.localllm = state
     return app
 
@@ -176,6 +180,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill-chunk", type=int, default=None, help="most prompt rows per engine step (default: the batch size, 512)")
     p.add_argument("--name", default=None, help="the model's name over HTTP (default: from the file name)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--origins", action="append", default=None, metavar="LIST",
+                   help="browser origins allowed besides the local ones, comma-separated, "
+                        f"'*' a wildcard (also {ORIGINS_ENV}); others get 403")
     add_spec_opts(p, draft_model=False)  # n-gram drafting only: no draft model per server yet
     p.set_defaults(func=cmd_serve)
 
@@ -222,7 +229,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     print(f"localllm serve: {state.name} on http://{ns.host}:{ns.port} ({what})",
           file=sys.stderr)
     # uvicorn handles SIGINT/SIGTERM: it stops accepting and lets open responses finish.
-    uvicorn.run(build_app(state), host=ns.host, port=ns.port, log_level="warning",
+    uvicorn.run(build_app(state, ns.origins), host=ns.host, port=ns.port, log_level="warning",
                 timeout_graceful_shutdown=30)
     state.scheduler.close(drain=False, timeout=10)
     return 0

@@ -1,0 +1,85 @@
+"""The server's safety defaults on a tiny random-weight llama: browser origins and Host
+names it refuses (security.py) before any work is done, CORS for the ones it allows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from http_serving import serve_state
+from tiny_models import write_tiny_model
+
+from localllm.engine import Engine
+from localllm.generation.scheduler import Scheduler
+from localllm.server import ServerState
+from localllm.server.security import GuardMiddleware, local_host
+
+BODY = {"model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": 2}}
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ServerState]]:
+    path = tmp_path_factory.mktemp("srv") / "tiny.gguf"
+    write_tiny_model(path, "llama", seed=1)
+    engine = Engine(path, n_ctx=64, n_slots=2, n_batch=16, n_threads=1)
+    state = ServerState(engine, Scheduler(engine, max_queue=8), "tiny:latest")
+    state.scheduler.call(engine.warmup)
+    for url in serve_state(state):
+        yield url, state
+    state.scheduler.close(drain=False, timeout=30)
+
+
+def test_foreign_origin_is_refused_before_any_work(tiny_server) -> None:
+    url, state = tiny_server
+    before = state.scheduler.status()["requests"]
+    for path in ("/api/generate", "/v1/completions"):
+        r = httpx.post(url + path, json=BODY, headers={"Origin": "http://evil.example"})
+        assert r.status_code == 403, r.text
+        assert "not allowed" in str(r.json()["error"])
+    assert state.scheduler.status()["requests"] == before  # the engine never saw them
+    r = httpx.post(url + "/api/generate", json=BODY, headers={"Origin": "http://localhost:3000"})
+    assert r.status_code == 200 and r.json()["done"]
+    assert r.headers["access-control-allow-origin"] == "http://localhost:3000"
+    assert state.scheduler.status()["requests"] == before + 1
+    # no Origin at all: a client that is not a browser
+    assert httpx.get(url + "/api/version").status_code == 200
+
+
+def test_cors_preflight_only_for_allowed_origins(tiny_server) -> None:
+    url, _ = tiny_server
+    ask = {"Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "content-type,authorization"}
+    r = httpx.options(url + "/v1/chat/completions", headers={"Origin": "app://obsidian.md", **ask})
+    assert r.status_code == 204
+    assert r.headers["access-control-allow-origin"] == "app://obsidian.md"
+    assert "POST" in r.headers["access-control-allow-methods"]
+    assert r.headers["access-control-allow-headers"] == "content-type,authorization"
+    r = httpx.options(url + "/v1/chat/completions", headers={"Origin": "https://evil.example", **ask})
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+
+
+def test_dns_rebinding_host_is_refused_on_loopback(tiny_server) -> None:
+    url, _ = tiny_server
+    port = url.rsplit(":", 1)[1]
+    r = httpx.get(url + "/api/version", headers={"Host": f"evil.example:{port}"})
+    assert r.status_code == 403 and "Host" in r.json()["error"]
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "box.local"):
+        assert httpx.get(url + "/api/version", headers={"Host": host}).status_code == 200, host
+
+
+def test_origin_and_host_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALLLM_ORIGINS", "https://chat.example.org")
+    g = GuardMiddleware(lambda *a: None, origins=["https://*.mycorp.com"])  # type: ignore[arg-type]
+    for ok in ("http://localhost", "https://127.0.0.1:8443", "http://[::1]:5173",
+               "file://", "tauri://localhost", "https://chat.example.org", "https://a.mycorp.com"):
+        assert g.origin_allowed(ok), ok
+    for bad in ("http://evil.example", "http://localhost.evil.example", "null",
+                "https://chat.example.org.evil", "http://127.0.0.1.nip.io"):
+        assert not g.origin_allowed(bad), bad
+    for ok in ("localhost", "LOCALHOST:11434", "127.0.0.1:1", "[::1]:80", "10.0.0.5",
+               "192.168.1.2:11434", "0.0.0.0", "a.localhost", "pc.local", "x.internal",
+               "mybox:80"):
+        assert local_host(ok, hostname="mybox"), ok
+    for bad in ("evil.example", "8.8.8.8", "localhost.evil.example:80", "1.2.3.4:11434"):
+        assert not local_host(bad, hostname="mybox"), bad
