@@ -153,7 +153,9 @@ async def read_json(request: HttpRequest, limit: int) -> dict[str, Any]:
         raise ApiError(400, "invalid JSON in the request body: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    return data
+    from localllm.server.inputs import scrub_surrogates
+
+    return scrub_surrogates(data)
 
 
 def _no_constant(name: str) -> Any:
