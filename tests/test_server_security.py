@@ -13,6 +13,7 @@ from tiny_models import write_tiny_model
 from localllm.engine import Engine
 from localllm.generation.scheduler import Scheduler
 from localllm.server import ServerState
+from localllm.server.limits import Limits, TimeoutMiddleware
 from localllm.server.security import GuardMiddleware, local_host
 
 BODY = {"model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": 2}}
@@ -83,3 +84,78 @@ def test_origin_and_host_rules(monkeypatch: pytest.MonkeyPatch) -> None:
         assert local_host(ok, hostname="mybox"), ok
     for bad in ("evil.example", "8.8.8.8", "localhost.evil.example:80", "1.2.3.4:11434"):
         assert not local_host(bad, hostname="mybox"), bad
+
+
+def test_per_request_caps_are_400s(tiny_server) -> None:
+    url, state = tiny_server
+    before, state.limits = state.limits, Limits(messages=3, tools=2, stop=2, stop_chars=10,
+                                                inputs=2, input_tokens=5)
+    msg = {"role": "user", "content": "hi"}
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    try:
+        cases = [
+            ("/api/chat", {"messages": [msg] * 4}, "too many messages: 4"),
+            ("/v1/chat/completions", {"messages": [msg], "tools": [tool] * 3}, "too many tools: 3"),
+            ("/api/generate", {"prompt": "x", "options": {"stop": ["a", "b", "c"]}},
+             "too many stop strings: 3"),
+            ("/v1/completions", {"prompt": "x", "stop": ["0123456789", "x"]},
+             "too many characters in the stop strings: 11"),
+            ("/api/embed", {"input": ["a", "b", "c"]}, "too many embedding inputs: 3"),
+            ("/v1/embeddings", {"input": [[5, 6, 7], [8, 9, 10]]},
+             "too many tokens in the embedding inputs: 6"),
+        ]
+        for path, body, want in cases:
+            r = httpx.post(url + path, json={"model": "tiny", "stream": False, **body})
+            assert r.status_code == 400 and want in r.text, (path, r.status_code, r.text)
+        # at the caps: served
+        r = httpx.post(url + "/api/chat", json={"model": "tiny", "stream": False,
+                                                "messages": [msg] * 3,
+                                                "options": {"num_predict": 2, "stop": ["a", "b"]}})
+        assert r.status_code == 200, r.text
+    finally:
+        state.limits = before
+    old_body, state.body_limit = state.body_limit, 100
+    try:
+        r = httpx.post(url + "/api/generate", json={"model": "tiny", "prompt": "x" * 200})
+        assert r.status_code == 413
+    finally:
+        state.body_limit = old_body
+
+
+def test_extreme_sampling_options_are_served(tiny_server) -> None:
+    url, _ = tiny_server
+    for opts in ({"temperature": 1e-300}, {"repeat_penalty": 1e300, "temperature": 1},
+                 {"frequency_penalty": -1e300, "presence_penalty": 1e300}):
+        r = httpx.post(url + "/api/generate", json={**BODY, "options": {"num_predict": 4, **opts}})
+        assert r.status_code in (200, 400), (opts, r.text)  # served, or refused as invalid
+
+
+def test_request_timeout_answers_408_and_cuts_a_stream() -> None:
+    import asyncio
+
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    async def slow(request):
+        await asyncio.sleep(5)
+        return JSONResponse({})
+
+    async def stream(request):
+        async def gen():
+            yield b"first\n"
+            await asyncio.sleep(5)
+            yield b"never\n"
+        return StreamingResponse(gen())
+
+    app = TimeoutMiddleware(Starlette(routes=[Route("/slow", slow), Route("/v1/stream", stream)]),
+                            seconds=0.3)
+
+    async def run() -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://localhost") as c:
+            return await c.get("/slow"), await c.get("/v1/stream")
+
+    slow_r, stream_r = asyncio.run(run())
+    assert slow_r.status_code == 408 and "--request-timeout" in slow_r.json()["error"]
+    assert stream_r.status_code == 200 and stream_r.text == "first\n"

@@ -63,10 +63,12 @@ def apply_penalties(
         return
     n = np.array([counts[int(i)] for i in ids], dtype=np.float32)
     vals = logits[ids]
-    if repeat_penalty != 1.0:
-        vals = np.where(vals > 0, vals / repeat_penalty, vals * repeat_penalty)
-    vals = vals - n * frequency_penalty - presence_penalty
-    logits[ids] = vals.astype(np.float32)
+    # huge penalties overflow to +-inf (or NaN): the draw copes (_probs), no warning needed
+    with np.errstate(over="ignore", invalid="ignore"):
+        if repeat_penalty != 1.0:
+            vals = np.where(vals > 0, vals / repeat_penalty, vals * repeat_penalty)
+        vals = vals - n * frequency_penalty - presence_penalty
+        logits[ids] = vals.astype(np.float32)
 
 
 _FLOAT_MAX_LOG = 88.7228391  # log(float32 max): llama.cpp clamps DRY's exponent below it
@@ -312,7 +314,7 @@ def _xtc(c: SamplerConfig, ctx: StageContext) -> CandidateStage | None:
 
 def _temperature(c: SamplerConfig, ctx: StageContext) -> CandidateStage:
     def temperature(ids: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", divide="ignore"):  # 1e-300 is 0 in float32
             y = x / c.temperature
         if not np.all(np.isfinite(y)) and np.all(np.isfinite(x)):
             # a tiny temperature (1e-30) overflowed float32: float64 keeps the order;

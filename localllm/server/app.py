@@ -26,6 +26,7 @@ from starlette.routing import Route
 from localllm.errors import InvalidValueError, LocalLLMError, PromptTooLongError
 from localllm.server import embeddings, ollama, openai_api
 from localllm.server.common import ApiError, ClientGone, ServerState
+from localllm.server.limits import TimeoutMiddleware, add_limit_opts, limits_from_args
 from localllm.server.security import ORIGINS_ENV, GuardMiddleware
 
 Handler = Callable[[HttpRequest, ServerState], Awaitable[Response]]
@@ -159,7 +160,8 @@ def build_app(state: ServerState, origins: list[str] | None = None) -> Starlette
         return error_response(request.url.path.startswith("/v1/"), status, msg)
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error},
-                    middleware=[Middleware(GuardMiddleware, origins=origins)])
+                    middleware=[Middleware(GuardMiddleware, origins=origins),
+                                Middleware(TimeoutMiddleware, seconds=state.limits.timeout)])
     app.state.localllm = state
     return app
 
@@ -183,6 +185,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--origins", action="append", default=None, metavar="LIST",
                    help="browser origins allowed besides the local ones, comma-separated, "
                         f"'*' a wildcard (also {ORIGINS_ENV}); others get 403")
+    add_limit_opts(p)
     add_spec_opts(p, draft_model=False)  # n-gram drafting only: no draft model per server yet
     p.set_defaults(func=cmd_serve)
 
@@ -200,6 +203,7 @@ def make_state(ns: argparse.Namespace) -> ServerState:
         raise InvalidValueError(f"--parallel must be at least 1, got {ns.parallel}")
     if ns.max_queue < 0:
         raise InvalidValueError(f"--max-queue must be >= 0, got {ns.max_queue}")
+    limits = limits_from_args(ns)  # before the model loads: a bad flag fails at once
     path = Path(resolve_model(ns.model))
     spec = spec_options(ns)
     engine = Engine(path, n_slots=ns.parallel, **engine_options(ns))
@@ -208,7 +212,8 @@ def make_state(ns: argparse.Namespace) -> ServerState:
     name = ns.name or default_name(path)
     if ":" not in name:
         name += ":latest"
-    return ServerState(engine, sched, name, api_key=ns.api_key)
+    return ServerState(engine, sched, name, api_key=ns.api_key, body_limit=limits.body_bytes,
+                       limits=limits)
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from localllm.generation.scheduler import (
     Scheduler,
     SchedulerClosedError,
 )
+from localllm.server.limits import Limits, check_body
 
 if TYPE_CHECKING:
     from localllm.engine import Engine
@@ -58,6 +59,7 @@ class ServerState:
     name: str  # the model's name over HTTP, e.g. "smollm2-135m-instruct:latest"
     api_key: str | None = None
     body_limit: int = DEFAULT_BODY_LIMIT
+    limits: Limits = field(default_factory=Limits)  # per-request caps (limits.py)
     loaded_at: float = field(default_factory=time.time)
     _digest: str | None = None
 
@@ -155,6 +157,8 @@ async def read_json(request: HttpRequest, limit: int) -> dict[str, Any]:
         raise ApiError(400, "the request body must be a JSON object")
     from localllm.server.inputs import scrub_surrogates
 
+    state = getattr(request.app.state, "localllm", None) if "app" in request.scope else None
+    check_body(data, state.limits if state is not None else Limits())
     return scrub_surrogates(data)
 
 
