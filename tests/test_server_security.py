@@ -159,3 +159,23 @@ def test_request_timeout_answers_408_and_cuts_a_stream() -> None:
     slow_r, stream_r = asyncio.run(run())
     assert slow_r.status_code == 408 and "--request-timeout" in slow_r.json()["error"]
     assert stream_r.status_code == 200 and stream_r.text == "first\n"
+
+
+def test_client_leaving_mid_body_is_one_log_line(tiny_server, capfd: pytest.CaptureFixture) -> None:
+    import socket
+    import time
+
+    url, _ = tiny_server
+    host, port = url.removeprefix("http://").split(":")
+    capfd.readouterr()
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"POST /api/generate HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: 1000\r\n\r\n{\"model\": \"ti")
+        time.sleep(0.2)
+    err = ""
+    for _ in range(100):  # polls for the log line, not a timing assertion
+        err += capfd.readouterr().err
+        if "client left" in err:
+            break
+        time.sleep(0.05)
+    assert "client left while sending /api/generate" in err and "Traceback" not in err, err

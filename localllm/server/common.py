@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
 from localllm.generation.generate import Event
@@ -141,10 +143,15 @@ async def read_json(request: HttpRequest, limit: int) -> dict[str, Any]:
     if size is not None and size.isdigit() and int(size) > limit:
         raise ApiError(413, f"request body is larger than {limit} bytes")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"request body is larger than {limit} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, f"request body is larger than {limit} bytes")
+    except ClientDisconnect:  # gone mid-body: one line in the log, not a traceback
+        print(f"localllm serve: client left while sending {request.url.path} "
+              f"({len(body)} bytes received)", file=sys.stderr)
+        raise ClientGone() from None
     if not body.strip():
         raise ApiError(400, "missing request body")
     try:
