@@ -179,3 +179,26 @@ def test_client_leaving_mid_body_is_one_log_line(tiny_server, capfd: pytest.Capt
             break
         time.sleep(0.05)
     assert "client left while sending /api/generate" in err and "Traceback" not in err, err
+
+
+def test_serve_flags_reach_uvicorn_and_bad_ones_are_one_line() -> None:
+    import argparse
+
+    import uvicorn
+
+    from localllm.errors import InvalidValueError
+    from localllm.server.app import add_parsers
+    from localllm.server.limits import limits_from_args, uvicorn_options
+
+    parser = argparse.ArgumentParser()
+    add_parsers(parser.add_subparsers())
+    ns = parser.parse_args(["serve", "--max-connections", "7", "--keep-alive-timeout", "2",
+                            "--max-stop", "3", "--request-timeout", "0", "--origins", "https://a.b"])
+    cfg = uvicorn.Config(lambda *a: None, **uvicorn_options(ns))
+    assert cfg.limit_concurrency == 7 and cfg.timeout_keep_alive == 2
+    lim = limits_from_args(ns)
+    assert lim.stop == 3 and lim.timeout == 0 and ns.origins == ["https://a.b"]
+    with pytest.raises(InvalidValueError, match="--max-tools"):
+        limits_from_args(parser.parse_args(["serve", "--max-tools", "-1"]))
+    with pytest.raises(InvalidValueError, match="--max-connections"):
+        uvicorn_options(parser.parse_args(["serve", "--max-connections", "0"]))

@@ -26,7 +26,13 @@ from starlette.routing import Route
 from localllm.errors import InvalidValueError, LocalLLMError, PromptTooLongError
 from localllm.server import embeddings, ollama, openai_api
 from localllm.server.common import ApiError, ClientGone, ServerState
-from localllm.server.limits import TimeoutMiddleware, add_limit_opts, limits_from_args
+from localllm.server.limits import (
+    TimeoutMiddleware,
+    add_connection_opts,
+    add_limit_opts,
+    limits_from_args,
+    uvicorn_options,
+)
 from localllm.server.security import ORIGINS_ENV, GuardMiddleware
 
 Handler = Callable[[HttpRequest, ServerState], Awaitable[Response]]
@@ -186,6 +192,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="browser origins allowed besides the local ones, comma-separated, "
                         f"'*' a wildcard (also {ORIGINS_ENV}); others get 403")
     add_limit_opts(p)
+    add_connection_opts(p)
     add_spec_opts(p, draft_model=False)  # n-gram drafting only: no draft model per server yet
     p.set_defaults(func=cmd_serve)
 
@@ -221,6 +228,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 
     if not 0 < ns.port < 65536:
         raise InvalidValueError(f"--port must be in 1..65535, got {ns.port}")
+    uvicorn_options(ns)  # checked before the model loads
     if ns.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: listening on {ns.host}: other machines can reach this server"
               + ("" if ns.api_key else " (no --api-key set)"), file=sys.stderr)
@@ -235,6 +243,6 @@ def cmd_serve(ns: argparse.Namespace) -> int:
           file=sys.stderr)
     # uvicorn handles SIGINT/SIGTERM: it stops accepting and lets open responses finish.
     uvicorn.run(build_app(state, ns.origins), host=ns.host, port=ns.port, log_level="warning",
-                timeout_graceful_shutdown=30)
+                timeout_graceful_shutdown=30, **uvicorn_options(ns))
     state.scheduler.close(drain=False, timeout=10)
     return 0

@@ -46,8 +46,8 @@ def add_limit_opts(p: argparse.ArgumentParser) -> None:
     for f in fields(Limits):
         flag, text = _FLAGS[f.name]
         p.add_argument(flag, dest=f"limit_{f.name}", type=float if f.name == "timeout" else int,
-                       default=getattr(d, f.name),
-                       help=f"{text} (default {getattr(d, f.name):g})")
+                       default=getattr(d, f.name), metavar="N",
+                       help=f"{text} (default {getattr(d, f.name)})")
 
 
 def limits_from_args(ns: argparse.Namespace) -> Limits:
@@ -128,3 +128,25 @@ class TimeoutMiddleware:
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(data)).encode())]})
             await send({"type": "http.response.body", "body": data})
+
+
+def add_connection_opts(p: argparse.ArgumentParser) -> None:
+    """uvicorn's own guards: open connections past the cap get a 503 before any parsing;
+    an idle keep-alive connection is closed after a few seconds."""
+    p.add_argument("--max-connections", type=int, default=256,
+                   help="open connections at once; more get 503 (default 256)")
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0,
+                   help="seconds an idle keep-alive connection stays open (default 5)")
+
+
+def uvicorn_options(ns: argparse.Namespace) -> dict[str, Any]:
+    from localllm.errors import InvalidValueError
+
+    if ns.max_connections < 1:
+        raise InvalidValueError(f"--max-connections must be at least 1, got {ns.max_connections}")
+    if ns.keep_alive_timeout <= 0:
+        raise InvalidValueError(f"--keep-alive-timeout must be positive, got {ns.keep_alive_timeout:g}")
+    # h11_max_incomplete_event_size: the request line and headers together (64 KiB), so a
+    # client cannot hold memory with endless headers
+    return {"limit_concurrency": ns.max_connections, "timeout_keep_alive": ns.keep_alive_timeout,
+            "h11_max_incomplete_event_size": 64 << 10}
