@@ -6,10 +6,12 @@ requests: seconds."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from typing import Any
 
 import httpx
+import pytest
 from test_server_security import tiny_server  # noqa: F401 - module-scoped fixture
 
 from localllm.server.app import build_app
@@ -65,12 +67,14 @@ def _body(rng: random.Random) -> bytes:
     return json.dumps(body, allow_nan=True).encode()  # NaN/Infinity literals, \ud800 escapes
 
 
-def test_no_route_answers_5xx(tiny_server) -> None:  # noqa: F811
+def test_no_route_answers_5xx(tiny_server, capfd: pytest.CaptureFixture) -> None:  # noqa: F811
     url, state = tiny_server
+    capfd.readouterr()
     app = build_app(state)
     routes = [(r.path.replace("{model:path}", "tiny"), sorted(r.methods or {"GET"}))
               for r in app.routes]
-    rng = random.Random(25)
+    # LOCALLLM_FUZZ_SEED runs another sequence (to hunt; the suite keeps the fixed one)
+    rng = random.Random(int(os.environ.get("LOCALLLM_FUZZ_SEED", "25")))
     bad, ok = [], 0
     with httpx.Client(base_url=url, timeout=60) as client:
         for path, methods in routes:
@@ -83,6 +87,9 @@ def test_no_route_answers_5xx(tiny_server) -> None:  # noqa: F811
                 if r.status_code >= 500 and r.status_code not in (501, 503):  # by design
                     bad.append((method, path, (body or b"")[:300], r.status_code, r.text[:200]))
     assert not bad, "\n".join(map(str, bad[:10]))
+    # a stream that failed after its 200 shows only in the server's log
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in ASGI" not in err, err[-3000:]
     print(f"{ok} answered 200")
     assert ok >= 20  # the fuzz reaches the engine too, not only the validation
 
