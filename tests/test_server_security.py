@@ -202,3 +202,9 @@ def test_serve_flags_reach_uvicorn_and_bad_ones_are_one_line() -> None:
         limits_from_args(parser.parse_args(["serve", "--max-tools", "-1"]))
     with pytest.raises(InvalidValueError, match="--max-connections"):
         uvicorn_options(parser.parse_args(["serve", "--max-connections", "0"]))
+
+
+def test_hostile_client_template_is_a_400(tiny_server) -> None:
+    url, _ = tiny_server
+    r = httpx.post(url + "/api/generate", json={**BODY, "template": "{{ 'x' * 1000000000 }}"})
+    assert r.status_code == 400 and "repeats a string" in r.json()["error"], r.text
