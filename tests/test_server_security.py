@@ -208,3 +208,19 @@ def test_hostile_client_template_is_a_400(tiny_server) -> None:
     url, _ = tiny_server
     r = httpx.post(url + "/api/generate", json={**BODY, "template": "{{ 'x' * 1000000000 }}"})
     assert r.status_code == 400 and "repeats a string" in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/api/generate", {"options": {"num_predict": -1, "temperature": 0}}),
+    ("/v1/completions", {"temperature": 0}),  # no max_tokens at all
+])
+def test_unbounded_generation_stops_at_the_context(tiny_server, path: str, body: dict) -> None:
+    url, state = tiny_server
+    r = httpx.post(url + path, json={"model": "tiny", "prompt": "hi", "stream": False, **body},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    j = r.json()
+    n_prompt, n_gen = ((j["prompt_eval_count"], j["eval_count"]) if "eval_count" in j
+                       else (j["usage"]["prompt_tokens"], j["usage"]["completion_tokens"]))
+    # the last token drawn is never evaluated, so it needs no room in the context
+    assert n_prompt + n_gen <= state.engine.n_ctx + 1
