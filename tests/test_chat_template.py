@@ -167,3 +167,24 @@ def test_template_errors() -> None:
     with pytest.raises(TemplateError, match="available: chatml, gemma, harmony, llama2, llama3"):
         ChatTemplate.builtin_named("vicuna", None)
     assert issubclass(TemplateError, ValueError)
+
+
+@pytest.mark.parametrize("source, why", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+     "looped more than"),
+    ("{{ 7 ** 10000000 }}", "power too large"),
+    ("{{ 'x' * 1000000000 }}", "repeats a string"),
+    ("{% for i in range(100000) %}{{ messages[0].content * 1000 }}{% endfor %}",
+     "output passed"),
+])
+def test_hostile_template_fails_within_budget(source: str, why: str) -> None:
+    """A client's template that would spend the machine fails fast with a TemplateError
+    (the server's 400) instead of hanging or exhausting memory."""
+    import time
+
+    from localllm.text.chat_template import ChatTemplate, TemplateError
+
+    t0 = time.monotonic()
+    with pytest.raises(TemplateError, match=why):
+        ChatTemplate(source).render([{"role": "user", "content": "y" * 1000}], polyfills=False)
+    assert time.monotonic() - t0 < 15

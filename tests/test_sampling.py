@@ -377,3 +377,30 @@ def test_dry_matches_llama_cpp_z_algorithm_on_random_text() -> None:
         base = [1.0, 1.75, 3.0][trial % 3]
         assert dry_penalties(tokens, 0.8, base, allowed, breakers) == \
             pytest.approx(_llama_cpp_dry(tokens, 0.8, base, allowed, breakers)), (tokens, breakers)
+
+
+@pytest.mark.parametrize("settings", [
+    {"temperature": 1e-300},
+    {"temperature": 1e-30, "top_k": 0, "top_p": 1.0, "min_p": 0.0},
+    {"temperature": 0.8, "repeat_penalty": 1e300},
+    {"temperature": 0.8, "frequency_penalty": 1e300, "presence_penalty": 1e300},
+    {"temperature": 0.8, "frequency_penalty": -1e300, "top_k": 0, "top_p": 1.0, "min_p": 0.0},
+    {"temperature": 1e300},
+])
+def test_extreme_settings_still_draw_a_token(settings: dict) -> None:
+    """Settings that overflow the logits to +-inf (a tiny temperature, huge penalties) must
+    still draw (no "probabilities contain NaN"); a tiny temperature keeps the argmax."""
+    cfg = SamplerConfig(seed=1, **settings)
+    try:
+        cfg.validate()
+    except ValueError:
+        pytest.skip(f"{settings} is refused by validation, which is fine")
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 5, 300).astype(np.float32)
+    history = list(range(300))  # every token is a repeat: the penalties hit them all
+    s = Sampler(cfg)
+    tok = s(logits.copy(), history)
+    assert 0 <= tok < 300
+    if settings == {"temperature": 1e-300}:
+        assert all(Sampler(cfg)(logits.copy(), history) == int(np.argmax(logits))
+                   for _ in range(5))

@@ -63,10 +63,12 @@ def apply_penalties(
         return
     n = np.array([counts[int(i)] for i in ids], dtype=np.float32)
     vals = logits[ids]
-    if repeat_penalty != 1.0:
-        vals = np.where(vals > 0, vals / repeat_penalty, vals * repeat_penalty)
-    vals = vals - n * frequency_penalty - presence_penalty
-    logits[ids] = vals.astype(np.float32)
+    # huge penalties overflow to +-inf (or NaN): the draw copes (_probs), no warning needed
+    with np.errstate(over="ignore", invalid="ignore"):
+        if repeat_penalty != 1.0:
+            vals = np.where(vals > 0, vals / repeat_penalty, vals * repeat_penalty)
+        vals = vals - n * frequency_penalty - presence_penalty
+        logits[ids] = vals.astype(np.float32)
 
 
 _FLOAT_MAX_LOG = 88.7228391  # log(float32 max): llama.cpp clamps DRY's exponent below it
@@ -154,8 +156,18 @@ def top_k(ids: np.ndarray, logits: np.ndarray, k: int) -> tuple[np.ndarray, np.n
 
 
 def _probs(logits: np.ndarray) -> np.ndarray:
-    z = logits.astype(np.float64) - float(np.max(logits))
-    p = np.exp(z)
+    """Softmax in float64 that stays a distribution whatever the settings did to the logits:
+    a tiny temperature or a huge penalty overflows them to +-inf (inf - inf is NaN, and the
+    draw refuses NaN), so the +inf ones share all the mass, and when every logit is -inf
+    (or NaN) the draw is uniform; a NaN logit is never drawn otherwise."""
+    z = np.nan_to_num(logits.astype(np.float64), nan=-np.inf, posinf=np.inf, neginf=-np.inf)
+    top = float(np.max(z))
+    if top == np.inf:
+        p = (z == np.inf).astype(np.float64)
+    elif top == -np.inf:
+        p = np.ones_like(z)
+    else:
+        p = np.exp(z - top)
     return p / p.sum()
 
 
@@ -301,7 +313,16 @@ def _xtc(c: SamplerConfig, ctx: StageContext) -> CandidateStage | None:
 
 
 def _temperature(c: SamplerConfig, ctx: StageContext) -> CandidateStage:
-    return lambda ids, x: (ids, x / c.temperature)
+    def temperature(ids: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        with np.errstate(over="ignore", divide="ignore"):  # 1e-300 is 0 in float32
+            y = x / c.temperature
+        if not np.all(np.isfinite(y)) and np.all(np.isfinite(x)):
+            # a tiny temperature (1e-30) overflowed float32: float64 keeps the order;
+            # _probs copes with whatever still overflows
+            y = x.astype(np.float64) / c.temperature
+        return ids, y
+
+    return temperature
 
 
 StageBuilder = Callable[[SamplerConfig, StageContext], Any]

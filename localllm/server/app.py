@@ -26,6 +26,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -33,12 +34,20 @@ from starlette.routing import Route
 from localllm.errors import InvalidValueError, LocalLLMError, PromptTooLongError
 from localllm.server import embeddings, ollama, openai_api, responses
 from localllm.server.common import ApiError, ClientGone, ServerState
+from localllm.server.limits import (
+    TimeoutMiddleware,
+    add_connection_opts,
+    add_limit_opts,
+    limits_from_args,
+    uvicorn_options,
+)
 from localllm.server.models import (
     DEFAULT_MAX_LOADED,
     ModelManager,
     apply_config,
     parse_keep_alive,
 )
+from localllm.server.security import ORIGINS_ENV, GuardMiddleware
 
 Handler = Callable[[HttpRequest, Any], Awaitable[Response]]  # state: ServerState or ModelManager
 
@@ -207,8 +216,9 @@ async def metrics(request: HttpRequest, manager: ModelManager) -> Response:
     return Response("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
 
-def build_app(state: ServerState | ModelManager) -> Starlette:
-    """The app serving a manager's models, or one fixed model (a `ServerState`: tests)."""
+def build_app(state: ServerState | ModelManager, origins: list[str] | None = None) -> Starlette:
+    """The app serving a manager's models, or one fixed model (a `ServerState`: tests);
+    `origins`: browser origins allowed beyond the local ones (security.py)."""
     from localllm.server import model_routes as mr
 
     manager = state if isinstance(state, ModelManager) else ModelManager.single(state)
@@ -259,7 +269,9 @@ def build_app(state: ServerState | ModelManager) -> Starlette:
                 t.cancel()
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error},
-                    lifespan=lifespan)
+                    lifespan=lifespan,
+                    middleware=[Middleware(GuardMiddleware, origins=origins),
+                                Middleware(TimeoutMiddleware, seconds=manager.limits.timeout)])
     app.state.localllm = manager
     return app
 
@@ -299,6 +311,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="info (default): one access line per request on stderr; debug: with "
                         "the request bodies")
     p.add_argument("--verbose", "-v", action="store_true", help="the same as --log-level debug")
+    p.add_argument("--origins", action="append", default=None, metavar="LIST",
+                   help="browser origins allowed besides the local ones, comma-separated, "
+                        f"'*' a wildcard (also {ORIGINS_ENV}); others get 403")
+    add_limit_opts(p)
+    add_connection_opts(p)
     add_spec_opts(p, draft_model=False)  # n-gram drafting only: no draft model per server yet
     p.set_defaults(func=cmd_serve)
 
@@ -360,8 +377,10 @@ def make_state(ns: argparse.Namespace) -> ServerState:
     """One model loaded now, served alone (bench/serve_load.py)."""
     _check(ns)
     name, path = startup_model(ns)
+    limits = limits_from_args(ns)  # before the model loads: a bad flag fails at once
     engine, sched = loader(ns)(path)
-    return ServerState(engine, sched, name, api_key=ns.api_key)
+    return ServerState(engine, sched, name, api_key=ns.api_key, body_limit=limits.body_bytes,
+                       limits=limits)
 
 
 def make_manager(ns: argparse.Namespace) -> ModelManager:
@@ -375,9 +394,11 @@ def make_manager(ns: argparse.Namespace) -> ModelManager:
         import os
 
         max_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limits = limits_from_args(ns)
     return ModelManager(loader(ns), max_loaded=ns.max_loaded, max_memory=max_memory,
                         keep_alive=keep, allow_paths=ns.allow_paths,
-                        load_timeout=ns.load_timeout, api_key=ns.api_key)
+                        load_timeout=ns.load_timeout, api_key=ns.api_key,
+                        body_limit=limits.body_bytes, limits=limits)
 
 
 def setup_logging(level: str) -> None:
@@ -397,16 +418,17 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     if not 0 < ns.port < 65536:
         raise InvalidValueError(f"--port must be in 1..65535, got {ns.port}")
     level = "debug" if ns.verbose else ns.log_level
+    uvicorn_options(ns)  # checked before the model loads
     manager = make_manager(ns)
     first = startup_model(ns) if ns.model is not None else None  # a missing file: one line now
     if ns.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: listening on {ns.host}: other machines can reach this server"
               + ("" if ns.api_key else " (no --api-key set)"), file=sys.stderr)
     setup_logging(level)
-    app = build_app(manager)
+    app = build_app(manager, ns.origins)
     # uvicorn's own access log stays off: ours says more (model, tokens)
     server = uvicorn.Server(uvicorn.Config(app, host=ns.host, port=ns.port, log_level="warning",
-                                           timeout_graceful_shutdown=30))
+                                           timeout_graceful_shutdown=30, **uvicorn_options(ns)))
     what = f"{first[0]} loading, " if first else ""
     print(f"localllm serve: http://{ns.host}:{ns.port} ({what}every model `localllm list` "
           f"shows by name; up to {ns.max_loaded} loaded, keep_alive {ns.keep_alive})",

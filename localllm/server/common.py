@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
 from localllm.generation.generate import Event
@@ -34,6 +36,7 @@ from localllm.generation.scheduler import (
     SchedulerClosedError,
 )
 from localllm.server import access
+from localllm.server.limits import Limits, check_body
 
 if TYPE_CHECKING:
     from localllm.engine import Engine
@@ -59,6 +62,7 @@ class ServerState:
     name: str  # the model's name over HTTP, e.g. "smollm2-135m-instruct:latest"
     api_key: str | None = None
     body_limit: int = DEFAULT_BODY_LIMIT
+    limits: Limits = field(default_factory=Limits)  # per-request caps (limits.py)
     loaded_at: float = field(default_factory=time.time)
     # a created model's system, template and parameters (/api/create): request defaults
     config: dict[str, Any] = field(default_factory=dict)
@@ -157,10 +161,15 @@ async def read_json(request: HttpRequest, limit: int) -> dict[str, Any]:
     if size is not None and size.isdigit() and int(size) > limit:
         raise ApiError(413, f"request body is larger than {limit} bytes")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"request body is larger than {limit} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, f"request body is larger than {limit} bytes")
+    except ClientDisconnect:  # gone mid-body: one line in the log, not a traceback
+        print(f"localllm serve: client left while sending {request.url.path} "
+              f"({len(body)} bytes received)", file=sys.stderr)
+        raise ClientGone() from None
     if not body.strip():
         raise ApiError(400, "missing request body")
     try:
@@ -171,6 +180,12 @@ async def read_json(request: HttpRequest, limit: int) -> dict[str, Any]:
         raise ApiError(400, "invalid JSON in the request body: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    from localllm.server.inputs import scrub_surrogates
+
+    # the app's ModelManager (or a test's bare state): both carry the per-request caps
+    owner = getattr(request.app.state, "localllm", None) if "app" in request.scope else None
+    check_body(data, getattr(owner, "limits", None) or Limits())
+    data = scrub_surrogates(data)
     request.state.localllm_json = data
     return data
 

@@ -44,6 +44,7 @@ from localllm.server.common import (
     parse_options,
     read_json,
 )
+from localllm.server.limits import check_input_tokens
 
 
 async def run_embed(request: HttpRequest, state: ServerState,
@@ -59,6 +60,7 @@ async def run_embed(request: HttpRequest, state: ServerState,
         eos = end_token(eng)
         ids = [fit_context(list(t), eng.n_ctx, truncate, i, eos)  # type: ignore[arg-type]
                for i, t in enumerate(inputs)]
+    check_input_tokens(sum(len(t) for t in ids), state.limits)
     job = EmbedJob(eng, ids, n_batch=state.scheduler.prefill_chunk)
     while not job.done:
         if await request.is_disconnected():

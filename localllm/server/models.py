@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm.server.common import ApiError, ServerState, same_name
+from localllm.server.limits import Limits
 
 if TYPE_CHECKING:
     from localllm.engine import Engine
@@ -112,14 +113,17 @@ class ModelManager:
     def __init__(self, loader: Loader | None = None, *, max_loaded: int = DEFAULT_MAX_LOADED,
                  max_memory: int | None = None, keep_alive: float | None = DEFAULT_KEEP_ALIVE,
                  allow_paths: bool = False, load_timeout: float = 300.0,
-                 api_key: str | None = None, body_limit: int | None = None) -> None:
+                 api_key: str | None = None, body_limit: int | None = None,
+                 limits: Limits | None = None) -> None:
         from localllm.server.common import DEFAULT_BODY_LIMIT
 
         self.loader = loader
         self.max_loaded, self.max_memory = max_loaded, max_memory
         self.keep_alive, self.allow_paths, self.load_timeout = keep_alive, allow_paths, load_timeout
         self.api_key = api_key
-        self.body_limit = body_limit or DEFAULT_BODY_LIMIT
+        self._body_limit = body_limit or DEFAULT_BODY_LIMIT
+        self._limits = limits or Limits()  # per-request caps (limits.py), every model's
+        self._single: ServerState | None = None  # the one fixed model of build_app(state)
         self.loaded: dict[str, Loaded] = {}
         self.loading: dict[str, asyncio.Future[Loaded]] = {}
         self.named: dict[str, Path] = {}  # names given on the command line (not from the store)
@@ -136,10 +140,22 @@ class ModelManager:
     @classmethod
     def single(cls, state: ServerState) -> ModelManager:
         """One model, loaded and kept: what `build_app(ServerState)` serves (tests)."""
-        m = cls(None, api_key=state.api_key, body_limit=state.body_limit, keep_alive=None)
+        m = cls(None, api_key=state.api_key, body_limit=state.body_limit, keep_alive=None,
+                limits=state.limits)
         m.loaded[state.name] = Loaded(state, 0, keep_alive=None)
         m.default = state.name
+        m._single = state
         return m
+
+    @property
+    def limits(self) -> Limits:
+        """The per-request caps: the fixed model's own when serving one (a test may swap
+        them on its state), else the serve flags'."""
+        return self._single.limits if self._single is not None else self._limits
+
+    @property
+    def body_limit(self) -> int:
+        return self._single.body_limit if self._single is not None else self._body_limit
 
     def lookup(self, model: Any) -> tuple[str, Path | None]:
         """A client's model name -> (served name, path); 404 for a name that reaches nothing.
@@ -250,7 +266,8 @@ class ModelManager:
                 t0 = time.perf_counter()
                 engine, sched = await asyncio.to_thread(self.loader, path)
                 state = ServerState(engine, sched, name, api_key=self.api_key,
-                                    body_limit=self.body_limit, config=self.configs.get(name, {}))
+                                    body_limit=self.body_limit, limits=self.limits,
+                                    config=self.configs.get(name, {}))
                 lo = Loaded(state, model_size(state), keep_alive=self.keep_alive)
                 lo.expires_at = None if self.keep_alive is None else time.time() + self.keep_alive
                 self.loaded[name] = lo

@@ -29,6 +29,7 @@ from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from localllm.errors import LocalLLMError
+from localllm.text import template_budget
 from localllm.text.chat_caps import TemplateCaps, missing_messages, polyfill, probe
 from localllm.text.harmony_template import HARMONY_TEMPLATE
 from localllm.text.tokenizer import Tokenizer
@@ -157,13 +158,14 @@ def _strftime_now(fmt: str) -> str:
 
 
 def _make_env() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = template_budget.BudgetedEnvironment(  # the sandbox, with a time/size budget
         trim_blocks=True, lstrip_blocks=True,
         extensions=[_GenerationTag, "jinja2.ext.loopcontrols"],
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.globals["range"] = template_budget.budget_range
     return env
 
 
@@ -307,13 +309,13 @@ class ChatTemplate:
         context["add_generation_prompt"] = add_generation_prompt
         try:
             try:
-                return self._template.render(**context)
+                return template_budget.render(self._template, context)
             except TypeError as exc:
                 # a tool-use template that loops over `tools` unconditionally: no tools is
                 # an empty list for it (HF would fail here)
                 if context["tools"] is not None or "NoneType" not in str(exc):
                     raise
-                return self._template.render(**{**context, "tools": []})
+                return template_budget.render(self._template, {**context, "tools": []})
         except _TemplateRaised as exc:
             raise TemplateError(f"chat template {self.name!r} rejected the messages: {exc}") from exc
         except jinja2.TemplateError as exc:
