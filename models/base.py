@@ -301,6 +301,24 @@ def load_standard_layers(
     return layers
 
 
+class RopeTables:
+    """cos/sin [N, n_rot/2] for one batch's positions, made once per distinct rope base and
+    scale (gemma3 has two: local and global layers) and shared by q and k of every layer."""
+
+    def __init__(self, cfg: ModelConfig, pos: np.ndarray, freq_factors: np.ndarray | None) -> None:
+        self.cfg, self.pos, self.freq_factors = cfg, pos, freq_factors
+        self._tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
+
+    def for_layer(self, il: int) -> tuple[np.ndarray, np.ndarray]:
+        cfg = self.cfg
+        key = (cfg.layer_rope_base[il], cfg.layer_rope_scale[il])
+        if key not in self._tables:
+            self._tables[key] = ops.rope_tables(self.pos, key[0], key[1], cfg.n_rot,
+                                                self.freq_factors, cfg.rope_attn_factor,
+                                                cfg.rope_yarn)
+        return self._tables[key]
+
+
 class DecoderModel:
     """A decoder-only transformer: forward(batch, kv) -> logits for the rows that ask."""
 
@@ -358,7 +376,7 @@ class DecoderModel:
             if not 0 <= sid < kv.n_slots:
                 raise ValueError(f"sequence slot {sid} does not exist (cache has {kv.n_slots})")
         n = len(batch)
-        H, Hkv, Dh, Dv = cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v
+        H, Dv = cfg.n_head, cfg.head_dim_v
         x = self.embed(batch.tokens)  # [N, D] residual stream
         h, q, k, v, attn, o, gate, up = self._buffers(n)
         pos = batch.positions
@@ -367,42 +385,12 @@ class DecoderModel:
         placed = kv.place_rows(segments, pos)
         row_slot = np.repeat(np.array([sid for sid, _, _ in segments], np.int64),
                              [b - a for _, a, b in segments])  # [N]
-        act = ACTIVATIONS[cfg.activation]
-        tables: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
-        freq_factors = self.rope_factors(kv.n_ctx)
-        res_scale = np.float32(cfg.residual_scale)
-
-        def rope_tables(il: int) -> tuple[np.ndarray, np.ndarray]:
-            """cos/sin [N, n_rot/2] for this batch's positions, once per distinct rope base
-            (gemma3 has two: local and global layers), shared by q and k of every layer."""
-            base = cfg.layer_rope_base[il]
-            scale = cfg.layer_rope_scale[il]
-            key = (base, scale)
-            if key not in tables:
-                tables[key] = ops.rope_tables(pos, base, scale, cfg.n_rot, freq_factors,
-                                              cfg.rope_attn_factor, cfg.rope_yarn)
-            return tables[key]
-
+        rope = RopeTables(cfg, pos, self.rope_factors(kv.n_ctx))
 
         for il, L in enumerate(self.layers):
-            L.qkv(self._pre_norm(x, L.attn_norm, h), [q, k, v])
-            add_qkv_biases(L, q, k, v)
-            q3 = q.reshape(n, H, Dh)  # views: the norms below write through them
-            k3 = k.reshape(n, Hkv, Dh)
-            if cfg.qk_norm_whole:  # olmo2: each row of Q (and of K) normed whole
-                ops.rms_norm(q, L.q_norm, cfg.rms_eps, q, checked=True)
-                ops.rms_norm(k, L.k_norm, cfg.rms_eps, k, checked=True)
-            else:  # qwen3 / gemma3: each head, where the file has the norms
-                if L.q_norm is not None:
-                    ops.rms_norm_heads(q3, L.q_norm, cfg.rms_eps, q3)
-                if L.k_norm is not None:
-                    ops.rms_norm_heads(k3, L.k_norm, cfg.rms_eps, k3)
-            if cfg.layer_rope[il]:
-                cos, sin = rope_tables(il)
-                ops.rope_apply(q3, cos, sin, cfg.rope_neox, checked=True)
-                ops.rope_apply(k3, cos, sin, cfg.rope_neox, checked=True)
-            v3 = v.reshape(n, Hkv, Dv)
+            q3, k3, v3 = self._qkv(il, L, x, (h, q, k, v), rope)
             kv.store_rows(il, placed, k3, v3)
+            q_slot, q_pos = row_slot, pos
             if il == last:
                 # Past the last K/V store only the rows that want logits matter (llama.cpp
                 # does the same): attention, output projection and FFN for those alone.
@@ -414,37 +402,65 @@ class DecoderModel:
                     x, h, o, attn = x[keep], h[: keep.size], o[: keep.size], attn[: keep.size]
                     gate, up = gate[: keep.size], up[: keep.size]
                     q_slot, q_pos, n = row_slot[keep], pos[keep], keep.size
-                else:
-                    q_slot, q_pos = row_slot, pos
-            else:
-                q_slot, q_pos = row_slot, pos
             kv.attend_rows(il, q_slot, q3, q_pos, cfg.layer_window[il], cfg.attn_scale,
                            cfg.attn_softcap, attn, L.sinks)
             L.o_proj(attn.reshape(n, H * Dv), [o])
             if L.bo is not None:
                 o += L.bo
-            if L.post_attn_norm is not None:
-                ops.rms_norm(o, L.post_attn_norm, cfg.rms_eps, o, checked=True)
-            if cfg.residual_scale != 1.0:
-                o *= res_scale
-            x += o
-
-            hf = self._pre_norm(x, L.ffn_norm, h)
-            if L.moe is not None:
-                L.moe(hf, o)
-            else:
-                L.gate_up(hf, [gate, up])
-                act(gate, up, gate)
-                L.down(gate, [o])
-            if L.post_ffn_norm is not None:
-                ops.rms_norm(o, L.post_ffn_norm, cfg.rms_eps, o, checked=True)
-            if cfg.residual_scale != 1.0:
-                o *= res_scale
-            x += o
+            self._add_block(x, o, L.post_attn_norm)
+            self._ffn(L, self._pre_norm(x, L.ffn_norm, h), gate, up, o)
+            self._add_block(x, o, L.post_ffn_norm)
 
         if not batch.want_logits.any():
             return np.empty((0, cfg.n_embd if hidden else cfg.n_vocab), dtype=np.float32)
         return self.final_norm(x) if hidden else self.logits(x)
+
+    def _qkv(self, il: int, L: LayerWeights, x: np.ndarray, bufs: tuple[np.ndarray, ...],
+             rope: RopeTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Layer il's attention input: the pre-norm (into h), the q/k/v products and biases,
+        the QK-norms and rope, in place in the buffers (h, q, k, v); returns the views
+        q [N, H, Dh], k [N, Hkv, Dh], v [N, Hkv, Dv]."""
+        cfg = self.cfg
+        h, q, k, v = bufs
+        n = x.shape[0]
+        L.qkv(self._pre_norm(x, L.attn_norm, h), [q, k, v])
+        add_qkv_biases(L, q, k, v)
+        q3 = q.reshape(n, cfg.n_head, cfg.head_dim)  # views: the norms below write through them
+        k3 = k.reshape(n, cfg.n_head_kv, cfg.head_dim)
+        if cfg.qk_norm_whole:  # olmo2: each row of Q (and of K) normed whole
+            ops.rms_norm(q, L.q_norm, cfg.rms_eps, q, checked=True)
+            ops.rms_norm(k, L.k_norm, cfg.rms_eps, k, checked=True)
+        else:  # qwen3 / gemma3: each head, where the file has the norms
+            if L.q_norm is not None:
+                ops.rms_norm_heads(q3, L.q_norm, cfg.rms_eps, q3)
+            if L.k_norm is not None:
+                ops.rms_norm_heads(k3, L.k_norm, cfg.rms_eps, k3)
+        if cfg.layer_rope[il]:  # (smollm3 leaves every 4th layer unrotated)
+            cos, sin = rope.for_layer(il)
+            ops.rope_apply(q3, cos, sin, cfg.rope_neox, checked=True)
+            ops.rope_apply(k3, cos, sin, cfg.rope_neox, checked=True)
+        return q3, k3, v.reshape(n, cfg.n_head_kv, cfg.head_dim_v)
+
+    def _ffn(self, L: LayerWeights, hf: np.ndarray, gate: np.ndarray, up: np.ndarray,
+             out: np.ndarray) -> None:
+        """The layer's feed-forward of the normed rows hf [N, D] into out [N, D]: its mixture
+        of experts, or the dense gated FFN (gate/up [N, F] are scratch)."""
+        if L.moe is not None:
+            L.moe(hf, out)
+            return
+        L.gate_up(hf, [gate, up])
+        ACTIVATIONS[self.cfg.activation](gate, up, gate)
+        L.down(gate, [out])
+
+    def _add_block(self, x: np.ndarray, o: np.ndarray, post_norm: np.ndarray | None) -> None:
+        """x += a block's output o [N, D], after its post-norm (gemma, olmo2) and granite's
+        residual scale, where the family has them (o is overwritten)."""
+        cfg = self.cfg
+        if post_norm is not None:
+            ops.rms_norm(o, post_norm, cfg.rms_eps, o, checked=True)
+        if cfg.residual_scale != 1.0:
+            o *= np.float32(cfg.residual_scale)
+        x += o
 
     def _pre_norm(self, x: np.ndarray, norm: np.ndarray | None, h: np.ndarray) -> np.ndarray:
         """A block's input: rms_norm(x) written into h [N, D], or x itself where the family
