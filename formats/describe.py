@@ -103,6 +103,7 @@ def describe(gf: GGUFFile) -> dict[str, Any]:
 
     tok_model = md.get("tokenizer.ggml.model")
     ftype = md.get("general.file_type")
+    n_expert, n_used = hp("expert_count"), hp("expert_used_count")
     return {
         "architecture": arch,
         "name": md.get("general.name"),
@@ -113,6 +114,9 @@ def describe(gf: GGUFFile) -> dict[str, Any]:
         "quantization_version": md.get("general.quantization_version"),
         "quant_mix": mix,
         "weight_bytes": sum(m["bytes"] for m in mix.values()),
+        "active_weight_bytes": _active_bytes(gf, n_expert, n_used),
+        "experts": n_expert,
+        "experts_used": n_used,
         "context_length": hp("context_length"),
         "embedding_length": hp("embedding_length"),
         "feed_forward_length": hp("feed_forward_length"),
@@ -158,6 +162,17 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _active_bytes(gf: GGUFFile, n_expert: Any, n_used: Any) -> int | None:
+    """A mixture of experts' weight bytes one token reads: every tensor but the experts'
+    stacks (`*_exps`, [n_expert, ...]) whole, and n_used / n_expert of those (the decode
+    bandwidth limit counts these); None for a dense model."""
+    if not (isinstance(n_expert, int) and isinstance(n_used, int) and n_expert > 0):
+        return None
+    dense = sum(t.nbytes for name, t in gf.tensors.items() if "_exps." not in name)
+    experts = sum(t.nbytes for name, t in gf.tensors.items() if "_exps." in name)
+    return dense + experts * min(n_used, n_expert) // n_expert
+
+
 def _needs(d: dict[str, Any]) -> list[tuple[str, Any]]:
     """The Needs rows: weight bytes, then the KV cache per token from `d["kv_cache"]` (what
     `localllm show` adds: type, bytes_per_token over all layers, layers; for sliding-window
@@ -166,6 +181,9 @@ def _needs(d: dict[str, Any]) -> list[tuple[str, Any]]:
     rows: list[tuple[str, Any]] = []
     if d.get("weight_bytes") is not None:
         rows.append(("weights", _bytes_label(d["weight_bytes"])))
+    if d.get("active_weight_bytes") is not None:
+        rows.append(("read per token", f"{_bytes_label(d['active_weight_bytes'])}  "
+                                       f"({d['experts_used']} of {d['experts']} experts)"))
     kv = d.get("kv_cache")
     if kv:
         rows.append(("KV cache per token",
@@ -201,6 +219,8 @@ def format_description(d: dict[str, Any], tensors: Sequence[_TensorLike] | None 
         ("feed-forward length", d.get("feed_forward_length")),
         ("layers", d.get("layers")),
         ("heads / kv heads", None if heads is None else f"{_fmt(heads)} / {_fmt(kv)}"),
+        ("experts", None if d.get("experts") is None
+         else f"{_fmt(d['experts'])} ({_fmt(d.get('experts_used'))} per token)"),
         ("head dim", d.get("head_dim")),
         ("sliding window", d.get("sliding_window")),
         ("rope freq base", d.get("rope_freq_base")),

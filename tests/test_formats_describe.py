@@ -119,3 +119,24 @@ def test_describe_default_model() -> None:
     assert sum(m["tensors"] for m in d["quant_mix"].values()) == 236
     assert d["license"] == "gemma" and d["chat_template"] is False
     assert "Q4_K_M" in text and "262144" in text
+
+
+def test_describe_moe_counts_the_experts_a_token_reads(tmp_path: Path) -> None:
+    """A mixture of experts: the expert counts, and the bytes one token reads (the dense
+    tensors whole, n_used / n_expert of each expert stack) beside the file's total."""
+    from tiny_models import write_tiny_model
+
+    path = tmp_path / "moe.gguf"
+    write_tiny_model(path, "mixtral", seed=0, n_expert=4, n_expert_used=2)
+    gf = read_gguf(path)
+    d = describe(gf)
+    assert (d["experts"], d["experts_used"]) == (4, 2)
+    exps = sum(t.nbytes for name, t in gf.tensors.items() if "_exps." in name)
+    assert exps > 0
+    assert d["active_weight_bytes"] == d["weight_bytes"] - exps + exps // 2
+    text = format_description(d)
+    assert "4 (2 per token)" in text and "(2 of 4 experts)" in text
+    dense = tmp_path / "dense.gguf"
+    write_tiny_model(dense, "llama", seed=0)
+    d = describe(read_gguf(dense))
+    assert d["active_weight_bytes"] is None and "experts" not in format_description(d)
