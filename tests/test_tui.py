@@ -517,3 +517,57 @@ def test_copy_gives_clean_text_and_model_errors_stay_in_the_chat(tiny_chat: Path
     other = tmp_path / "other.gguf"
     write_tiny_model(other, "llama", seed=2)
     asyncio.run(scenario())
+
+
+# --- keys, focus and live feedback -------------------------------------------------------
+
+
+def run_app(tiny_chat: Path, script: Callable, **kwargs) -> ChatApp:
+    """Run `script(pilot, app)` in the app on the tiny model (loaded); the app afterwards."""
+
+    async def scenario() -> ChatApp:
+        app = ChatApp(tiny_chat, conversation=kwargs.pop("conversation", greedy()),
+                      engine_opts={"n_ctx": 256}, **kwargs)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.info is not None, "the model")
+            await script(pilot, app)
+        return app
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("how", ["/quit", "/bye", "/exit", "ctrl+d", "ctrl+c"])
+def test_quitting(tiny_chat: Path, how: str) -> None:
+    """The quit commands, and Ctrl+D / Ctrl+C on an empty input, end the app with status 0;
+    with text in the input those keys keep their meaning there (delete right, copy)."""
+
+    async def script(pilot, app: ChatApp) -> None:
+        if how.startswith("/"):
+            app.input.load_text(how)
+            await pilot.press("enter")
+        else:
+            app.input.load_text("ab")
+            app.input.move_cursor((0, 0))
+            await pilot.press(how)
+            await pilot.pause()
+            assert app.is_running and app.input.text == ("b" if how == "ctrl+d" else "ab")
+            app.input.clear()
+            await pilot.press(how)
+        await pilot.pause()
+        assert not app.is_running
+
+    assert run_app(tiny_chat, script).return_code == 0
+
+
+def test_unknown_command_is_a_notice_and_clears_the_input(tiny_chat: Path) -> None:
+    async def script(pilot, app: ChatApp) -> None:
+        said = await command(pilot, app, "/frobnicate now")
+        assert "unknown command /frobnicate" in said and app.input.text == ""
+        assert "usage: /load FILE" in await command(pilot, app, "/load")
+        assert app.input.text == ""
+        assert "System prompt set" in await command(pilot, app, "/system Be kind.")
+        assert app.conversation.system == "Be kind."  # not "/frobnicate now/system ..."
+        await pilot.press("up", "up", "up")  # the mistyped one can be fetched back to fix
+        assert app.input.text == "/frobnicate now"
+
+    run_app(tiny_chat, script)

@@ -159,9 +159,11 @@ class ChatApp(App[int]):
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
         Binding("escape", "stop", "Stop", priority=True),
-        # Ctrl+C stops a reply too (the habit from line chats); otherwise it keeps its usual
-        # meaning (copy the selection, or Textual's "how to quit" hint)
+        # Ctrl+C stops a reply too (the habit from line chats); on an empty input with
+        # nothing streaming it quits (as Ctrl+D does, the shell's end of input); otherwise
+        # both keep their meaning in the input (copy the selection, delete right)
         Binding("ctrl+c", "stop_reply", "Stop", show=False, priority=True),
+        Binding("ctrl+d", "quit_if_empty", "Quit", show=False, priority=True),
         Binding("ctrl+n", "new_chat", "New chat", priority=True),
         Binding("ctrl+l", "clear_screen", "Clear", priority=True),
         Binding("ctrl+q", "quit", "Quit", priority=True),
@@ -307,6 +309,10 @@ class ChatApp(App[int]):
         try:
             cmd = commands.parse(text)
         except commands.CommandError as e:
+            # cleared, so the next command is not typed after the mistyped one (Up brings
+            # it back to fix it); the error is a line in the chat, never in the input
+            self.input.remember(text)
+            self.input.clear()
             await self.say(str(e), "error")
             return
         if cmd is None:
@@ -431,10 +437,23 @@ class ChatApp(App[int]):
         await self._record(turn, "cancelled")
         turn.widget.set_stats("stopped", stopped=True)
 
+    def _idle_and_empty(self) -> bool:
+        """Nothing streaming, no dialog open, nothing typed: Ctrl+C / Ctrl+D quit then."""
+        return (self.screen is self.screen_stack[0] and not self.input.text
+                and (self.turn is None or self.turn.finished))
+
     async def action_stop_reply(self) -> None:
-        if self.turn is None or self.turn.finished:
+        if self.turn is not None and not self.turn.finished:
+            await self.action_stop()
+        elif self._idle_and_empty():
+            self.exit(0)
+        else:
             raise SkipAction()
-        await self.action_stop()
+
+    def action_quit_if_empty(self) -> None:
+        if not self._idle_and_empty():
+            raise SkipAction()
+        self.exit(0)
 
     async def action_new_chat(self) -> None:
         await self._drop_turn()
@@ -456,7 +475,9 @@ class ChatApp(App[int]):
 
     async def run_command(self, cmd: commands.Command) -> None:
         conv = self.conversation
-        if cmd.name == "help":
+        if cmd.name in commands.QUIT_COMMANDS:
+            self.exit(0)
+        elif cmd.name == "help":
             await self.view.mount(Markdown(commands.HELP, classes="note help"))
         elif cmd.name == "system":
             if not cmd.arg:

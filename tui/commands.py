@@ -26,7 +26,8 @@ HELP = f"""\
 - **Up** / **Down** on the first / last line: earlier / later messages
 - **Esc** (or **Ctrl+C**) stop the reply now: what came so far stays, marked *stopped*
 - **Ctrl+N** new chat (system prompt and settings kept); **Ctrl+L** clear the screen
-  (the conversation stays in context); **Ctrl+Q** quit
+  (the conversation stays in context)
+- **Ctrl+Q** quit; so do **Ctrl+D** and **Ctrl+C** on an empty input (nothing streaming)
 
 **Commands**
 
@@ -36,10 +37,12 @@ HELP = f"""\
 - `/save [FILE]`, `/load FILE` the conversation as JSON (bare names: the chats folder)
 - `/copy [code] [FILE]` the last reply (or its last code block) to the clipboard, and
   to FILE if given; clicking a code block copies it too
-- `/new`, `/clear`, `/help`
+- `/new`, `/clear`, `/help`; `/quit` (or `/bye`, `/exit`) quits
 """
 
-COMMANDS = ("system", "set", "model", "save", "load", "copy", "help", "new", "clear")
+QUIT_COMMANDS = ("quit", "bye", "exit")  # the spellings of ollama, llama.cpp and shells
+COMMANDS = ("system", "set", "model", "save", "load", "copy", "help", "new", "clear",
+            *QUIT_COMMANDS)
 
 _SETTINGS = {s.name: s for s in settings()}
 _ALIASES = {"num_predict": "max_tokens", "n": "max_tokens",
