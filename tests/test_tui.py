@@ -571,3 +571,58 @@ def test_unknown_command_is_a_notice_and_clears_the_input(tiny_chat: Path) -> No
         assert app.input.text == "/frobnicate now"
 
     run_app(tiny_chat, script)
+
+
+def long_conversation() -> Conversation:
+    conv = greedy()
+    reply = "Here:\n\n```python\nprint('hi')\n```\n\n" + "\n\n".join(f"line {i}" for i in range(30))
+    for i in range(3):
+        conv.messages += [{"role": "user", "content": f"question {i}"},
+                          {"role": "assistant", "content": reply}]
+    return conv
+
+
+def test_focus_returns_to_the_input_after_a_click(tiny_chat: Path) -> None:
+    from textual.widgets.markdown import MarkdownFence
+
+    async def script(pilot, app: ChatApp) -> None:
+        app.view.scroll_home(animate=False)
+        await pilot.pause()
+        for target in (MarkdownFence, UserMessage, StatusBar, "#conversation"):
+            app.input.clear()
+            await pilot.click(target)
+            await pilot.pause()
+            await pilot.press("x")
+            assert app.focused is app.input and app.input.text == "x", target
+        assert app.clipboard == "print('hi')"  # the code block click still copies
+
+    run_app(tiny_chat, script, conversation=long_conversation())
+
+
+def test_page_keys_scroll_the_conversation(tiny_chat: Path) -> None:
+    async def script(pilot, app: ChatApp) -> None:
+        view = app.view
+        await pilot.pause()
+        bottom = view.max_scroll_y
+        assert bottom > 20 and view.scroll_y == bottom
+        await pilot.press("pageup")
+        await pilot.pause()
+        assert 0 < view.scroll_y < bottom
+        await pilot.press("home")
+        await pilot.pause()
+        assert view.scroll_y == 0
+        await pilot.press("pagedown")
+        await pilot.pause()
+        assert 0 < view.scroll_y < bottom
+        await pilot.press("end")
+        await pilot.pause()
+        assert view.scroll_y == bottom
+        # with text in the input, Home / End move its cursor and the view stays
+        app.input.load_text("abc")
+        app.input.move_cursor((0, 3))
+        await pilot.press("home")
+        await pilot.pause()
+        assert app.input.cursor_location == (0, 0) and view.scroll_y == bottom
+        assert "PageUp" in commands.HELP
+
+    run_app(tiny_chat, script, conversation=long_conversation())

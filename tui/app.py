@@ -423,6 +423,28 @@ class ChatApp(App[int]):
 
     # --- keys ----------------------------------------------------------------------------
 
+    def on_chat_input_scroll_conversation(self, msg: ChatInput.ScrollConversation) -> None:
+        view = self.view
+        if msg.key == "end":
+            view.anchor()  # back at the bottom: follow the reply again
+            return
+        if msg.key == "home":
+            view.scroll_home(animate=False)
+        elif msg.key == "pageup":
+            view.scroll_page_up(animate=False)
+        else:
+            view.scroll_page_down(animate=False)
+        # reading back up: stop following the stream (until End or the bottom is reached)
+        view.release_anchor()
+        if msg.key == "pagedown" and view.scroll_target_y >= view.max_scroll_y:
+            view.anchor()
+
+    def on_click(self) -> None:
+        """Whatever was clicked (a code block to copy it, a message, the status bar), typing
+        afterwards goes to the input. Not while a dialog is open: its buttons keep focus."""
+        if self.screen is self.screen_stack[0]:
+            self.call_after_refresh(self.input.focus)
+
     async def action_stop(self) -> None:
         if isinstance(self.screen, ConfirmScreen):
             self.screen.dismiss(False)

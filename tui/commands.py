@@ -24,6 +24,9 @@ HELP = f"""\
 
 - **Enter** send; **Ctrl+J** new line (also Shift+Enter where the terminal tells it apart)
 - **Up** / **Down** on the first / last line: earlier / later messages
+- **PageUp** / **PageDown** scroll the conversation; so do **Home** / **End** while the
+  input is empty (End follows the reply again)
+- a click (on a code block: copies it) leaves the typing in the input
 - **Esc** (or **Ctrl+C**) stop the reply now: what came so far stays, marked *stopped*
 - **Ctrl+N** new chat (system prompt and settings kept); **Ctrl+L** clear the screen
   (the conversation stays in context)

@@ -22,11 +22,17 @@ from textual.widgets.markdown import MarkdownFence, MarkdownStream
 
 class ChatInput(TextArea):
     """Multi-line input: Enter sends, Ctrl+J (or Shift+Enter, where the terminal reports it)
-    starts a new line; Up on the first line / Down on the last walk through sent messages."""
+    starts a new line; Up on the first line / Down on the last walk through sent messages.
+    PageUp / PageDown scroll the conversation (the input is a few lines at most), and so do
+    Home / End while the input is empty (with text they move the cursor, as usual)."""
 
     @dataclass
     class Submitted(Message):
         text: str
+
+    @dataclass
+    class ScrollConversation(Message):
+        key: str  # "pageup", "pagedown", "home" or "end"
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus",
@@ -42,6 +48,12 @@ class ChatInput(TextArea):
             text = self.text
             if text.strip():
                 self.post_message(self.Submitted(text))
+            return
+        if event.key in ("pageup", "pagedown") or (event.key in ("home", "end")
+                                                   and not self.text):
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.ScrollConversation(event.key))
             return
         if event.key in ("ctrl+j", "shift+enter", "alt+enter"):
             event.stop()
