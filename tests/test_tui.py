@@ -626,3 +626,62 @@ def test_page_keys_scroll_the_conversation(tiny_chat: Path) -> None:
         assert "PageUp" in commands.HELP
 
     run_app(tiny_chat, script, conversation=long_conversation())
+
+
+def test_live_feedback_while_a_reply_is_written(tiny_chat: Path) -> None:
+    """A typing indicator until the first token; the status bar shows this reply's own
+    figures while it streams (never the previous reply's speeds), the final ones after."""
+
+    class HeldBackend(GatedBackend):
+        """Also holds each reply before its prompt is read, until `start` is set."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.start_gate = threading.Event()
+
+        def _chat(self, job) -> None:
+            self.start_gate.wait()
+            super()._chat(job)
+
+    async def scenario() -> None:
+        backend = HeldBackend(tiny_chat, n_ctx=512)
+        app = ChatApp(tiny_chat, conversation=greedy(40), backend=backend)
+        async with app.run_test(size=SIZE) as pilot:
+            status = lambda: str(app.query_one(StatusBar).render())  # noqa: E731
+            await wait_for(pilot, lambda: app.info is not None, "the model")
+            backend.start_gate.set()
+            backend.gate.set()
+            await send(pilot, app, "Hello")
+            assert "pp " in status() and not app.turn.widget.typing
+            backend.start_gate.clear()
+            backend.gate.clear()
+            backend.streaming.clear()
+            app.input.load_text("Again")
+            await pilot.press("enter")
+            await pilot.pause()
+            assert app.turn.widget.typing and "reading prompt" in status()
+            assert "pp " not in status()  # the previous reply's numbers are gone
+            backend.start_gate.set()
+            await wait_for(pilot, lambda: bool(app.turn.widget.source), "the first text")
+            assert not app.turn.widget.typing
+            assert "1 tokens" in status() and "pp " not in status()
+            backend.gate.set()
+            await wait_for(pilot, lambda: reply_done(app), "the reply")
+            st = app.turn.message["stats"]
+            assert f"ctx {app.backend.context_used()}/512" in status() and "pp " in status()
+            assert st["tokens"] > 1
+
+    asyncio.run(scenario())
+
+
+def test_stats_of_a_reply_stopped_while_its_prompt_is_read() -> None:
+    """Stopped after 128 of the 838 prompt tokens the cache did not hold: the other 710
+    were never read, and are not called cached."""
+    from localllm.generation.generate import GenerationStats
+
+    st = GenerationStats(prompt_tokens=850, prompt_eval_tokens=128, prompt_eval_s=1.0)
+    assert format_reply_stats(st, "cancelled", to_evaluate=838) == \
+        "0 tokens · prompt 128 of 838 evaluated + 12 cached, 128 tok/s · stopped"
+    st.prompt_eval_tokens = 838
+    assert format_reply_stats(st, "stop", False, to_evaluate=838) == \
+        "0 tokens · prompt 838 evaluated + 12 cached"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,8 @@ Screen { layout: vertical; }
 .msg.user .body { padding: 0 0 0 2; }
 .msg.assistant Markdown { margin: 0; padding: 0 0 0 2; }
 .msg.assistant .stats { color: $text-muted; padding: 0 0 0 2; }
+.msg.assistant .typing { height: 1; width: 100%; content-align: left middle; color: $text-muted;
+                         padding: 0 0 0 2; }
 .msg.assistant .thinking { border: none; padding: 0 0 0 1; margin: 0; background: $surface 0%; }
 .msg.assistant .thinking-text { color: $text-muted; text-style: italic; }
 .msg.assistant.stopped .stats { color: $warning; }
@@ -93,38 +96,73 @@ class Turn:
     stopped: bool = False  # Esc pressed: ignore further text, keep what is shown
     finished: bool = False  # recorded in the conversation
     message: dict = field(default_factory=dict)
+    # live figures for the status bar, this reply's only (never the previous one's)
+    started: float = field(default_factory=time.monotonic)
+    first_token: float | None = None  # when the first token came (the prompt was read)
+    tokens: int = 0  # tokens streamed so far
+    progress: Progress | None = None  # the last prompt-reading progress, long prompts only
+    done: bool = False  # the final event came: its stats replace the live figures
+
+    def live_facts(self, show_rates: bool) -> list[str]:
+        """'12 tokens, 8.1 tok/s, 3.2 s' while streaming; 'reading prompt 256/838' before."""
+        now = time.monotonic()
+        elapsed = f"{now - self.started:.1f} s" if show_rates else ""
+        if self.first_token is None:
+            p = self.progress
+            what = f"reading prompt {p.done}/{p.total}" if p else "reading prompt"
+            return [", ".join(x for x in (what, elapsed) if x)]
+        rate = ""
+        if show_rates and self.tokens > 1 and now > self.first_token:
+            rate = f"{(self.tokens - 1) / (now - self.first_token):.1f} tok/s"
+        return [", ".join(x for x in (f"{self.tokens} tokens", rate, elapsed) if x)]
 
 
 class BackendMessage(Message):
-    def __init__(self, handle: Handle, ev: BackendEvent) -> None:
+    def __init__(self, handle: Handle, ev: BackendEvent, tokens: int = 0) -> None:
         super().__init__()
         self.handle = handle
         self.ev = ev
+        self.tokens = tokens  # sampled tokens merged into this event (for the live count)
 
 
-def merge_text(events: list[BackendEvent]) -> list[BackendEvent]:
+def merge_counted(events: list[BackendEvent]) -> list[tuple[BackendEvent, int]]:
     """Join runs of text events into one (fewer screen updates when the engine is faster
-    than the screen); everything else keeps its place."""
-    out: list[BackendEvent] = []
+    than the screen); everything else keeps its place. Each with the number of sampled
+    tokens it stands for."""
+    out: list[tuple[BackendEvent, int]] = []
     for ev in events:
-        prev = out[-1] if out else None
+        n = int(isinstance(ev, Event) and not ev.done and ev.token is not None)
+        prev = out[-1][0] if out else None
         if (isinstance(ev, Event) and not ev.done and isinstance(prev, Event)
                 and not prev.done):
-            out[-1] = Event(text=prev.text + ev.text, thinking=prev.thinking + ev.thinking,
-                            token=ev.token)
+            out[-1] = (Event(text=prev.text + ev.text, thinking=prev.thinking + ev.thinking,
+                             token=ev.token), out[-1][1] + n)
         else:
-            out.append(ev)
+            out.append((ev, n))
     return out
 
 
-def format_reply_stats(stats: Any, reason: str | None, show_rates: bool = True) -> str:
-    """'42 tokens, 70.1 tok/s · prompt 25 evaluated + 312 cached · drafted 20, accepted 12'."""
+def merge_text(events: list[BackendEvent]) -> list[BackendEvent]:
+    return [ev for ev, _ in merge_counted(events)]
+
+
+def format_reply_stats(stats: Any, reason: str | None, show_rates: bool = True,
+                       to_evaluate: int | None = None) -> str:
+    """'42 tokens, 70.1 tok/s · prompt 25 evaluated + 312 cached · drafted 20, accepted 12'.
+
+    to_evaluate: the prompt tokens the cache did not hold (from the prompt-reading progress,
+    long prompts only). A reply stopped while its prompt was read evaluated fewer: the rest
+    was never read, and is not counted as cached ('prompt 128 of 838 evaluated + 0 cached')."""
     if stats is None:
         return ""
     parts = [f"{stats.eval_tokens} tokens" + (f", {stats.eval_tps:.1f} tok/s" if show_rates
                                                and stats.eval_tokens else "")]
+    evaluated = f"{stats.prompt_eval_tokens}"
     cached = stats.prompt_tokens - stats.prompt_eval_tokens
-    parts.append(f"prompt {stats.prompt_eval_tokens} evaluated + {cached} cached"
+    if to_evaluate is not None and stats.prompt_eval_tokens < to_evaluate:
+        evaluated = f"{stats.prompt_eval_tokens} of {to_evaluate}"
+        cached = stats.prompt_tokens - to_evaluate
+    parts.append(f"prompt {evaluated} evaluated + {cached} cached"
                  + (f", {stats.prompt_tps:.0f} tok/s" if show_rates and stats.prompt_eval_s
                     else ""))
     drafted = getattr(stats, "draft_tokens", 0)
@@ -217,6 +255,13 @@ class ChatApp(App[int]):
         self.loading = self.backend.start()
         self._pump(self.loading)
         self.update_status()
+        # the elapsed time ticks while a long prompt is read (no events come between chunks)
+        self.set_interval(0.5, self._tick)
+
+    def _tick(self) -> None:
+        turn = self.turn
+        if turn is not None and not turn.done and not turn.stopped:
+            self.update_status()
 
     async def on_unmount(self) -> None:
         self._closing = True
@@ -250,8 +295,8 @@ class ChatApp(App[int]):
                 if nxt is None:
                     break
                 batch.append(nxt)
-            for ev in merge_text(batch):
-                self.post_message(BackendMessage(handle, ev))
+            for ev, n in merge_counted(batch):
+                self.post_message(BackendMessage(handle, ev, n))
             if is_final(batch[-1]):
                 return
 
@@ -264,9 +309,16 @@ class ChatApp(App[int]):
         if turn is None or msg.handle is not turn.handle:
             return  # a turn given up on (new chat): its late events mean nothing now
         if isinstance(ev, Progress):
+            turn.progress = ev
             self._show_progress(ev)
             self.update_status()  # the context fills as the prompt is evaluated
         elif isinstance(ev, Event):
+            if msg.tokens and not ev.done:
+                turn.tokens += msg.tokens
+                if turn.first_token is None:
+                    turn.first_token = time.monotonic()
+                if not turn.stopped:
+                    self.update_status()
             if not turn.stopped and (ev.text or ev.thinking):
                 self._show_progress(None)
                 if self.backend.think is not False:  # --no-think: reasoning hidden
@@ -344,6 +396,8 @@ class ChatApp(App[int]):
         conv = self.conversation
         handle = self.backend.submit(conv.prompt_messages(), conv.config, conv.max_tokens)
         self.turn = Turn(handle, widget)
+        self.last_stats = None  # the status bar shows this reply's figures from now on
+        self.update_status()
         self._pump(handle)
 
     async def _finish_turn(self, turn: Turn, ev: Event) -> None:
@@ -352,9 +406,11 @@ class ChatApp(App[int]):
         reason = "cancelled" if turn.stopped else ev.done_reason
         if not turn.finished:
             await self._record(turn, reason)
+        to_evaluate = turn.progress.total if turn.progress else None
         turn.message["stats"] = stats_record(ev.stats, reason)
-        turn.widget.set_stats(format_reply_stats(ev.stats, reason, self.show_rates),
-                              stopped=reason == "cancelled")
+        turn.widget.set_stats(format_reply_stats(ev.stats, reason, self.show_rates,
+                                                 to_evaluate), stopped=reason == "cancelled")
+        turn.done = True
         self.last_stats = ev.stats
         self.update_status()
         if reason == "length" and self.info and self.backend.context_used() >= self.info.n_ctx - 1:
@@ -620,6 +676,9 @@ class ChatApp(App[int]):
         kv_type = info.k_type if info.k_type == info.v_type else f"{info.k_type}/{info.v_type}"
         mib = info.kv_bytes / 2**20
         facts = [f"ctx {used}/{info.n_ctx}", f"KV {mib:.{1 if mib < 10 else 0}f} MiB {kv_type}"]
+        turn = self.turn
+        if turn is not None and not turn.done and not turn.stopped:
+            return info.name, facts + turn.live_facts(self.show_rates)
         st = self.last_stats
         if st is not None and self.show_rates:
             facts.append(f"pp {st.prompt_tps:.0f} tg {st.eval_tps:.1f} tok/s")

@@ -16,7 +16,15 @@ from textual.binding import Binding
 from textual.containers import Grid, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Button, Collapsible, Label, Markdown, Static, TextArea
+from textual.widgets import (
+    Button,
+    Collapsible,
+    Label,
+    LoadingIndicator,
+    Markdown,
+    Static,
+    TextArea,
+)
 from textual.widgets.markdown import MarkdownFence, MarkdownStream
 
 
@@ -114,8 +122,9 @@ class Note(Static):
 
 
 class AssistantMessage(Vertical):
-    """A reply: a reasoning model's thinking (dimmed, collapsed once the answer starts,
-    hidden when there is none), Markdown that grows as deltas arrive, then a stats line."""
+    """A reply: a typing indicator until the first token (the prompt is being read), a
+    reasoning model's thinking (dimmed, collapsed once the answer starts, hidden when there
+    is none), Markdown that grows as deltas arrive, then a stats line."""
 
     def __init__(self, who: str, message: dict | None = None) -> None:
         super().__init__(classes="msg assistant")
@@ -127,6 +136,9 @@ class AssistantMessage(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Label(self.who, classes="who")
+        typing = LoadingIndicator(classes="typing")
+        typing.display = self.message is None  # a reply loaded from a file is complete
+        yield typing
         box = Collapsible(Static("", markup=False, classes="thinking-text"), title="Thinking",
                           collapsed=False, classes="thinking")
         box.display = False
@@ -138,9 +150,17 @@ class AssistantMessage(Vertical):
     def markdown(self) -> Markdown:
         return self.query_one(Markdown)
 
+    @property
+    def typing(self) -> bool:
+        return bool(self.query_one(".typing").display)
+
+    def stop_typing(self) -> None:
+        self.query_one(".typing").display = False
+
     def append_thinking(self, delta: str) -> None:
         if not delta:
             return
+        self.stop_typing()
         self.thinking += delta
         box = self.query_one(".thinking", Collapsible)
         box.display = True
@@ -149,6 +169,7 @@ class AssistantMessage(Vertical):
     async def append(self, delta: str) -> None:
         if not delta:
             return
+        self.stop_typing()
         if self.thinking and not self.source:  # the answer starts: fold the thinking away
             self.query_one(".thinking", Collapsible).collapsed = True
         if self._stream is None:
@@ -163,6 +184,7 @@ class AssistantMessage(Vertical):
             await stream.stop()
 
     def set_stats(self, text: str, stopped: bool = False) -> None:
+        self.stop_typing()
         self.query_one(".stats", Static).update(text)
         self.set_class(stopped, "stopped")
 
