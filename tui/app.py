@@ -430,6 +430,7 @@ class ChatApp(App[int]):
         """Take back the user message a reply was started for (it goes back in the input)."""
         await turn.widget.remove()
         self.turn = None
+        self.update_status()  # no reply now: the live figures go
         msgs = self.conversation.messages
         if msgs and msgs[-1]["role"] == "user":
             last = msgs.pop()
