@@ -685,3 +685,31 @@ def test_stats_of_a_reply_stopped_while_its_prompt_is_read() -> None:
     st.prompt_eval_tokens = 838
     assert format_reply_stats(st, "stop", False, to_evaluate=838) == \
         "0 tokens · prompt 838 evaluated + 12 cached"
+
+
+def test_command_palette_lists_every_command_and_key(tiny_chat: Path) -> None:
+    """Ctrl+P: the palette; its entries are every slash command and every key (Textual's own
+    entries left out); choosing a command that needs an argument puts it in the input."""
+    from textual.command import CommandPalette
+
+    assert set(commands.COMMANDS) == set(commands.PALETTE) | set(commands.QUIT_COMMANDS)
+
+    async def script(pilot, app: ChatApp) -> None:
+        entries = {c.title: c.help for c in app.get_system_commands(app.screen)}
+        assert {u for u, _, _ in commands.PALETTE.values()} <= set(entries)
+        assert "Theme" not in entries and "Ctrl+J" in entries["New line"]
+        for key in ("Esc", "PageUp", "PageDown", "Home", "End", "Ctrl+N", "Ctrl+L", "Ctrl+Q",
+                    "Ctrl+D"):
+            assert any(key in h for h in entries.values()), key
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        assert isinstance(app.screen, CommandPalette)
+        for c in "/model":
+            await pilot.press(c)
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert not isinstance(app.screen, CommandPalette)
+        assert app.input.text == "/model " and app.focused is app.input
+
+    run_app(tiny_chat, script)

@@ -20,16 +20,18 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from textual import work
 from textual.actions import SkipAction
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
+from textual.screen import Screen
 from textual.widgets import Footer, Markdown, ProgressBar
 from textual.worker import get_current_worker
 
@@ -194,7 +196,6 @@ def stats_record(stats: Any, reason: str | None) -> dict:
 class ChatApp(App[int]):
     CSS = CSS
     TITLE = "localllm chat"
-    ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
         Binding("escape", "stop", "Stop", priority=True),
         # Ctrl+C stops a reply too (the habit from line chats); on an empty input with
@@ -549,6 +550,49 @@ class ChatApp(App[int]):
         if self.turn is not None and not self.turn.finished:
             await self.action_stop()
         self.turn = None
+
+    # --- the command palette (Ctrl+P) -----------------------------------------------------
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """Every slash command and every key, so the palette is the one place to find them
+        (Textual's own entries, themes and screenshots, are not the chat's business)."""
+        for name, (usage, what, takes_arg) in commands.PALETTE.items():
+            yield SystemCommand(usage, what, self._palette_command(name, takes_arg))
+        scroll = ChatInput.ScrollConversation
+        keys: list[tuple[str, str, Callable[[], Any]]] = [
+            ("Stop the reply", "Esc, or Ctrl+C while it streams", self.action_stop),
+            ("New line", "Ctrl+J, or Shift+Enter where the terminal tells it apart",
+             lambda: self.input.insert("\n")),
+            ("Earlier message", "Up on the first line of the input",
+             self.input.action_cursor_up),
+            ("Later message", "Down on the last line of the input",
+             self.input.action_cursor_down),
+            ("Scroll up", "PageUp", lambda: self.post_message(scroll("pageup"))),
+            ("Scroll down", "PageDown", lambda: self.post_message(scroll("pagedown"))),
+            ("Top of the conversation", "Home on an empty input",
+             lambda: self.post_message(scroll("home"))),
+            ("Bottom of the conversation", "End on an empty input (follows the reply)",
+             lambda: self.post_message(scroll("end"))),
+            ("New chat", "Ctrl+N", self.action_new_chat),
+            ("Clear the screen", "Ctrl+L", self.action_clear_screen),
+            ("Quit", "Ctrl+Q; Ctrl+D or Ctrl+C on an empty input", lambda: self.exit(0)),
+        ]
+        for title, key, callback in keys:
+            yield SystemCommand(title, key, callback)
+
+    def _palette_command(self, name: str, takes_arg: bool) -> Callable[[], Any]:
+        async def chosen() -> None:
+            if takes_arg:  # the argument is typed in the input, then Enter
+                self.input.load_text(f"/{name} ")
+                self.input.move_cursor(self.input.document.end)
+                self.input.focus()
+                return
+            try:
+                await self.run_command(commands.Command(name, ""))
+            except (commands.CommandError, ConversationFileError, OSError, ValueError) as e:
+                await self.say(f"/{name}: {e}", "error")
+
+        return chosen
 
     # --- commands ------------------------------------------------------------------------
 
