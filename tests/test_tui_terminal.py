@@ -71,7 +71,8 @@ def test_chat_in_a_real_terminal(smollm2_path: Path) -> None:
         name = smollm2_path.name.removesuffix(".gguf")
         term.wait_for(lambda s: f"{name} ready" in s, "the model", limit=600)
         term.send("What is the capital of France?", "Enter")
-        screen = term.wait_for(lambda s: "tok/s" in status_line(s), "the reply's stats")
+        # "pp": the final figures (while it streams the status bar shows live ones)
+        screen = term.wait_for(lambda s: "pp " in status_line(s), "the reply's stats")
         assert "What is the capital of France?" in screen
         reply = screen.split("France?", 1)[1].split("tokens", 1)[0]
         assert len(reply.split()) > 3  # a streamed reply (sampled: its words vary)
