@@ -713,3 +713,49 @@ def test_command_palette_lists_every_command_and_key(tiny_chat: Path) -> None:
         assert app.input.text == "/model " and app.focused is app.input
 
     run_app(tiny_chat, script)
+
+
+def test_escape_while_the_prompt_is_read(tiny_chat: Path) -> None:
+    """Esc between prompt chunks: the live figures leave the status bar at once; the stats
+    line then says how much of the prompt was read, and calls none of the rest cached."""
+    from localllm.tui.backend import Progress
+
+    class HoldOnProgress(ChatBackend):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.gate = threading.Event()
+
+        def _submit(self, kind: str, **args) -> Handle:
+            h = super()._submit(kind, **args)
+            put = h.put
+
+            def held(ev) -> None:
+                put(ev)
+                if isinstance(ev, Progress):
+                    self.gate.wait()
+
+            h.put = held  # type: ignore[method-assign]
+            return h
+
+    async def scenario() -> None:
+        backend = HoldOnProgress(tiny_chat, n_ctx=2048)
+        app = ChatApp(tiny_chat, conversation=greedy(8), backend=backend)
+        async with app.run_test(size=SIZE) as pilot:
+            status = lambda: str(app.query_one(StatusBar).render())  # noqa: E731
+            await wait_for(pilot, lambda: app.info is not None, "the model")
+            app.input.load_text(" ".join(f"item {i}," for i in range(120)))
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.turn.progress is not None, "the first chunk")
+            assert "reading prompt" in status()
+            await pilot.press("escape")
+            assert "reading prompt" not in status() and "pp " not in status()
+            backend.gate.set()
+            await wait_for(pilot, lambda: reply_done(app), "the cancelled job's end")
+            total = app.turn.progress.total
+            line = str(app.turn.widget.query_one(".stats").render())
+            done = app.turn.message["stats"]["prompt_evaluated"]
+            assert done < total
+            assert f"prompt {done} of {total} evaluated + 0 cached" in line, line
+            assert "pp " in status() and not app.turn.widget.typing
+
+    asyncio.run(scenario())

@@ -516,6 +516,7 @@ class ChatApp(App[int]):
         # Shown and recorded now; the stats line follows when the engine thread reports.
         await self._record(turn, "cancelled")
         turn.widget.set_stats("stopped", stopped=True)
+        self.update_status()  # the live figures go now, the final ones come with the end
 
     def _idle_and_empty(self) -> bool:
         """Nothing streaming, no dialog open, nothing typed: Ctrl+C / Ctrl+D quit then."""
