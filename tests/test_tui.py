@@ -522,12 +522,12 @@ def test_copy_gives_clean_text_and_model_errors_stay_in_the_chat(tiny_chat: Path
 # --- keys, focus and live feedback -------------------------------------------------------
 
 
-def run_app(tiny_chat: Path, script: Callable, **kwargs) -> ChatApp:
+def run_app(tiny_chat: Path, script: Callable, n_ctx: int = 256, **kwargs) -> ChatApp:
     """Run `script(pilot, app)` in the app on the tiny model (loaded); the app afterwards."""
 
     async def scenario() -> ChatApp:
         app = ChatApp(tiny_chat, conversation=kwargs.pop("conversation", greedy()),
-                      engine_opts={"n_ctx": 256}, **kwargs)
+                      engine_opts={"n_ctx": n_ctx}, **kwargs)
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: app.info is not None, "the model")
             await script(pilot, app)
@@ -759,3 +759,24 @@ def test_escape_while_the_prompt_is_read(tiny_chat: Path) -> None:
             assert "pp " in status() and not app.turn.widget.typing
 
     asyncio.run(scenario())
+
+
+def test_command_results_are_shown_and_old_speeds_go(tiny_chat: Path) -> None:
+    """A command run while scrolled up brings the view back to its result; a new chat does
+    not show the previous chat's speeds."""
+
+    async def script(pilot, app: ChatApp) -> None:
+        view = app.view
+        await send(pilot, app, "Hello")
+        await pilot.press("home")
+        await pilot.pause()
+        assert view.scroll_y == 0 < view.max_scroll_y
+        assert "max_tokens" in await command(pilot, app, "/set")
+        await pilot.pause()
+        assert view.scroll_y == view.max_scroll_y
+        assert "pp " in str(app.query_one(StatusBar).render())
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert "pp " not in str(app.query_one(StatusBar).render())
+
+    run_app(tiny_chat, script, n_ctx=2048, conversation=long_conversation())

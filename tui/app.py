@@ -359,6 +359,8 @@ class ChatApp(App[int]):
 
     async def on_chat_input_submitted(self, msg: ChatInput.Submitted) -> None:
         text = msg.text
+        # back to the bottom (scrolled up or not): what the line does is shown there
+        self.view.anchor()
         try:
             cmd = commands.parse(text)
         except commands.CommandError as e:
@@ -539,6 +541,7 @@ class ChatApp(App[int]):
     async def action_new_chat(self) -> None:
         await self._drop_turn()
         self.conversation.messages = []
+        self.last_stats = None  # the previous chat's speeds are not this one's
         await self.view.remove_children()
         await self.say("New chat" + (" (system prompt kept)." if self.conversation.system
                                      else "."))
@@ -646,6 +649,7 @@ class ChatApp(App[int]):
         await self._drop_turn()
         self.model_path = path
         self.info = None
+        self.last_stats = None  # the old model's speeds
         await self.say(f"Loading {path.name} ...")
         self.loading = self.backend.load(path)
         self._pump(self.loading)
