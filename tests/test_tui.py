@@ -517,3 +517,266 @@ def test_copy_gives_clean_text_and_model_errors_stay_in_the_chat(tiny_chat: Path
     other = tmp_path / "other.gguf"
     write_tiny_model(other, "llama", seed=2)
     asyncio.run(scenario())
+
+
+# --- keys, focus and live feedback -------------------------------------------------------
+
+
+def run_app(tiny_chat: Path, script: Callable, n_ctx: int = 256, **kwargs) -> ChatApp:
+    """Run `script(pilot, app)` in the app on the tiny model (loaded); the app afterwards."""
+
+    async def scenario() -> ChatApp:
+        app = ChatApp(tiny_chat, conversation=kwargs.pop("conversation", greedy()),
+                      engine_opts={"n_ctx": n_ctx}, **kwargs)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.info is not None, "the model")
+            await script(pilot, app)
+        return app
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("how", ["/quit", "/bye", "/exit", "ctrl+d", "ctrl+c"])
+def test_quitting(tiny_chat: Path, how: str) -> None:
+    """The quit commands, and Ctrl+D / Ctrl+C on an empty input, end the app with status 0;
+    with text in the input those keys keep their meaning there (delete right, copy)."""
+
+    async def script(pilot, app: ChatApp) -> None:
+        if how.startswith("/"):
+            app.input.load_text(how)
+            await pilot.press("enter")
+        else:
+            app.input.load_text("ab")
+            app.input.move_cursor((0, 0))
+            await pilot.press(how)
+            await pilot.pause()
+            assert app.is_running and app.input.text == ("b" if how == "ctrl+d" else "ab")
+            app.input.clear()
+            await pilot.press(how)
+        await pilot.pause()
+        assert not app.is_running
+
+    assert run_app(tiny_chat, script).return_code == 0
+
+
+def test_unknown_command_is_a_notice_and_clears_the_input(tiny_chat: Path) -> None:
+    async def script(pilot, app: ChatApp) -> None:
+        said = await command(pilot, app, "/frobnicate now")
+        assert "unknown command /frobnicate" in said and app.input.text == ""
+        assert "usage: /load FILE" in await command(pilot, app, "/load")
+        assert app.input.text == ""
+        assert "System prompt set" in await command(pilot, app, "/system Be kind.")
+        assert app.conversation.system == "Be kind."  # not "/frobnicate now/system ..."
+        await pilot.press("up", "up", "up")  # the mistyped one can be fetched back to fix
+        assert app.input.text == "/frobnicate now"
+
+    run_app(tiny_chat, script)
+
+
+def long_conversation() -> Conversation:
+    conv = greedy()
+    reply = "Here:\n\n```python\nprint('hi')\n```\n\n" + "\n\n".join(f"line {i}" for i in range(30))
+    for i in range(3):
+        conv.messages += [{"role": "user", "content": f"question {i}"},
+                          {"role": "assistant", "content": reply}]
+    return conv
+
+
+def test_focus_returns_to_the_input_after_a_click(tiny_chat: Path) -> None:
+    from textual.widgets.markdown import MarkdownFence
+
+    async def script(pilot, app: ChatApp) -> None:
+        app.view.scroll_home(animate=False)
+        await pilot.pause()
+        for target in (MarkdownFence, UserMessage, StatusBar, "#conversation"):
+            app.input.clear()
+            await pilot.click(target)
+            await pilot.pause()
+            await pilot.press("x")
+            assert app.focused is app.input and app.input.text == "x", target
+        assert app.clipboard == "print('hi')"  # the code block click still copies
+
+    run_app(tiny_chat, script, conversation=long_conversation())
+
+
+def test_page_keys_scroll_the_conversation(tiny_chat: Path) -> None:
+    async def script(pilot, app: ChatApp) -> None:
+        view = app.view
+        await pilot.pause()
+        bottom = view.max_scroll_y
+        assert bottom > 20 and view.scroll_y == bottom
+        await pilot.press("pageup")
+        await pilot.pause()
+        assert 0 < view.scroll_y < bottom
+        await pilot.press("home")
+        await pilot.pause()
+        assert view.scroll_y == 0
+        await pilot.press("pagedown")
+        await pilot.pause()
+        assert 0 < view.scroll_y < bottom
+        await pilot.press("end")
+        await pilot.pause()
+        assert view.scroll_y == bottom
+        # with text in the input, Home / End move its cursor and the view stays
+        app.input.load_text("abc")
+        app.input.move_cursor((0, 3))
+        await pilot.press("home")
+        await pilot.pause()
+        assert app.input.cursor_location == (0, 0) and view.scroll_y == bottom
+        assert "PageUp" in commands.HELP
+
+    run_app(tiny_chat, script, conversation=long_conversation())
+
+
+def test_live_feedback_while_a_reply_is_written(tiny_chat: Path) -> None:
+    """A typing indicator until the first token; the status bar shows this reply's own
+    figures while it streams (never the previous reply's speeds), the final ones after."""
+
+    class HeldBackend(GatedBackend):
+        """Also holds each reply before its prompt is read, until `start` is set."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.start_gate = threading.Event()
+
+        def _chat(self, job) -> None:
+            self.start_gate.wait()
+            super()._chat(job)
+
+    async def scenario() -> None:
+        backend = HeldBackend(tiny_chat, n_ctx=512)
+        app = ChatApp(tiny_chat, conversation=greedy(40), backend=backend)
+        async with app.run_test(size=SIZE) as pilot:
+            status = lambda: str(app.query_one(StatusBar).render())  # noqa: E731
+            await wait_for(pilot, lambda: app.info is not None, "the model")
+            backend.start_gate.set()
+            backend.gate.set()
+            await send(pilot, app, "Hello")
+            assert "pp " in status() and not app.turn.widget.typing
+            backend.start_gate.clear()
+            backend.gate.clear()
+            backend.streaming.clear()
+            app.input.load_text("Again")
+            await pilot.press("enter")
+            await pilot.pause()
+            assert app.turn.widget.typing and "reading prompt" in status()
+            assert "pp " not in status()  # the previous reply's numbers are gone
+            backend.start_gate.set()
+            await wait_for(pilot, lambda: bool(app.turn.widget.source), "the first text")
+            assert not app.turn.widget.typing
+            assert "1 tokens" in status() and "pp " not in status()
+            backend.gate.set()
+            await wait_for(pilot, lambda: reply_done(app), "the reply")
+            st = app.turn.message["stats"]
+            assert f"ctx {app.backend.context_used()}/512" in status() and "pp " in status()
+            assert st["tokens"] > 1
+
+    asyncio.run(scenario())
+
+
+def test_stats_of_a_reply_stopped_while_its_prompt_is_read() -> None:
+    """Stopped after 128 of the 838 prompt tokens the cache did not hold: the other 710
+    were never read, and are not called cached."""
+    from localllm.generation.generate import GenerationStats
+
+    st = GenerationStats(prompt_tokens=850, prompt_eval_tokens=128, prompt_eval_s=1.0)
+    assert format_reply_stats(st, "cancelled", to_evaluate=838) == \
+        "0 tokens · prompt 128 of 838 evaluated + 12 cached, 128 tok/s · stopped"
+    st.prompt_eval_tokens = 838
+    assert format_reply_stats(st, "stop", False, to_evaluate=838) == \
+        "0 tokens · prompt 838 evaluated + 12 cached"
+
+
+def test_command_palette_lists_every_command_and_key(tiny_chat: Path) -> None:
+    """Ctrl+P: the palette; its entries are every slash command and every key (Textual's own
+    entries left out); choosing a command that needs an argument puts it in the input."""
+    from textual.command import CommandPalette
+
+    assert set(commands.COMMANDS) == set(commands.PALETTE) | set(commands.QUIT_COMMANDS)
+
+    async def script(pilot, app: ChatApp) -> None:
+        entries = {c.title: c.help for c in app.get_system_commands(app.screen)}
+        assert {u for u, _, _ in commands.PALETTE.values()} <= set(entries)
+        assert "Theme" not in entries and "Ctrl+J" in entries["New line"]
+        for key in ("Esc", "PageUp", "PageDown", "Home", "End", "Ctrl+N", "Ctrl+L", "Ctrl+Q",
+                    "Ctrl+D"):
+            assert any(key in h for h in entries.values()), key
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        assert isinstance(app.screen, CommandPalette)
+        for c in "/model":
+            await pilot.press(c)
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert not isinstance(app.screen, CommandPalette)
+        assert app.input.text == "/model " and app.focused is app.input
+
+    run_app(tiny_chat, script)
+
+
+def test_escape_while_the_prompt_is_read(tiny_chat: Path) -> None:
+    """Esc between prompt chunks: the live figures leave the status bar at once; the stats
+    line then says how much of the prompt was read, and calls none of the rest cached."""
+    from localllm.tui.backend import Progress
+
+    class HoldOnProgress(ChatBackend):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.gate = threading.Event()
+
+        def _submit(self, kind: str, **args) -> Handle:
+            h = super()._submit(kind, **args)
+            put = h.put
+
+            def held(ev) -> None:
+                put(ev)
+                if isinstance(ev, Progress):
+                    self.gate.wait()
+
+            h.put = held  # type: ignore[method-assign]
+            return h
+
+    async def scenario() -> None:
+        backend = HoldOnProgress(tiny_chat, n_ctx=2048)
+        app = ChatApp(tiny_chat, conversation=greedy(8), backend=backend)
+        async with app.run_test(size=SIZE) as pilot:
+            status = lambda: str(app.query_one(StatusBar).render())  # noqa: E731
+            await wait_for(pilot, lambda: app.info is not None, "the model")
+            app.input.load_text(" ".join(f"item {i}," for i in range(120)))
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.turn.progress is not None, "the first chunk")
+            assert "reading prompt" in status()
+            await pilot.press("escape")
+            assert "reading prompt" not in status() and "pp " not in status()
+            backend.gate.set()
+            await wait_for(pilot, lambda: reply_done(app), "the cancelled job's end")
+            total = app.turn.progress.total
+            line = str(app.turn.widget.query_one(".stats").render())
+            done = app.turn.message["stats"]["prompt_evaluated"]
+            assert done < total
+            assert f"prompt {done} of {total} evaluated + 0 cached" in line, line
+            assert "pp " in status() and not app.turn.widget.typing
+
+    asyncio.run(scenario())
+
+
+def test_command_results_are_shown_and_old_speeds_go(tiny_chat: Path) -> None:
+    """A command run while scrolled up brings the view back to its result; a new chat does
+    not show the previous chat's speeds."""
+
+    async def script(pilot, app: ChatApp) -> None:
+        view = app.view
+        await send(pilot, app, "Hello")
+        await pilot.press("home")
+        await pilot.pause()
+        assert view.scroll_y == 0 < view.max_scroll_y
+        assert "max_tokens" in await command(pilot, app, "/set")
+        await pilot.pause()
+        assert view.scroll_y == view.max_scroll_y
+        assert "pp " in str(app.query_one(StatusBar).render())
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert "pp " not in str(app.query_one(StatusBar).render())
+
+    run_app(tiny_chat, script, n_ctx=2048, conversation=long_conversation())

@@ -43,6 +43,9 @@ class Tmux:
     def send(self, *keys: str) -> None:
         self._tmux("send-keys", "-t", "chat", *keys)
 
+    def pane_command(self) -> str:
+        return self._tmux("display-message", "-p", "-t", "chat", "#{pane_current_command}").strip()
+
     def screen(self) -> str:
         return self._tmux("capture-pane", "-p", "-t", "chat")
 
@@ -71,7 +74,8 @@ def test_chat_in_a_real_terminal(smollm2_path: Path) -> None:
         name = smollm2_path.name.removesuffix(".gguf")
         term.wait_for(lambda s: f"{name} ready" in s, "the model", limit=600)
         term.send("What is the capital of France?", "Enter")
-        screen = term.wait_for(lambda s: "tok/s" in status_line(s), "the reply's stats")
+        # "pp": the final figures (while it streams the status bar shows live ones)
+        screen = term.wait_for(lambda s: "pp " in status_line(s), "the reply's stats")
         assert "What is the capital of France?" in screen
         reply = screen.split("France?", 1)[1].split("tokens", 1)[0]
         assert len(reply.split()) > 3  # a streamed reply (sampled: its words vary)
@@ -83,6 +87,9 @@ def test_chat_in_a_real_terminal(smollm2_path: Path) -> None:
         term.send("Write a long story about a dragon who learns to cook.", "Enter")
         term.wait_for(lambda s: "dragon" in s.split("learns to cook.", 1)[-1].lower(),
                       "the story to start")
+        # while it streams, the status bar shows this reply's live figures
+        live = status_line(term.wait_for(lambda s: "tokens," in status_line(s), "live figures"))
+        assert "pp " not in live and "ctx " in live
         term.send("Escape")
         stopped = term.wait_for(lambda s: "stopped" in s and "tokens" in s.split("cook.")[-1],
                                 "the stopped reply's stats")
@@ -90,5 +97,11 @@ def test_chat_in_a_real_terminal(smollm2_path: Path) -> None:
         assert "+ 0 cached" not in stopped.split("learns to cook.")[-1]
         time.sleep(1.0)
         assert term.screen() == stopped  # nothing arrives after the stop
+
+        term.send("/quit", "Enter")
+        t0 = time.monotonic()
+        while term.pane_command() != "sleep":  # the app ended; the shell runs `sleep 60`
+            assert time.monotonic() - t0 < 30, "the app did not quit on /quit"
+            time.sleep(0.05)
     finally:
         term.close()

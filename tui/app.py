@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from textual import work
 from textual.actions import SkipAction
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
+from textual.screen import Screen
 from textual.widgets import Footer, Markdown, ProgressBar
 from textual.worker import get_current_worker
 
@@ -65,6 +68,8 @@ Screen { layout: vertical; }
 .msg.user .body { padding: 0 0 0 2; }
 .msg.assistant Markdown { margin: 0; padding: 0 0 0 2; }
 .msg.assistant .stats { color: $text-muted; padding: 0 0 0 2; }
+.msg.assistant .typing { height: 1; width: 100%; content-align: left middle; color: $text-muted;
+                         padding: 0 0 0 2; }
 .msg.assistant .thinking { border: none; padding: 0 0 0 1; margin: 0; background: $surface 0%; }
 .msg.assistant .thinking-text { color: $text-muted; text-style: italic; }
 .msg.assistant.stopped .stats { color: $warning; }
@@ -93,38 +98,73 @@ class Turn:
     stopped: bool = False  # Esc pressed: ignore further text, keep what is shown
     finished: bool = False  # recorded in the conversation
     message: dict = field(default_factory=dict)
+    # live figures for the status bar, this reply's only (never the previous one's)
+    started: float = field(default_factory=time.monotonic)
+    first_token: float | None = None  # when the first token came (the prompt was read)
+    tokens: int = 0  # tokens streamed so far
+    progress: Progress | None = None  # the last prompt-reading progress, long prompts only
+    done: bool = False  # the final event came: its stats replace the live figures
+
+    def live_facts(self, show_rates: bool) -> list[str]:
+        """'12 tokens, 8.1 tok/s, 3.2 s' while streaming; 'reading prompt 256/838' before."""
+        now = time.monotonic()
+        elapsed = f"{now - self.started:.1f} s" if show_rates else ""
+        if self.first_token is None:
+            p = self.progress
+            what = f"reading prompt {p.done}/{p.total}" if p else "reading prompt"
+            return [", ".join(x for x in (what, elapsed) if x)]
+        rate = ""
+        if show_rates and self.tokens > 1 and now > self.first_token:
+            rate = f"{(self.tokens - 1) / (now - self.first_token):.1f} tok/s"
+        return [", ".join(x for x in (f"{self.tokens} tokens", rate, elapsed) if x)]
 
 
 class BackendMessage(Message):
-    def __init__(self, handle: Handle, ev: BackendEvent) -> None:
+    def __init__(self, handle: Handle, ev: BackendEvent, tokens: int = 0) -> None:
         super().__init__()
         self.handle = handle
         self.ev = ev
+        self.tokens = tokens  # sampled tokens merged into this event (for the live count)
 
 
-def merge_text(events: list[BackendEvent]) -> list[BackendEvent]:
+def merge_counted(events: list[BackendEvent]) -> list[tuple[BackendEvent, int]]:
     """Join runs of text events into one (fewer screen updates when the engine is faster
-    than the screen); everything else keeps its place."""
-    out: list[BackendEvent] = []
+    than the screen); everything else keeps its place. Each with the number of sampled
+    tokens it stands for."""
+    out: list[tuple[BackendEvent, int]] = []
     for ev in events:
-        prev = out[-1] if out else None
+        n = int(isinstance(ev, Event) and not ev.done and ev.token is not None)
+        prev = out[-1][0] if out else None
         if (isinstance(ev, Event) and not ev.done and isinstance(prev, Event)
                 and not prev.done):
-            out[-1] = Event(text=prev.text + ev.text, thinking=prev.thinking + ev.thinking,
-                            token=ev.token)
+            out[-1] = (Event(text=prev.text + ev.text, thinking=prev.thinking + ev.thinking,
+                             token=ev.token), out[-1][1] + n)
         else:
-            out.append(ev)
+            out.append((ev, n))
     return out
 
 
-def format_reply_stats(stats: Any, reason: str | None, show_rates: bool = True) -> str:
-    """'42 tokens, 70.1 tok/s · prompt 25 evaluated + 312 cached · drafted 20, accepted 12'."""
+def merge_text(events: list[BackendEvent]) -> list[BackendEvent]:
+    return [ev for ev, _ in merge_counted(events)]
+
+
+def format_reply_stats(stats: Any, reason: str | None, show_rates: bool = True,
+                       to_evaluate: int | None = None) -> str:
+    """'42 tokens, 70.1 tok/s · prompt 25 evaluated + 312 cached · drafted 20, accepted 12'.
+
+    to_evaluate: the prompt tokens the cache did not hold (from the prompt-reading progress,
+    long prompts only). A reply stopped while its prompt was read evaluated fewer: the rest
+    was never read, and is not counted as cached ('prompt 128 of 838 evaluated + 0 cached')."""
     if stats is None:
         return ""
     parts = [f"{stats.eval_tokens} tokens" + (f", {stats.eval_tps:.1f} tok/s" if show_rates
                                                and stats.eval_tokens else "")]
+    evaluated = f"{stats.prompt_eval_tokens}"
     cached = stats.prompt_tokens - stats.prompt_eval_tokens
-    parts.append(f"prompt {stats.prompt_eval_tokens} evaluated + {cached} cached"
+    if to_evaluate is not None and stats.prompt_eval_tokens < to_evaluate:
+        evaluated = f"{stats.prompt_eval_tokens} of {to_evaluate}"
+        cached = stats.prompt_tokens - to_evaluate
+    parts.append(f"prompt {evaluated} evaluated + {cached} cached"
                  + (f", {stats.prompt_tps:.0f} tok/s" if show_rates and stats.prompt_eval_s
                     else ""))
     drafted = getattr(stats, "draft_tokens", 0)
@@ -156,12 +196,13 @@ def stats_record(stats: Any, reason: str | None) -> dict:
 class ChatApp(App[int]):
     CSS = CSS
     TITLE = "localllm chat"
-    ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
         Binding("escape", "stop", "Stop", priority=True),
-        # Ctrl+C stops a reply too (the habit from line chats); otherwise it keeps its usual
-        # meaning (copy the selection, or Textual's "how to quit" hint)
+        # Ctrl+C stops a reply too (the habit from line chats); on an empty input with
+        # nothing streaming it quits (as Ctrl+D does, the shell's end of input); otherwise
+        # both keep their meaning in the input (copy the selection, delete right)
         Binding("ctrl+c", "stop_reply", "Stop", show=False, priority=True),
+        Binding("ctrl+d", "quit_if_empty", "Quit", show=False, priority=True),
         Binding("ctrl+n", "new_chat", "New chat", priority=True),
         Binding("ctrl+l", "clear_screen", "Clear", priority=True),
         Binding("ctrl+q", "quit", "Quit", priority=True),
@@ -215,6 +256,13 @@ class ChatApp(App[int]):
         self.loading = self.backend.start()
         self._pump(self.loading)
         self.update_status()
+        # the elapsed time ticks while a long prompt is read (no events come between chunks)
+        self.set_interval(0.5, self._tick)
+
+    def _tick(self) -> None:
+        turn = self.turn
+        if turn is not None and not turn.done and not turn.stopped:
+            self.update_status()
 
     async def on_unmount(self) -> None:
         self._closing = True
@@ -248,8 +296,8 @@ class ChatApp(App[int]):
                 if nxt is None:
                     break
                 batch.append(nxt)
-            for ev in merge_text(batch):
-                self.post_message(BackendMessage(handle, ev))
+            for ev, n in merge_counted(batch):
+                self.post_message(BackendMessage(handle, ev, n))
             if is_final(batch[-1]):
                 return
 
@@ -262,9 +310,16 @@ class ChatApp(App[int]):
         if turn is None or msg.handle is not turn.handle:
             return  # a turn given up on (new chat): its late events mean nothing now
         if isinstance(ev, Progress):
+            turn.progress = ev
             self._show_progress(ev)
             self.update_status()  # the context fills as the prompt is evaluated
         elif isinstance(ev, Event):
+            if msg.tokens and not ev.done:
+                turn.tokens += msg.tokens
+                if turn.first_token is None:
+                    turn.first_token = time.monotonic()
+                if not turn.stopped:
+                    self.update_status()
             if not turn.stopped and (ev.text or ev.thinking):
                 self._show_progress(None)
                 if self.backend.think is not False:  # --no-think: reasoning hidden
@@ -304,9 +359,15 @@ class ChatApp(App[int]):
 
     async def on_chat_input_submitted(self, msg: ChatInput.Submitted) -> None:
         text = msg.text
+        # back to the bottom (scrolled up or not): what the line does is shown there
+        self.view.anchor()
         try:
             cmd = commands.parse(text)
         except commands.CommandError as e:
+            # cleared, so the next command is not typed after the mistyped one (Up brings
+            # it back to fix it); the error is a line in the chat, never in the input
+            self.input.remember(text)
+            self.input.clear()
             await self.say(str(e), "error")
             return
         if cmd is None:
@@ -338,6 +399,8 @@ class ChatApp(App[int]):
         conv = self.conversation
         handle = self.backend.submit(conv.prompt_messages(), conv.config, conv.max_tokens)
         self.turn = Turn(handle, widget)
+        self.last_stats = None  # the status bar shows this reply's figures from now on
+        self.update_status()
         self._pump(handle)
 
     async def _finish_turn(self, turn: Turn, ev: Event) -> None:
@@ -346,9 +409,11 @@ class ChatApp(App[int]):
         reason = "cancelled" if turn.stopped else ev.done_reason
         if not turn.finished:
             await self._record(turn, reason)
+        to_evaluate = turn.progress.total if turn.progress else None
         turn.message["stats"] = stats_record(ev.stats, reason)
-        turn.widget.set_stats(format_reply_stats(ev.stats, reason, self.show_rates),
-                              stopped=reason == "cancelled")
+        turn.widget.set_stats(format_reply_stats(ev.stats, reason, self.show_rates,
+                                                 to_evaluate), stopped=reason == "cancelled")
+        turn.done = True
         self.last_stats = ev.stats
         self.update_status()
         if reason == "length" and self.info and self.backend.context_used() >= self.info.n_ctx - 1:
@@ -368,6 +433,7 @@ class ChatApp(App[int]):
         """Take back the user message a reply was started for (it goes back in the input)."""
         await turn.widget.remove()
         self.turn = None
+        self.update_status()  # no reply now: the live figures go
         msgs = self.conversation.messages
         if msgs and msgs[-1]["role"] == "user":
             last = msgs.pop()
@@ -417,6 +483,28 @@ class ChatApp(App[int]):
 
     # --- keys ----------------------------------------------------------------------------
 
+    def on_chat_input_scroll_conversation(self, msg: ChatInput.ScrollConversation) -> None:
+        view = self.view
+        if msg.key == "end":
+            view.anchor()  # back at the bottom: follow the reply again
+            return
+        if msg.key == "home":
+            view.scroll_home(animate=False)
+        elif msg.key == "pageup":
+            view.scroll_page_up(animate=False)
+        else:
+            view.scroll_page_down(animate=False)
+        # reading back up: stop following the stream (until End or the bottom is reached)
+        view.release_anchor()
+        if msg.key == "pagedown" and view.scroll_target_y >= view.max_scroll_y:
+            view.anchor()
+
+    def on_click(self) -> None:
+        """Whatever was clicked (a code block to copy it, a message, the status bar), typing
+        afterwards goes to the input. Not while a dialog is open: its buttons keep focus."""
+        if self.screen is self.screen_stack[0]:
+            self.call_after_refresh(self.input.focus)
+
     async def action_stop(self) -> None:
         if isinstance(self.screen, ConfirmScreen):
             self.screen.dismiss(False)
@@ -430,15 +518,30 @@ class ChatApp(App[int]):
         # Shown and recorded now; the stats line follows when the engine thread reports.
         await self._record(turn, "cancelled")
         turn.widget.set_stats("stopped", stopped=True)
+        self.update_status()  # the live figures go now, the final ones come with the end
+
+    def _idle_and_empty(self) -> bool:
+        """Nothing streaming, no dialog open, nothing typed: Ctrl+C / Ctrl+D quit then."""
+        return (self.screen is self.screen_stack[0] and not self.input.text
+                and (self.turn is None or self.turn.finished))
 
     async def action_stop_reply(self) -> None:
-        if self.turn is None or self.turn.finished:
+        if self.turn is not None and not self.turn.finished:
+            await self.action_stop()
+        elif self._idle_and_empty():
+            self.exit(0)
+        else:
             raise SkipAction()
-        await self.action_stop()
+
+    def action_quit_if_empty(self) -> None:
+        if not self._idle_and_empty():
+            raise SkipAction()
+        self.exit(0)
 
     async def action_new_chat(self) -> None:
         await self._drop_turn()
         self.conversation.messages = []
+        self.last_stats = None  # the previous chat's speeds are not this one's
         await self.view.remove_children()
         await self.say("New chat" + (" (system prompt kept)." if self.conversation.system
                                      else "."))
@@ -452,11 +555,56 @@ class ChatApp(App[int]):
             await self.action_stop()
         self.turn = None
 
+    # --- the command palette (Ctrl+P) -----------------------------------------------------
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """Every slash command and every key, so the palette is the one place to find them
+        (Textual's own entries, themes and screenshots, are not the chat's business)."""
+        for name, (usage, what, takes_arg) in commands.PALETTE.items():
+            yield SystemCommand(usage, what, self._palette_command(name, takes_arg))
+        scroll = ChatInput.ScrollConversation
+        keys: list[tuple[str, str, Callable[[], Any]]] = [
+            ("Stop the reply", "Esc, or Ctrl+C while it streams", self.action_stop),
+            ("New line", "Ctrl+J, or Shift+Enter where the terminal tells it apart",
+             lambda: self.input.insert("\n")),
+            ("Earlier message", "Up on the first line of the input",
+             self.input.action_cursor_up),
+            ("Later message", "Down on the last line of the input",
+             self.input.action_cursor_down),
+            ("Scroll up", "PageUp", lambda: self.post_message(scroll("pageup"))),
+            ("Scroll down", "PageDown", lambda: self.post_message(scroll("pagedown"))),
+            ("Top of the conversation", "Home on an empty input",
+             lambda: self.post_message(scroll("home"))),
+            ("Bottom of the conversation", "End on an empty input (follows the reply)",
+             lambda: self.post_message(scroll("end"))),
+            ("New chat", "Ctrl+N", self.action_new_chat),
+            ("Clear the screen", "Ctrl+L", self.action_clear_screen),
+            ("Quit", "Ctrl+Q; Ctrl+D or Ctrl+C on an empty input", lambda: self.exit(0)),
+        ]
+        for title, key, callback in keys:
+            yield SystemCommand(title, key, callback)
+
+    def _palette_command(self, name: str, takes_arg: bool) -> Callable[[], Any]:
+        async def chosen() -> None:
+            if takes_arg:  # the argument is typed in the input, then Enter
+                self.input.load_text(f"/{name} ")
+                self.input.move_cursor(self.input.document.end)
+                self.input.focus()
+                return
+            try:
+                await self.run_command(commands.Command(name, ""))
+            except (commands.CommandError, ConversationFileError, OSError, ValueError) as e:
+                await self.say(f"/{name}: {e}", "error")
+
+        return chosen
+
     # --- commands ------------------------------------------------------------------------
 
     async def run_command(self, cmd: commands.Command) -> None:
         conv = self.conversation
-        if cmd.name == "help":
+        if cmd.name in commands.QUIT_COMMANDS:
+            self.exit(0)
+        elif cmd.name == "help":
             await self.view.mount(Markdown(commands.HELP, classes="note help"))
         elif cmd.name == "system":
             if not cmd.arg:
@@ -501,6 +649,7 @@ class ChatApp(App[int]):
         await self._drop_turn()
         self.model_path = path
         self.info = None
+        self.last_stats = None  # the old model's speeds
         await self.say(f"Loading {path.name} ...")
         self.loading = self.backend.load(path)
         self._pump(self.loading)
@@ -577,6 +726,9 @@ class ChatApp(App[int]):
         kv_type = info.k_type if info.k_type == info.v_type else f"{info.k_type}/{info.v_type}"
         mib = info.kv_bytes / 2**20
         facts = [f"ctx {used}/{info.n_ctx}", f"KV {mib:.{1 if mib < 10 else 0}f} MiB {kv_type}"]
+        turn = self.turn
+        if turn is not None and not turn.done and not turn.stopped:
+            return info.name, facts + turn.live_facts(self.show_rates)
         st = self.last_stats
         if st is not None and self.show_rates:
             facts.append(f"pp {st.prompt_tps:.0f} tg {st.eval_tps:.1f} tok/s")

@@ -24,9 +24,14 @@ HELP = f"""\
 
 - **Enter** send; **Ctrl+J** new line (also Shift+Enter where the terminal tells it apart)
 - **Up** / **Down** on the first / last line: earlier / later messages
+- **PageUp** / **PageDown** scroll the conversation; so do **Home** / **End** while the
+  input is empty (End follows the reply again)
+- a click (on a code block: copies it) leaves the typing in the input
 - **Esc** (or **Ctrl+C**) stop the reply now: what came so far stays, marked *stopped*
 - **Ctrl+N** new chat (system prompt and settings kept); **Ctrl+L** clear the screen
-  (the conversation stays in context); **Ctrl+Q** quit
+  (the conversation stays in context)
+- **Ctrl+P** every command and key, searchable
+- **Ctrl+Q** quit; so do **Ctrl+D** and **Ctrl+C** on an empty input (nothing streaming)
 
 **Commands**
 
@@ -36,10 +41,29 @@ HELP = f"""\
 - `/save [FILE]`, `/load FILE` the conversation as JSON (bare names: the chats folder)
 - `/copy [code] [FILE]` the last reply (or its last code block) to the clipboard, and
   to FILE if given; clicking a code block copies it too
-- `/new`, `/clear`, `/help`
+- `/new`, `/clear`, `/help`; `/quit` (or `/bye`, `/exit`) quits
 """
 
-COMMANDS = ("system", "set", "model", "save", "load", "copy", "help", "new", "clear")
+QUIT_COMMANDS = ("quit", "bye", "exit")  # the spellings of ollama, llama.cpp and shells
+COMMANDS = ("system", "set", "model", "save", "load", "copy", "help", "new", "clear",
+            *QUIT_COMMANDS)
+
+# The command palette's entries (Ctrl+P): usage, what it does, whether it needs an argument
+# typed (then choosing it puts "/name " in the input; otherwise it runs at once).
+PALETTE: dict[str, tuple[str, str, bool]] = {
+    "system": ("/system TEXT", "set the system prompt (/system shows it, /system - removes it)",
+               True),
+    "set": ("/set KEY VALUE", "change a sampler setting or max_tokens (/set lists them)", True),
+    "model": ("/model PATH", "load another .gguf; the conversation stays", True),
+    "save": ("/save [FILE]", "save the conversation as JSON (the chats folder by default)",
+             False),
+    "load": ("/load FILE", "load a saved conversation", True),
+    "copy": ("/copy [code] [FILE]", "copy the last reply (or its last code block)", False),
+    "help": ("/help", "keys and commands", False),
+    "new": ("/new", "new chat (system prompt and settings kept)", False),
+    "clear": ("/clear", "clear the screen (the conversation stays in context)", False),
+    "quit": ("/quit", "quit (also /bye, /exit)", False),
+}
 
 _SETTINGS = {s.name: s for s in settings()}
 _ALIASES = {"num_predict": "max_tokens", "n": "max_tokens",

@@ -16,17 +16,31 @@ from textual.binding import Binding
 from textual.containers import Grid, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Button, Collapsible, Label, Markdown, Static, TextArea
+from textual.widgets import (
+    Button,
+    Collapsible,
+    Label,
+    LoadingIndicator,
+    Markdown,
+    Static,
+    TextArea,
+)
 from textual.widgets.markdown import MarkdownFence, MarkdownStream
 
 
 class ChatInput(TextArea):
     """Multi-line input: Enter sends, Ctrl+J (or Shift+Enter, where the terminal reports it)
-    starts a new line; Up on the first line / Down on the last walk through sent messages."""
+    starts a new line; Up on the first line / Down on the last walk through sent messages.
+    PageUp / PageDown scroll the conversation (the input is a few lines at most), and so do
+    Home / End while the input is empty (with text they move the cursor, as usual)."""
 
     @dataclass
     class Submitted(Message):
         text: str
+
+    @dataclass
+    class ScrollConversation(Message):
+        key: str  # "pageup", "pagedown", "home" or "end"
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus",
@@ -42,6 +56,12 @@ class ChatInput(TextArea):
             text = self.text
             if text.strip():
                 self.post_message(self.Submitted(text))
+            return
+        if event.key in ("pageup", "pagedown") or (event.key in ("home", "end")
+                                                   and not self.text):
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.ScrollConversation(event.key))
             return
         if event.key in ("ctrl+j", "shift+enter", "alt+enter"):
             event.stop()
@@ -102,8 +122,9 @@ class Note(Static):
 
 
 class AssistantMessage(Vertical):
-    """A reply: a reasoning model's thinking (dimmed, collapsed once the answer starts,
-    hidden when there is none), Markdown that grows as deltas arrive, then a stats line."""
+    """A reply: a typing indicator until the first token (the prompt is being read), a
+    reasoning model's thinking (dimmed, collapsed once the answer starts, hidden when there
+    is none), Markdown that grows as deltas arrive, then a stats line."""
 
     def __init__(self, who: str, message: dict | None = None) -> None:
         super().__init__(classes="msg assistant")
@@ -115,6 +136,9 @@ class AssistantMessage(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Label(self.who, classes="who")
+        typing = LoadingIndicator(classes="typing")
+        typing.display = self.message is None  # a reply loaded from a file is complete
+        yield typing
         box = Collapsible(Static("", markup=False, classes="thinking-text"), title="Thinking",
                           collapsed=False, classes="thinking")
         box.display = False
@@ -126,9 +150,17 @@ class AssistantMessage(Vertical):
     def markdown(self) -> Markdown:
         return self.query_one(Markdown)
 
+    @property
+    def typing(self) -> bool:
+        return bool(self.query_one(".typing").display)
+
+    def stop_typing(self) -> None:
+        self.query_one(".typing").display = False
+
     def append_thinking(self, delta: str) -> None:
         if not delta:
             return
+        self.stop_typing()
         self.thinking += delta
         box = self.query_one(".thinking", Collapsible)
         box.display = True
@@ -137,6 +169,7 @@ class AssistantMessage(Vertical):
     async def append(self, delta: str) -> None:
         if not delta:
             return
+        self.stop_typing()
         if self.thinking and not self.source:  # the answer starts: fold the thinking away
             self.query_one(".thinking", Collapsible).collapsed = True
         if self._stream is None:
@@ -151,6 +184,7 @@ class AssistantMessage(Vertical):
             await stream.stop()
 
     def set_stats(self, text: str, stopped: bool = False) -> None:
+        self.stop_typing()
         self.query_one(".stats", Static).update(text)
         self.set_class(stopped, "stopped")
 
