@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request as HttpRequest
@@ -106,81 +107,154 @@ class _Logprobs:
         return {"logprobs": out}
 
 
+class _Reply:
+    """A reply's text taken apart as it is generated: reasoning split out (<think> tags or
+    harmony's channels), then, when tools are offered, tool calls parsed from the content
+    (a stream holds text back where a call may start); the log-prob entries go with the line
+    that carries their text."""
+
+    def __init__(self, split: ThinkStream, calls_in: ToolStream | None,
+                 lps: _Logprobs) -> None:
+        self.split, self.calls_in, self.lps = split, calls_in, lps
+
+    def whole(self, text: str, ev: Event) -> tuple[str, str, list[dict[str, Any]]]:
+        """(thinking, content, calls) of a reply collected whole."""
+        self.lps.take(ev)
+        thinking, text = self.split.whole(text)
+        if self.calls_in is None:
+            return thinking, text, self.split.calls
+        self.calls_in.push(text)
+        self.calls_in.sent = 0  # nothing was shown: the whole content is still to send
+        rest, calls = self.calls_in.end()
+        return thinking, rest, calls
+
+    def piece(self, ev: Event) -> tuple[str, str, list[dict[str, Any]]]:
+        """(thinking, content, calls) this streamed event adds: calls only at the end."""
+        self.lps.take(ev)
+        if not ev.done:
+            thinking, text = self.split.push(ev.text)
+            if self.calls_in is not None:
+                text = self.calls_in.push(text)
+            return thinking, text, []
+        t1, c1 = self.split.push(ev.text)
+        t2, c2 = self.split.finish()
+        text, calls = c1 + c2, self.split.calls
+        if self.calls_in is not None:
+            text = self.calls_in.push(text)
+            rest, calls = self.calls_in.end()
+            text += rest
+        return t1 + t2, text, calls
+
+
+async def _ndjson(s: Stream, reply: _Reply, line: Callable[[str, str], dict[str, Any]],
+                  final: Callable[[Event, str, str, list[dict[str, Any]]], dict[str, Any]]
+                  ) -> AsyncIterator[bytes]:
+    """A streamed reply as NDJSON: a `line(content, thinking)` per piece with text, then
+    `final(...)`; an error after the first byte is one last {"error": ...} line."""
+    try:
+        while True:
+            ev = await s.next()
+            thinking, text, calls = reply.piece(ev)
+            if ev.done:
+                yield _line(final(ev, text, thinking, calls))
+                return
+            if text or thinking:
+                yield _line(line(text, thinking))
+    except ApiError as e:
+        yield _line({"error": e.message})
+    finally:
+        s.cancel()  # a client that left: free the slot at the next step
+
+
+@dataclass
+class _GenerateInput:
+    """/api/generate's prompt fields."""
+
+    prompt: str
+    system: str | None
+    template: str | None  # a template of this request's own, in place of the model's
+    context: list[Any] | None  # an earlier reply's `context`: its tokens come first
+    raw: bool  # the prompt as it is, no template
+    truncate: bool
+
+    @staticmethod
+    def read(body: dict[str, Any]) -> _GenerateInput:
+        g = _GenerateInput(get(body, "prompt", str, ""), get(body, "system", str),
+                           get(body, "template", str), get(body, "context", list),
+                           get(body, "raw", bool, False), get(body, "truncate", bool, False))
+        if g.raw and (g.template or g.system or g.context):
+            raise ApiError(400, "raw mode does not support template, system, or context")
+        return g
+
+
+async def _generate_prompt(state: ServerState, body: dict[str, Any], g: _GenerateInput,
+                           think: bool | str | None
+                           ) -> tuple[list[int], str, Any, bool]:
+    """(prompt tokens, prompt text, the format's constraint, whether harmony is parsed)."""
+    eng = state.engine
+    # as Ollama: a raw prompt's reply is split only at <think> tags (when think is on), a
+    # templated one also by gpt-oss's harmony channels
+    harmony = not g.raw and (eng.template.caps.harmony if g.template is None
+                             else is_harmony_template(g.template))
+    # Tokenizing a long prompt takes a while: off the event loop, which serves other streams.
+    if g.raw:
+        ids, text = await asyncio.to_thread(raw_prompt, eng, g.prompt), g.prompt
+    else:
+        msgs = ([{"role": "system", "content": g.system}] if g.system else []) + \
+            [{"role": "user", "content": g.prompt}]
+        ids, text = await asyncio.to_thread(render_prompt, eng, msgs, g.template, None, think)
+    constraint = await format_constraint(state, body.get("format"))
+    ids, text = harmony_answer_first(eng, ids, text, constraint, harmony)
+    if g.context:
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in g.context):
+            raise ApiError(400, "'context' must be an array of token ids")
+        bos = eng.tokenizer.bos_id
+        ids = list(g.context) + (ids[1:] if ids and ids[0] == bos else ids)
+    return ids, text, constraint, harmony
+
+
 async def generate(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
     state.resolve(body.get("model"))
     require_generation(state, "generate")
     model, options, stream, think = _common(body, state)
-    prompt = get(body, "prompt", str, "")
-    system = get(body, "system", str)
-    template = get(body, "template", str)
-    context = get(body, "context", list)
-    raw = get(body, "raw", bool, False)
-    truncate = get(body, "truncate", bool, False)
-    if raw and (template or system or context):
-        raise ApiError(400, "raw mode does not support template, system, or context")
-    if not prompt and not context:  # load probe: the model is loaded
+    g = _GenerateInput.read(body)
+    if not g.prompt and not g.context:  # load probe: the model is loaded
         return JSONResponse({"model": model, "created_at": rfc3339(), "response": "",
                              "done": True, "done_reason": "load"})
-    eng = state.engine
-    # Tokenizing a long prompt takes a while: off the event loop, which serves other streams.
-    # as Ollama: a raw prompt's reply is split only at <think> tags (when think is on), a
-    # templated one also by gpt-oss's harmony channels
-    harmony = not raw and (eng.template.caps.harmony if template is None
-                           else is_harmony_template(template))
-    if raw:
-        ids, text = await asyncio.to_thread(raw_prompt, eng, prompt), prompt
-    else:
-        msgs = ([{"role": "system", "content": system}] if system else []) + \
-            [{"role": "user", "content": prompt}]
-        ids, text = await asyncio.to_thread(render_prompt, eng, msgs, template, None, think)
-    constraint = await format_constraint(state, body.get("format"))
-    ids, text = harmony_answer_first(eng, ids, text, constraint, harmony)
-    split = ThinkStream(think, text, harmony)
-    if context:
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in context):
-            raise ApiError(400, "'context' must be an array of token ids")
-        bos = eng.tokenizer.bos_id
-        ids = list(context) + (ids[1:] if ids and ids[0] == bos else ids)
+    ids, text, constraint, harmony = await _generate_prompt(state, body, g, think)
     lps = _Logprobs(state, body)
-    req = _request(state, ids, options, truncate, constraint, harmony, lps.top)
-    s = Stream(state, req)
+    s = Stream(state, _request(state, ids, options, g.truncate, constraint, harmony, lps.top))
+    reply = _Reply(ThinkStream(think, text, harmony), None, lps)
 
-    def final(ev: Event, text: str, thinking: str) -> dict[str, Any]:
+    def line(text: str, thinking: str) -> dict[str, Any]:
+        return {"model": model, "created_at": rfc3339(), "response": text,
+                **({"thinking": thinking} if thinking else {}), **lps.fields(), "done": False}
+
+    def final(ev: Event, text: str, thinking: str, calls: list[dict[str, Any]]
+              ) -> dict[str, Any]:
         out = {"model": model, "created_at": rfc3339(), "response": text,
                **({"thinking": thinking} if thinking else {}), **lps.fields(), "done": True,
                "done_reason": ev.done_reason, **_metrics(ev, s.t0)}
-        if not raw:
+        if not g.raw:
             out["context"] = ev.prompt + ev.tokens  # the prompt used (after any truncation)
         return out
 
     if not stream:
         text, ev = await s.collect(request)
-        lps.take(ev)
-        thinking, text = split.whole(text)
-        return JSONResponse(final(ev, text, thinking))
+        thinking, text, calls = reply.whole(text, ev)
+        return JSONResponse(final(ev, text, thinking, calls))
+    return StreamingResponse(_ndjson(s, reply, line, final), media_type=NDJSON)
 
-    async def chunks() -> AsyncIterator[bytes]:
-        try:
-            while True:
-                ev = await s.next()
-                lps.take(ev)
-                if ev.done:
-                    t1, c1 = split.push(ev.text)
-                    t2, c2 = split.finish()
-                    yield _line(final(ev, c1 + c2, t1 + t2))
-                    return
-                thinking, text = split.push(ev.text)
-                if text or thinking:
-                    yield _line({"model": model, "created_at": rfc3339(), "response": text,
-                                 **({"thinking": thinking} if thinking else {}),
-                                 **lps.fields(), "done": False})
-        except ApiError as e:
-            yield _line({"error": e.message})
-        finally:
-            s.cancel()  # a client that left: free the slot at the next step
 
-    return StreamingResponse(chunks(), media_type=NDJSON)
+def _chat_message(text: str, thinking: str, calls: list[dict[str, Any]] | None = None
+                  ) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": text}
+    if thinking:
+        msg["thinking"] = thinking
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
 
 
 async def chat(request: HttpRequest, state: ServerState) -> Response:
@@ -201,67 +275,30 @@ async def chat(request: HttpRequest, state: ServerState) -> Response:
     harmony = state.engine.template.caps.harmony
     constraint = await format_constraint(state, body.get("format"))
     ids, prompt_text = harmony_answer_first(state.engine, ids, prompt_text, constraint, harmony)
-    # thinking first, then tool calls in the content (a harmony reply has its own channel
-    # for calls: the splitter finds them)
-    split = ThinkStream(think, prompt_text, harmony)
     lps = _Logprobs(state, body)
     s = Stream(state, _request(state, ids, options, truncate, constraint, harmony,
                                    lps.top))
-    # with tools, the reply is parsed for calls; a stream holds text back where one may start
-    calls_in = ToolStream(state.engine.template.caps, tool_names(tools)) \
-        if tools and not harmony else None
+    # thinking first, then tool calls in the content (a harmony reply has its own channel
+    # for calls: the splitter finds them)
+    reply = _Reply(ThinkStream(think, prompt_text, harmony),
+                   ToolStream(state.engine.template.caps, tool_names(tools))
+                   if tools and not harmony else None, lps)
 
-    def final(ev: Event, text: str, thinking: str = "",
-              calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        msg: dict[str, Any] = {"role": "assistant", "content": text}
-        if thinking:
-            msg["thinking"] = thinking
-        if calls:
-            msg["tool_calls"] = calls
-        return {"model": model, "created_at": rfc3339(), "message": msg, **lps.fields(),
+    def line(text: str, thinking: str) -> dict[str, Any]:
+        return {"model": model, "created_at": rfc3339(),
+                "message": _chat_message(text, thinking), **lps.fields(), "done": False}
+
+    def final(ev: Event, text: str, thinking: str, calls: list[dict[str, Any]]
+              ) -> dict[str, Any]:
+        return {"model": model, "created_at": rfc3339(),
+                "message": _chat_message(text, thinking, calls), **lps.fields(),
                 "done": True, "done_reason": ev.done_reason, **_metrics(ev, s.t0)}
 
     if not stream:
         text, ev = await s.collect(request)
-        lps.take(ev)
-        thinking, text = split.whole(text)
-        if calls_in is None:
-            return JSONResponse(final(ev, text, thinking, split.calls))
-        calls_in.push(text)
-        calls_in.sent = 0  # nothing was shown: the whole content is still to send
-        rest, calls = calls_in.end()
-        return JSONResponse(final(ev, rest, thinking, calls))
-
-    async def chunks() -> AsyncIterator[bytes]:
-        try:
-            while True:
-                ev = await s.next()
-                lps.take(ev)
-                if ev.done:
-                    t1, c1 = split.push(ev.text)
-                    t2, c2 = split.finish()
-                    text, calls = c1 + c2, split.calls
-                    if calls_in is not None:
-                        text = calls_in.push(text)
-                        rest, calls = calls_in.end()
-                        text += rest
-                    yield _line(final(ev, text, t1 + t2, calls))
-                    return
-                thinking, text = split.push(ev.text)
-                if calls_in is not None:
-                    text = calls_in.push(text)
-                if text or thinking:
-                    msg = {"role": "assistant", "content": text}
-                    if thinking:
-                        msg["thinking"] = thinking
-                    yield _line({"model": model, "created_at": rfc3339(), "message": msg,
-                                 **lps.fields(), "done": False})
-        except ApiError as e:
-            yield _line({"error": e.message})
-        finally:
-            s.cancel()
-
-    return StreamingResponse(chunks(), media_type=NDJSON)
+        thinking, text, calls = reply.whole(text, ev)
+        return JSONResponse(final(ev, text, thinking, calls))
+    return StreamingResponse(_ndjson(s, reply, line, final), media_type=NDJSON)
 
 
 def _line(obj: dict[str, Any]) -> bytes:

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -185,18 +186,68 @@ async def _collect_all(streams: list[Stream], request: HttpRequest) -> list[tupl
         raise
 
 
-async def chat_completions(request: HttpRequest, state: ServerState) -> Response:
-    body = await read_json(request, state.body_limit)
-    model = state.resolve(body.get("model"))
-    require_generation(state, "chat")
+async def _sse_choices(streams: list[Stream], choice_events: list[AsyncIterator[bytes]],
+                       finals: list[Event | None], chunk_head: dict[str, Any] | None
+                       ) -> AsyncIterator[bytes]:
+    """The choices' streams interleaved, the usage chunk (when `chunk_head` is given:
+    stream_options.include_usage), then [DONE]; an error ends the stream as an error chunk.
+    The streams are cancelled however it ends (a client gone, an error)."""
+    try:
+        async for b in merged(choice_events):
+            yield b
+        if chunk_head is not None:
+            yield _sse({**chunk_head, "choices": [],
+                        "usage": sum_usage([ev for ev in finals if ev is not None])})
+        yield b"data: [DONE]\n\n"
+    except ApiError as e:
+        yield _sse({"error": {"message": e.message, "type": "api_error"}})
+    finally:
+        for s in streams:
+            s.cancel()
+
+
+@dataclass
+class _Chat:
+    """A chat request checked, rendered and submitted: its n choices' streams and how their
+    text is parsed (reasoning apart, tool calls) and reported."""
+
+    head: dict[str, Any]  # id, created, model, system_fingerprint of every reply object
+    streams: list[Stream]
+    top: int | None  # log-probs: the top-k alternatives, None when not asked for
+    tok: Any  # the tokenizer, for log-prob entries
+    caps: Any  # the chat template's capabilities
+    tools: list[dict[str, Any]]
+    forced: dict[str, Any] | None  # the forced call's schema
+    extract: bool  # whether reasoning is split out into reasoning_content
+    harmony: bool  # whether the reply is parsed into harmony's channels
+    prompt_text: str
+
+    def tool_stream(self) -> ToolStream | None:
+        # a harmony reply's calls come from its own channel (the splitter), but a forced
+        # call is constrained JSON in the final channel
+        return ToolStream(self.caps, tool_names(self.tools)) \
+            if self.tools and (not self.harmony or self.forced is not None) else None
+
+    def think_stream(self) -> ThinkStream:
+        return ThinkStream(self.extract, self.prompt_text, self.harmony)
+
+    def logprobs(self, entries: list[Any]) -> dict[str, Any] | None:
+        return None if self.top is None else {"content": chat_content(self.tok, entries),
+                                              "refusal": None}
+
+
+async def _chat_start(request: HttpRequest, state: ServerState, body: dict[str, Any],
+                      model: str) -> _Chat:
+    """Check the chat request (in the order its errors are reported), render its prompt
+    and submit its n choices."""
     messages = check_messages(body.get("messages"))
     if not messages:
         raise ApiError(400, "[] is too short - 'messages'")
     cfg, n_max, stop = _sampling(body)
     n = parse_n(body)
     top = chat_logprobs(body)
-    stream = get(body, "stream", bool, False)
-    include_usage = _include_usage(body)
+    get(body, "stream", bool, False)  # checked here, in the order the errors always came
+    _include_usage(body)
     tools = check_tools(body.get("tools"))
     choice = tool_choice.parse(body, tools)
     if choice == "none":
@@ -208,9 +259,6 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
         enable_thinking = False  # the grammar starts at the reply's first token: no <think>
     ids, prompt_text = await asyncio.to_thread(render_prompt, state.engine, messages, None, tools,
                                                enable_thinking)
-    # a harmony reply (gpt-oss) is parsed into its channels unless reasoning_format is
-    # "none": then, as llama-server, it is all content, channels and all
-    harmony = caps.harmony and extract
     constraints = await _constraints(state, body, n, forced)
     ids, prompt_text = harmony_answer_first(state.engine, ids, prompt_text, constraints[0],
                                             caps.harmony)
@@ -218,102 +266,112 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
                    show_tokens=shown_tokens(state.engine, caps.harmony))
     streams = await submit(state, lambda i: choice_request(
         dataclasses.replace(base, constraint=constraints[i]), i), n, request)
-    rid, created = f"chatcmpl-{streams[0].handle.id}", int(time.time())
-    head = {"id": rid, "created": created, "model": model, "system_fingerprint": FINGERPRINT}
-    tok, names = state.engine.tokenizer, tool_names(tools)
+    head = {"id": f"chatcmpl-{streams[0].handle.id}", "created": int(time.time()),
+            "model": model, "system_fingerprint": FINGERPRINT}
+    # a harmony reply (gpt-oss) is parsed into its channels unless reasoning_format is
+    # "none": then, as llama-server, it is all content, channels and all
+    return _Chat(head, streams, top, state.engine.tokenizer, caps, tools, forced, extract,
+                 caps.harmony and extract, prompt_text)
 
-    def tool_stream() -> ToolStream | None:
-        # a harmony reply's calls come from its own channel (the splitter), but a forced
-        # call is constrained JSON in the final channel
-        return ToolStream(caps, names) if tools and (not harmony or forced is not None) \
-            else None
 
-    def think_stream() -> ThinkStream:
-        return ThinkStream(extract, prompt_text, harmony)
+async def _chat_collected(request: HttpRequest, chat: _Chat) -> Response:
+    """Every choice whole, in one chat.completion object."""
+    choices, evs = [], []
+    for i, (text, ev) in enumerate(await _collect_all(chat.streams, request)):
+        msg, finish = _chat_message(text, ev, chat.think_stream(), chat.tool_stream())
+        choices.append({"index": i, "message": msg, "logprobs": chat.logprobs(ev.logprobs),
+                        "finish_reason": finish})
+        evs.append(ev)
+    return JSONResponse({**chat.head, "object": "chat.completion", "choices": choices,
+                         "usage": sum_usage(evs)})
 
-    def logprobs(entries: list[Any]) -> dict[str, Any] | None:
-        return None if top is None else {"content": chat_content(tok, entries), "refusal": None}
 
-    if not stream:
-        choices, evs = [], []
-        for i, (text, ev) in enumerate(await _collect_all(streams, request)):
-            msg, finish = _chat_message(text, ev, think_stream(), tool_stream())
-            choices.append({"index": i, "message": msg, "logprobs": logprobs(ev.logprobs),
-                            "finish_reason": finish})
-            evs.append(ev)
-        return JSONResponse({**head, "object": "chat.completion", "choices": choices,
-                             "usage": sum_usage(evs)})
+class _ChatChoice:
+    """One choice's chunks: the role in the first delta, reasoning and content deltas as
+    they come, whole tool calls at the end, then the finish_reason in an empty delta."""
 
-    finals: list[Event | None] = [None] * n
+    def __init__(self, chat: _Chat, i: int) -> None:
+        self.chat, self.i = chat, i
+        self.split, self.calls_in = chat.think_stream(), chat.tool_stream()
+        self.held: list[Any] = []  # log-prob entries of text not sent yet
+        self.first = True
 
-    async def choice_events(i: int, s: Stream) -> AsyncIterator[bytes]:
-        split, calls_in = think_stream(), tool_stream()
-        held: list[Any] = []  # log-prob entries of text not sent yet
-        first = True
+    def chunk(self, delta: dict[str, Any], finish: str | None) -> bytes:
+        c: dict[str, Any] = {"index": self.i, "delta": delta, "finish_reason": finish}
+        if self.chat.top is not None:
+            c["logprobs"] = self.chat.logprobs(self.held) if self.held else None
+            self.held = []
+        return _sse({**self.chat.head, "object": "chat.completion.chunk", "choices": [c]})
 
-        def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
-            nonlocal held
-            c: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": finish}
-            if top is not None:
-                c["logprobs"], held = (logprobs(held) if held else None), []
-            return _sse({**head, "object": "chat.completion.chunk", "choices": [c]})
+    def delta(self, reasoning: str, text: str) -> dict[str, Any]:
+        d: dict[str, Any] = {"role": "assistant"} if self.first else {}
+        if reasoning:
+            d["reasoning_content"] = reasoning
+        if text or not reasoning:
+            d["content"] = text
+        return d
 
-        def delta(reasoning: str, text: str) -> dict[str, Any]:
-            d: dict[str, Any] = {"role": "assistant"} if first else {}
-            if reasoning:
-                d["reasoning_content"] = reasoning
-            if text or not reasoning:
-                d["content"] = text
-            return d
+    def last(self, ev: Event) -> list[bytes]:
+        """The final event's chunks: the rest of the text, the calls, the finish_reason."""
+        t1, c1 = self.split.push(ev.text)
+        t2, c2 = self.split.finish()
+        reasoning, text, calls, finish = t1 + t2, c1 + c2, self.split.calls, ev.done_reason
+        if self.calls_in is not None:
+            text = self.calls_in.push(text)
+            rest, calls = self.calls_in.end()
+            text += rest
+        out = []
+        if text or reasoning or self.first:
+            out.append(self.chunk(self.delta(reasoning, text), None))
+        if calls:  # whole calls in one delta, each with its index
+            out.append(self.chunk({"tool_calls": [{"index": j, **c} for j, c in
+                                                  enumerate(to_openai_tool_calls(calls))]},
+                                  None))
+            finish = "tool_calls"
+        out.append(self.chunk({}, finish))
+        return out
 
+    async def events(self, s: Stream, finals: list[Event | None]) -> AsyncIterator[bytes]:
         while True:
             ev = await s.next()
-            held += ev.logprobs
+            self.held += ev.logprobs
             if ev.done:
-                t1, c1 = split.push(ev.text)
-                t2, c2 = split.finish()
-                reasoning, text, calls, finish = t1 + t2, c1 + c2, split.calls, ev.done_reason
-                if calls_in is not None:
-                    text = calls_in.push(text)
-                    rest, calls = calls_in.end()
-                    text += rest
-                if text or reasoning or first:
-                    yield chunk(delta(reasoning, text), None)
-                if calls:  # whole calls in one delta, each with its index
-                    yield chunk({"tool_calls": [{"index": j, **c} for j, c in
-                                                enumerate(to_openai_tool_calls(calls))]}, None)
-                    finish = "tool_calls"
-                yield chunk({}, finish)
-                finals[i] = ev
+                for b in self.last(ev):
+                    yield b
+                finals[self.i] = ev
                 return
-            reasoning, text = split.push(ev.text)
-            if calls_in is not None:
-                text = calls_in.push(text)
+            reasoning, text = self.split.push(ev.text)
+            if self.calls_in is not None:
+                text = self.calls_in.push(text)
             if text or reasoning:
-                yield chunk(delta(reasoning, text), None)
-                first = False
-
-    async def events() -> AsyncIterator[bytes]:
-        try:
-            async for b in merged([choice_events(i, s) for i, s in enumerate(streams)]):
-                yield b
-            if include_usage:
-                yield _sse({**head, "object": "chat.completion.chunk", "choices": [],
-                            "usage": sum_usage([ev for ev in finals if ev is not None])})
-            yield b"data: [DONE]\n\n"
-        except ApiError as e:
-            yield _sse({"error": {"message": e.message, "type": "api_error"}})
-        finally:
-            for s in streams:
-                s.cancel()
-
-    return StreamingResponse(events(), media_type="text/event-stream")
+                yield self.chunk(self.delta(reasoning, text), None)
+                self.first = False
 
 
-async def completions(request: HttpRequest, state: ServerState) -> Response:
+async def _chat_choice_events(chat: _Chat, i: int, s: Stream, finals: list[Event | None]
+                              ) -> AsyncIterator[bytes]:
+    # the parsers are made when the stream starts, inside the error handling of _sse_choices
+    async for b in _ChatChoice(chat, i).events(s, finals):
+        yield b
+
+
+async def chat_completions(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
     model = state.resolve(body.get("model"))
-    require_generation(state, "completions")
+    require_generation(state, "chat")
+    chat = await _chat_start(request, state, body, model)
+    if not get(body, "stream", bool, False):
+        return await _chat_collected(request, chat)
+    finals: list[Event | None] = [None] * len(chat.streams)
+    choices = [_chat_choice_events(chat, i, s, finals) for i, s in enumerate(chat.streams)]
+    usage_head = {**chat.head, "object": "chat.completion.chunk"} \
+        if _include_usage(body) else None
+    return StreamingResponse(_sse_choices(chat.streams, choices, finals, usage_head),
+                             media_type="text/event-stream")
+
+
+def _prompt_text(body: dict[str, Any]) -> str:
+    """`prompt`: one non-empty string (a list of exactly one string is taken as it)."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -321,12 +379,51 @@ async def completions(request: HttpRequest, state: ServerState) -> Response:
         raise ApiError(400, "'prompt' must be a string")
     if not prompt:
         raise ApiError(400, "'prompt' must not be empty")
+    return prompt
+
+
+@dataclass
+class _Completion:
+    """A completion request submitted: its n choices' streams and their log-prob columns."""
+
+    head: dict[str, Any]  # id, object, created, model, system_fingerprint of every object
+    streams: list[Stream]
+    prompt: str
+    ids: list[int]  # the prompt's tokens
+    echo: bool  # the prompt is sent before the completion
+    top: int | None  # log-probs: the top-k alternatives, None when not asked for
+    tok: Any  # the tokenizer
+    columns: list[CompletionLogprobs]  # per choice: text offsets carry across pieces
+
+    def logprobs(self, i: int, ev: Event, entries: list[Any]) -> dict[str, Any] | None:
+        """The choice's logprobs object for this piece: the prompt's first when echoed."""
+        if self.top is None:
+            return None
+        lead: list[Any] = []
+        if ev.prompt_logprobs is not None:
+            ids, tok = self.ids, self.tok
+            lead = [e if e is not None else (ids[0], None) for e in ev.prompt_logprobs]
+            if len(lead) > 1 and tok.bos_id is not None and ids[0] == tok.bos_id:
+                # the BOS the server added is no part of the echoed text; the text's first
+                # token then has no log-prob, as OpenAI's echo reports it
+                lead = [(lead[1].token, None), *lead[2:]]
+        return self.columns[i].block(lead + list(entries))
+
+    def choice(self, i: int, text: str, ev: Event, finish: str | None) -> dict[str, Any]:
+        return {"text": text, "index": i, "logprobs": self.logprobs(i, ev, ev.logprobs),
+                "finish_reason": finish}
+
+
+async def _completion_start(request: HttpRequest, state: ServerState, body: dict[str, Any],
+                            model: str) -> _Completion:
+    """Check the request (in the order its errors are reported) and submit its n choices."""
+    prompt = _prompt_text(body)
     cfg, n_max, stop = _sampling(body)
     n = parse_n(body)
     top = completion_logprobs(body)
     echo = get(body, "echo", bool, False)
-    stream = get(body, "stream", bool, False)
-    include_usage = _include_usage(body)
+    get(body, "stream", bool, False)  # checked here, in the order the errors always came
+    _include_usage(body)
     ids = await asyncio.to_thread(raw_prompt, state.engine, prompt)
     constraints = await _constraints(state, body, n, None)
     # echo with logprobs: the prompt's own log-probs too (evaluation harnesses score text so)
@@ -337,63 +434,43 @@ async def completions(request: HttpRequest, state: ServerState) -> Response:
     head = {"id": f"cmpl-{streams[0].handle.id}", "object": "text_completion",
             "created": int(time.time()), "model": model, "system_fingerprint": FINGERPRINT}
     tok = state.engine.tokenizer
-    columns = [CompletionLogprobs(tok) for _ in range(n)]
+    return _Completion(head, streams, prompt, ids, echo, top, tok,
+                       [CompletionLogprobs(tok) for _ in range(n)])
 
-    def logprobs(i: int, ev: Event, entries: list[Any]) -> dict[str, Any] | None:
-        """The choice's logprobs object for this piece: the prompt's first when echoed."""
-        if top is None:
-            return None
-        lead: list[Any] = []
-        if ev.prompt_logprobs is not None:
-            lead = [e if e is not None else (ids[0], None) for e in ev.prompt_logprobs]
-            if len(lead) > 1 and tok.bos_id is not None and ids[0] == tok.bos_id:
-                # the BOS the server added is no part of the echoed text; the text's first
-                # token then has no log-prob, as OpenAI's echo reports it
-                lead = [(lead[1].token, None), *lead[2:]]
-        return columns[i].block(lead + list(entries))
 
-    if not stream:
+async def _completion_choice_events(c: _Completion, i: int, s: Stream,
+                                    finals: list[Event | None]) -> AsyncIterator[bytes]:
+    """One choice's chunks: the echoed prompt leads the first; the last has the finish."""
+    lead = c.prompt if c.echo else ""
+    while True:
+        ev = await s.next()
+        text, lead = lead + ev.text, ""
+        if ev.done:
+            finals[i] = ev
+            yield _sse({**c.head, "choices": [c.choice(i, text, ev, ev.done_reason)]})
+            return
+        if text:
+            yield _sse({**c.head, "choices": [c.choice(i, text, ev, None)]})
+
+
+async def completions(request: HttpRequest, state: ServerState) -> Response:
+    body = await read_json(request, state.body_limit)
+    model = state.resolve(body.get("model"))
+    require_generation(state, "completions")
+    c = await _completion_start(request, state, body, model)
+    if not get(body, "stream", bool, False):
         choices, evs = [], []
-        for i, (text, ev) in enumerate(await _collect_all(streams, request)):
-            choices.append({"text": (prompt + text) if echo else text, "index": i,
-                            "logprobs": logprobs(i, ev, ev.logprobs),
-                            "finish_reason": ev.done_reason})
+        for i, (text, ev) in enumerate(await _collect_all(c.streams, request)):
+            choices.append(c.choice(i, (c.prompt + text) if c.echo else text, ev,
+                                    ev.done_reason))
             evs.append(ev)
-        return JSONResponse({**head, "choices": choices, "usage": sum_usage(evs)})
-
-    finals: list[Event | None] = [None] * n
-
-    async def choice_events(i: int, s: Stream) -> AsyncIterator[bytes]:
-        lead = prompt if echo else ""
-        while True:
-            ev = await s.next()
-            text, lead = lead + ev.text, ""
-            if ev.done:
-                finals[i] = ev
-                yield _sse({**head, "choices": [{"text": text, "index": i,
-                                                 "logprobs": logprobs(i, ev, ev.logprobs),
-                                                 "finish_reason": ev.done_reason}]})
-                return
-            if text:
-                yield _sse({**head, "choices": [{"text": text, "index": i,
-                                                 "logprobs": logprobs(i, ev, ev.logprobs),
-                                                 "finish_reason": None}]})
-
-    async def events() -> AsyncIterator[bytes]:
-        try:
-            async for b in merged([choice_events(i, s) for i, s in enumerate(streams)]):
-                yield b
-            if include_usage:
-                yield _sse({**head, "choices": [],
-                            "usage": sum_usage([ev for ev in finals if ev is not None])})
-            yield b"data: [DONE]\n\n"
-        except ApiError as e:
-            yield _sse({"error": {"message": e.message, "type": "api_error"}})
-        finally:
-            for s in streams:
-                s.cancel()
-
-    return StreamingResponse(events(), media_type="text/event-stream")
+        return JSONResponse({**c.head, "choices": choices, "usage": sum_usage(evs)})
+    finals: list[Event | None] = [None] * len(c.streams)
+    choices_events = [_completion_choice_events(c, i, s, finals)
+                      for i, s in enumerate(c.streams)]
+    return StreamingResponse(
+        _sse_choices(c.streams, choices_events, finals, c.head if _include_usage(body) else None),
+        media_type="text/event-stream")
 
 
 def _model_obj(name: str, path: Path) -> dict[str, Any]:

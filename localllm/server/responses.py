@@ -29,12 +29,14 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localllm.generation.generate import Event
+from localllm.generation.sampler_settings import SamplerConfig
 from localllm.generation.sampler_settings import defaults as sampler_defaults
 from localllm.generation.sampler_settings import from_json as sampler_from_json
 from localllm.generation.scheduler import Request
@@ -236,10 +238,10 @@ def _remember(state: ServerState, reply: _Reply, messages: list[dict[str, Any]],
         store.popitem(last=False)
 
 
-async def responses(request: HttpRequest, state: ServerState) -> Response:
-    body = await read_json(request, state.body_limit)
-    model = state.resolve(body.get("model"))
-    require_generation(state, "responses")
+def _conversation(state: ServerState, body: dict[str, Any]
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the system message from `instructions`, the whole conversation): instructions, the
+    previous response's conversation, then the new input."""
     if "input" not in body:
         raise ApiError(400, "'input' is required")
     new = input_messages(body["input"])
@@ -255,6 +257,11 @@ async def responses(request: HttpRequest, state: ServerState) -> Response:
     messages = check_messages(system + earlier + new, "input")
     if not messages:
         raise ApiError(400, "'input' must hold at least one message")
+    return system, messages
+
+
+def _sampling(body: dict[str, Any]) -> tuple[SamplerConfig, int]:
+    """The sampler settings (as chat reads them) and max_output_tokens (-1: no limit)."""
     try:
         cfg = sampler_from_json(body, sampler_defaults("openai"), "openai")
         cfg.validate()
@@ -263,7 +270,11 @@ async def responses(request: HttpRequest, state: ServerState) -> Response:
     n_max = get(body, "max_output_tokens", int, -1)
     if n_max is None or (n_max < 0 and n_max != -1):
         raise ApiError(400, "'max_output_tokens' must be >= 0")
-    stream = get(body, "stream", bool, False)
+    return cfg, n_max
+
+
+def _tool_plan(body: dict[str, Any]) -> tuple[list[dict[str, Any]], Any, Any]:
+    """(the tools offered, the forced call's schema or None, the text.format or None)."""
     tools = _tools(body)
     choice = tool_choice.parse({"tool_choice": _tool_choice(body)}, tools)
     if choice == "none":
@@ -273,6 +284,34 @@ async def responses(request: HttpRequest, state: ServerState) -> Response:
     if forced is not None and fmt is not None:
         raise ApiError(400, "'text.format' cannot be combined with a 'tool_choice' that forces "
                             "a tool call")
+    return tools, forced, fmt
+
+
+@dataclass
+class _Turn:
+    """One response's generation: the token stream and the parsers its text goes through."""
+
+    stream: Stream
+    split: ThinkStream  # reasoning apart from the answer (and harmony's calls)
+    calls_in: ToolStream | None  # tool calls written in the answer, when tools are offered
+    reply: _Reply
+    conv: list[dict[str, Any]]  # the conversation to remember, without `instructions`
+
+    def output_items(self, text: str, reasoning: str, calls: list[dict[str, Any]]
+                     ) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = [self.reply.message(text)] if text or not calls else []
+        items += self.reply.calls(calls)
+        if reasoning:  # after the others, where the stream can add it
+            items.append(_reasoning(reasoning))
+        return items
+
+
+async def _start(body: dict[str, Any], state: ServerState, model: str) -> _Turn:
+    """Everything a response needs checked and rendered, ready to generate."""
+    system, messages = _conversation(state, body)
+    cfg, n_max = _sampling(body)
+    get(body, "stream", bool, False)  # checked here, in the order the errors always came
+    tools, forced, fmt = _tool_plan(body)
     constraint = await format_constraint(state, forced if forced is not None else fmt,
                                          "tools" if forced is not None else "text.format")
     caps = state.engine.template.caps
@@ -287,104 +326,135 @@ async def responses(request: HttpRequest, state: ServerState) -> Response:
         if tools and (not caps.harmony or forced is not None) else None
     s = Stream(state, Request(ids, cfg, max_tokens=n_max, constraint=constraint,
                               show_tokens=shown_tokens(state.engine, caps.harmony)))
-    reply = _Reply(state, body, model, n_max)
-    conv = [m for m in messages if m not in system]
+    return _Turn(s, split, calls_in, _Reply(state, body, model, n_max),
+                 [m for m in messages if m not in system])
 
-    def output_items(text: str, reasoning: str, calls: list[dict[str, Any]]
-                     ) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = [reply.message(text)] if text or not calls else []
-        items += reply.calls(calls)
-        if reasoning:  # after the others, where the stream can add it
-            items.append(_reasoning(reasoning))
-        return items
 
-    if not stream:
-        text, ev = await s.collect(request)
-        reasoning, text = split.whole(text)
-        calls = split.calls
-        if calls_in is not None:
-            calls_in.push(text)
-            calls_in.sent = 0
-            text, calls = calls_in.end()
-        output = output_items(text, reasoning, calls)
-        _remember(state, reply, conv, output)
-        return JSONResponse(reply.obj("completed", output, ev))
+async def _collected(request: HttpRequest, state: ServerState, turn: _Turn) -> Response:
+    """The whole response as one JSON object."""
+    text, ev = await turn.stream.collect(request)
+    reasoning, text = turn.split.whole(text)
+    calls = turn.split.calls
+    if turn.calls_in is not None:
+        turn.calls_in.push(text)
+        turn.calls_in.sent = 0
+        text, calls = turn.calls_in.end()
+    output = turn.output_items(text, reasoning, calls)
+    _remember(state, turn.reply, turn.conv, output)
+    return JSONResponse(turn.reply.obj("completed", output, ev))
 
-    seq = 0
 
-    def sse(kind: str, **data: Any) -> bytes:
-        nonlocal seq
-        seq += 1
-        payload = {"type": kind, "sequence_number": seq - 1, **data}
+async def responses(request: HttpRequest, state: ServerState) -> Response:
+    body = await read_json(request, state.body_limit)
+    model = state.resolve(body.get("model"))
+    require_generation(state, "responses")
+    turn = await _start(body, state, model)
+    if not get(body, "stream", bool, False):
+        return await _collected(request, state, turn)
+    return StreamingResponse(_Events(state, turn).events(), media_type="text/event-stream")
+
+
+class _Events:
+    """The streamed response: Server-Sent Events numbered by sequence_number. The message
+    item opens on the first text (or at the end when there is neither text nor a call);
+    calls and reasoning are sent whole once generation is done."""
+
+    def __init__(self, state: ServerState, turn: _Turn) -> None:
+        self.state, self.turn, self.reply = state, turn, turn.reply
+        self.seq = 0
+        self.opened, self.shown, self.reasoning = False, "", ""
+        self.part = {"item_id": self.reply.msg_id, "output_index": 0, "content_index": 0}
+
+    def sse(self, kind: str, **data: Any) -> bytes:
+        self.seq += 1
+        payload = {"type": kind, "sequence_number": self.seq - 1, **data}
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
 
-    async def events() -> AsyncIterator[bytes]:
+    def open_message(self) -> list[bytes]:
+        self.opened = True
+        return [self.sse("response.output_item.added", output_index=0,
+                         item=self.reply.message("", "in_progress")),
+                self.sse("response.content_part.added", **self.part,
+                         part={"type": "output_text", "text": "", "annotations": []})]
+
+    def parse(self, ev: Event) -> tuple[str, list[dict[str, Any]]]:
+        """This event's answer text (reasoning kept aside) and, at the end, the calls."""
+        turn = self.turn
+        r, text = turn.split.push(ev.text)
+        self.reasoning += r
+        if ev.done:
+            r2, c2 = turn.split.finish()
+            self.reasoning, text = self.reasoning + r2, text + c2
+        calls: list[dict[str, Any]] = turn.split.calls if ev.done else []
+        if turn.calls_in is not None:
+            text = turn.calls_in.push(text)
+            if ev.done:
+                rest, calls = turn.calls_in.end()
+                text += rest
+        return text, calls
+
+    def delta(self, text: str) -> list[bytes]:
+        out = [] if self.opened else self.open_message()
+        self.shown += text
+        return out + [self.sse("response.output_text.delta", **self.part, delta=text,
+                               logprobs=[])]
+
+    def message_done(self, output: list[dict[str, Any]]) -> list[bytes]:
+        msg = self.reply.message(self.shown)
+        output.append(msg)
+        return [self.sse("response.output_text.done", **self.part, text=self.shown, logprobs=[]),
+                self.sse("response.content_part.done", **self.part, part=msg["content"][0]),
+                self.sse("response.output_item.done", output_index=0, item=msg)]
+
+    def call_done(self, item: dict[str, Any], output: list[dict[str, Any]]) -> list[bytes]:
+        k = len(output)
+        output.append(item)
+        return [self.sse("response.output_item.added", output_index=k,
+                         item={**item, "status": "in_progress", "arguments": ""}),
+                self.sse("response.function_call_arguments.delta", item_id=item["id"],
+                         output_index=k, delta=item["arguments"]),
+                self.sse("response.function_call_arguments.done", item_id=item["id"],
+                         output_index=k, arguments=item["arguments"]),
+                self.sse("response.output_item.done", output_index=k, item=item)]
+
+    def reasoning_done(self, output: list[dict[str, Any]]) -> list[bytes]:
+        # split out as it streamed; sent whole
+        item = _reasoning(self.reasoning)
+        k = len(output)
+        output.append(item)
+        return [self.sse("response.output_item.added", output_index=k, item=item),
+                self.sse("response.output_item.done", output_index=k, item=item)]
+
+    def finish(self, ev: Event, calls: list[dict[str, Any]]) -> list[bytes]:
+        """The items closed in output order, the conversation stored, response.completed."""
+        out = [] if self.opened or calls else self.open_message()
+        output: list[dict[str, Any]] = []
+        if self.opened:
+            out += self.message_done(output)
+        for item in self.reply.calls(calls):
+            out += self.call_done(item, output)
+        if self.reasoning:
+            out += self.reasoning_done(output)
+        _remember(self.state, self.reply, self.turn.conv, output)
+        out.append(self.sse("response.completed",
+                            response=self.reply.obj("completed", output, ev)))
+        return out
+
+    async def events(self) -> AsyncIterator[bytes]:
         try:
-            yield sse("response.created", response=reply.obj("in_progress", [], None))
-            yield sse("response.in_progress", response=reply.obj("in_progress", [], None))
-            opened, shown, reasoning = False, "", ""
-            part = {"item_id": reply.msg_id, "output_index": 0, "content_index": 0}
-
-            def open_message() -> list[bytes]:
-                return [sse("response.output_item.added", output_index=0,
-                            item=reply.message("", "in_progress")),
-                        sse("response.content_part.added", **part,
-                            part={"type": "output_text", "text": "", "annotations": []})]
-
+            yield self.sse("response.created", response=self.reply.obj("in_progress", [], None))
+            yield self.sse("response.in_progress",
+                           response=self.reply.obj("in_progress", [], None))
             while True:
-                ev = await s.next()
-                r, text = split.push(ev.text)
-                reasoning += r
+                ev = await self.turn.stream.next()
+                text, calls = self.parse(ev)
+                for b in self.delta(text) if text else []:
+                    yield b
                 if ev.done:
-                    r2, c2 = split.finish()
-                    reasoning, text = reasoning + r2, text + c2
-                calls: list[dict[str, Any]] = split.calls if ev.done else []
-                if calls_in is not None:
-                    text = calls_in.push(text)
-                    if ev.done:
-                        rest, calls = calls_in.end()
-                        text += rest
-                if text:
-                    if not opened:
-                        for b in open_message():
-                            yield b
-                        opened = True
-                    shown += text
-                    yield sse("response.output_text.delta", **part, delta=text, logprobs=[])
-                if not ev.done:
-                    continue
-                if not opened and not calls:
-                    for b in open_message():
+                    for b in self.finish(ev, calls):
                         yield b
-                    opened = True
-                output: list[dict[str, Any]] = []
-                if opened:
-                    msg = reply.message(shown)
-                    yield sse("response.output_text.done", **part, text=shown, logprobs=[])
-                    yield sse("response.content_part.done", **part, part=msg["content"][0])
-                    yield sse("response.output_item.done", output_index=0, item=msg)
-                    output.append(msg)
-                for item in reply.calls(calls):
-                    k = len(output)
-                    yield sse("response.output_item.added", output_index=k,
-                              item={**item, "status": "in_progress", "arguments": ""})
-                    yield sse("response.function_call_arguments.delta", item_id=item["id"],
-                              output_index=k, delta=item["arguments"])
-                    yield sse("response.function_call_arguments.done", item_id=item["id"],
-                              output_index=k, arguments=item["arguments"])
-                    yield sse("response.output_item.done", output_index=k, item=item)
-                    output.append(item)
-                if reasoning:  # split out as it streamed; sent whole
-                    item = _reasoning(reasoning)
-                    yield sse("response.output_item.added", output_index=len(output), item=item)
-                    yield sse("response.output_item.done", output_index=len(output), item=item)
-                    output.append(item)
-                _remember(state, reply, conv, output)
-                yield sse("response.completed", response=reply.obj("completed", output, ev))
-                return
+                    return
         except ApiError as e:
-            yield sse("error", code="server_error", message=e.message, param=None)
+            yield self.sse("error", code="server_error", message=e.message, param=None)
         finally:
-            s.cancel()
-
-    return StreamingResponse(events(), media_type="text/event-stream")
+            self.turn.stream.cancel()
