@@ -18,6 +18,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from localllm.generation.generate import Event
+from localllm.generation.repeat_guard import DEFAULT_MIN_TOKENS
 from localllm.generation.scheduler import Request
 from localllm.server import access
 from localllm.server.common import (
@@ -78,11 +79,14 @@ def _common(body: dict[str, Any], state: ServerState
 
 
 def _request(state: ServerState, prompt: list[int], options: Any, truncate: bool,
-             constraint: Any = None, harmony: bool = False) -> Request:
-    o = parse_options(options, ollama_defaults(), state.engine.n_ctx)
+             constraint: Any = None, harmony: bool = False, raw: bool = False) -> Request:
+    o = parse_options(options, ollama_defaults(state.engine.metadata), state.engine.n_ctx)
     return Request(prompt, o.sampling, max_tokens=o.max_tokens, stop=o.stop, truncate=truncate,
                    speculate=o.speculate, draft_max=o.draft_max, constraint=constraint,
-                   show_tokens=shown_tokens(state.engine, harmony))
+                   show_tokens=shown_tokens(state.engine, harmony),
+                   # the loop guard: on for templated replies, off for a raw prompt
+                   repeat_guard=o.repeat_guard if o.repeat_guard is not None
+                   else 0 if raw else DEFAULT_MIN_TOKENS)
 
 
 async def generate(request: HttpRequest, state: ServerState) -> Response:
@@ -121,7 +125,7 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
             raise ApiError(400, "'context' must be an array of token ids")
         bos = eng.tokenizer.bos_id
         ids = list(context) + (ids[1:] if ids and ids[0] == bos else ids)
-    req = _request(state, ids, options, truncate, constraint, harmony)
+    req = _request(state, ids, options, truncate, constraint, harmony, raw)
     s = Stream(state, req)
 
     def final(ev: Event, text: str, thinking: str) -> dict[str, Any]:

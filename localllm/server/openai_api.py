@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localllm.generation.generate import Event
+from localllm.generation.repeat_guard import DEFAULT_MIN_TOKENS
 from localllm.generation.sampler_settings import SamplerConfig
 from localllm.generation.sampler_settings import defaults as sampler_defaults
 from localllm.generation.sampler_settings import from_json as sampler_from_json
@@ -37,6 +38,7 @@ from localllm.server.common import (
     raw_prompt,
     read_json,
     render_prompt,
+    repeat_guard_value,
     require_generation,
     shown_tokens,
     tool_names,
@@ -50,12 +52,14 @@ if TYPE_CHECKING:
 FINGERPRINT = "fp_localllm"
 
 
-def _sampling(body: dict[str, Any]) -> tuple[SamplerConfig, int, list[str]]:
+def _sampling(body: dict[str, Any], metadata: Mapping[str, Any] | None = None,
+              ) -> tuple[SamplerConfig, int, list[str]]:
     # every sampler setting under its declared name (sampler_settings.py): the standard
     # fields, with the API's defaults, and the common extensions (top_k, min_p, DRY, XTC...
     # as llama.cpp's server and vLLM accept them)
     try:
-        cfg = sampler_from_json(body, sampler_defaults("openai"), "openai")
+        cfg = sampler_from_json(body, sampler_defaults("openai", metadata),
+                                "openai")
         cfg.validate()
     except ValueError as e:
         raise ApiError(400, str(e)) from None
@@ -80,6 +84,12 @@ async def _response_format(body: dict[str, Any], state: ServerState) -> Any:
         raise ApiError(400, "'response_format' must be {\"type\": \"text\" | \"json_object\" | "
                             "\"json_schema\", ...}")
     return await format_constraint(state, rf, "response_format")
+
+
+def _finish_reason(done_reason: str | None) -> str | None:
+    """OpenAI clients check finish_reason against a fixed set: the loop guard's "repeat"
+    (a reply cut short, not ended by the model) is reported as "length"."""
+    return "length" if done_reason == "repeat" else done_reason
 
 
 def _usage(ev: Event) -> dict[str, int]:
@@ -148,7 +158,7 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
     messages = check_messages(body.get("messages"))
     if not messages:
         raise ApiError(400, "[] is too short - 'messages'")
-    cfg, n_max, stop = _sampling(body)
+    cfg, n_max, stop = _sampling(body, state.engine.metadata)
     stream = get(body, "stream", bool, False)
     include_usage = _include_usage(body)
     tools = check_tools(body.get("tools"))
@@ -165,8 +175,10 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
     ids, prompt_text = harmony_answer_first(state.engine, ids, prompt_text, constraint,
                                             caps.harmony)
     split = ThinkStream(extract, prompt_text, harmony)
+    guard = repeat_guard_value(body)
     s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop, constraint=constraint,
-                              show_tokens=shown_tokens(state.engine, caps.harmony)))
+                              show_tokens=shown_tokens(state.engine, caps.harmony),
+                              repeat_guard=DEFAULT_MIN_TOKENS if guard is None else guard))
     rid, created = f"chatcmpl-{s.handle.id}", int(time.time())
     head = {"id": rid, "created": created, "model": model, "system_fingerprint": FINGERPRINT}
     calls_in = ToolStream(caps, tool_names(tools)) if tools and not harmony else None
@@ -174,7 +186,7 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
         text, ev = await s.collect(request)
         reasoning, text = split.whole(text)
         msg: dict[str, Any] = {"role": "assistant", "content": text}
-        finish = ev.done_reason
+        finish = _finish_reason(ev.done_reason)
         rest, calls = text, split.calls
         if calls_in is not None:
             calls_in.push(text)
@@ -210,7 +222,8 @@ async def chat_completions(request: HttpRequest, state: ServerState) -> Response
                 if ev.done:
                     t1, c1 = split.push(ev.text)
                     t2, c2 = split.finish()
-                    reasoning, text, calls, finish = t1 + t2, c1 + c2, split.calls, ev.done_reason
+                    reasoning, text, calls = t1 + t2, c1 + c2, split.calls
+                    finish = _finish_reason(ev.done_reason)
                     if calls_in is not None:
                         text = calls_in.push(text)
                         rest, calls = calls_in.end()
@@ -252,18 +265,20 @@ async def completions(request: HttpRequest, state: ServerState) -> Response:
         raise ApiError(400, "'prompt' must be a string")
     if not prompt:
         raise ApiError(400, "'prompt' must not be empty")
-    cfg, n_max, stop = _sampling(body)
+    cfg, n_max, stop = _sampling(body, state.engine.metadata)
     stream = get(body, "stream", bool, False)
     include_usage = _include_usage(body)
     ids = await asyncio.to_thread(raw_prompt, state.engine, prompt)
     constraint = await _response_format(body, state)
-    s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop, constraint=constraint))
+    # raw completion: the loop guard only when asked for
+    s = Stream(state, Request(ids, cfg, max_tokens=n_max, stop=stop, constraint=constraint,
+                              repeat_guard=repeat_guard_value(body) or 0))
     head = {"id": f"cmpl-{s.handle.id}", "object": "text_completion",
             "created": int(time.time()), "model": model, "system_fingerprint": FINGERPRINT}
     if not stream:
         text, ev = await s.collect(request)
         return JSONResponse({**head, "choices": [{"text": text, "index": 0, "logprobs": None,
-                                                  "finish_reason": ev.done_reason}],
+                                                  "finish_reason": _finish_reason(ev.done_reason)}],
                              "usage": _usage(ev)})
 
     async def events() -> AsyncIterator[bytes]:
@@ -272,7 +287,7 @@ async def completions(request: HttpRequest, state: ServerState) -> Response:
                 ev = await s.next()
                 if ev.done:
                     yield _sse({**head, "choices": [{"text": ev.text, "index": 0, "logprobs": None,
-                                                     "finish_reason": ev.done_reason}]})
+                                                     "finish_reason": _finish_reason(ev.done_reason)}]})
                     if include_usage:
                         yield _sse({**head, "choices": [], "usage": _usage(ev)})
                     yield b"data: [DONE]\n\n"
