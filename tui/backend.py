@@ -30,6 +30,7 @@ from localllm.generation.repeat_guard import DEFAULT_MIN_TOKENS
 from localllm.generation.sampling import SamplerConfig
 from localllm.generation.speculative import SpecOptions
 from localllm.generation.text_stream import Event
+from localllm.store.local import name_of
 
 SLOT = 0  # the chat uses one sequence slot: same slot every turn = prefix reuse
 PREFILL_CHUNK = 256  # tokens per progress/cancel checkpoint while a long prompt is evaluated
@@ -273,9 +274,10 @@ class ChatBackend:
         self._loop = Batcher(eng, prefill_chunk=PREFILL_CHUNK, spec=self._spec, costs=StepCosts(),
                              drafter=drafter)
         template = eng.template.name
-        # the file's name: general.name is often a training-run label ("Smollm2 135M 8k
-        # Lc100K Mix1 Ep2") that says less than the file the user picked
-        name = Path(job.args["path"]).name.removesuffix(".gguf")
+        # the name `localllm list` shows (a store blob's file name is sha256-...), else the
+        # file's: general.name is often a training-run label ("Smollm2 135M 8k Lc100K Mix1
+        # Ep2") that says less than the file the user picked
+        name = name_of(job.args["path"]) or Path(job.args["path"]).name.removesuffix(".gguf")
         self.engine = eng
         self.info = ModelInfo(
             path=Path(job.args["path"]), name=name, n_ctx=eng.n_ctx, kv_bytes=eng.kv.nbytes(),
