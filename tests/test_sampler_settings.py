@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import pytest
+from gguf import GGUFValueType as GV
 
 from localllm.cli import build_parser
 from localllm.commands.options import sampler_config
@@ -197,3 +199,26 @@ def test_a_clients_explicit_value_wins_over_the_model() -> None:
     c = sampler_config(ns, _RECOMMENDS)
     for cfg in (o, a, c):
         assert (cfg.temperature, cfg.repeat_penalty, cfg.top_k) == (0.0, 1.0, 20)
+
+
+def test_recommendation_read_from_the_model_file_and_shown(tmp_path) -> None:
+    from gguf_files import small_tensors
+
+    from localllm.commands.options import model_sampler_config
+    from localllm.commands.show import show_report
+    from localllm.formats import read_gguf
+    from localllm.formats.writer import write_gguf
+
+    p = tmp_path / "advised.gguf"
+    # typed as llama.cpp's converter writes them: FLOAT32 and INT32
+    md = {"general.sampling.temp": (0.6, GV.FLOAT32), "general.sampling.top_k": (20, GV.INT32),
+          "general.sampling.penalty_last_n": (128, GV.INT32)}
+    write_gguf(p, "llama", md, small_tensors(np.random.default_rng(0)))
+    cfg = model_sampler_config(build_parser().parse_args(["run", "x", "--top-k", "5"]), p)
+    assert cfg.temperature == pytest.approx(0.6) and cfg.repeat_last_n == 128
+    assert cfg.top_k == 5 and cfg.repeat_penalty == 1.1  # the flag; ours where it is silent
+    with read_gguf(p) as gf:
+        text = show_report(gf, False, False)
+        as_json = show_report(gf, False, True)
+    assert "Parameters" in text and "repeat_last_n" in text
+    assert '"top_k": 20' in as_json
