@@ -156,3 +156,11 @@ def test_front_doors_turn_it_on_for_chat_and_off_for_raw() -> None:
         parse_options({"repeat_guard": -1}, SamplerConfig(), 512)
     # OpenAI clients accept only their finish reasons: a loop cut short is "length"
     assert _finish_reason("repeat") == "length" and _finish_reason("stop") == "stop"
+
+
+def test_the_chat_says_why_a_reply_was_cut() -> None:
+    from localllm.generation.sequence import GenerationStats
+    from localllm.tui.app import format_reply_stats
+
+    st = GenerationStats(prompt_tokens=3, prompt_eval_tokens=3, eval_tokens=96, eval_s=2.0)
+    assert format_reply_stats(st, "repeat").endswith(" · cut: it was repeating itself")
