@@ -164,3 +164,16 @@ def test_the_chat_says_why_a_reply_was_cut() -> None:
 
     st = GenerationStats(prompt_tokens=3, prompt_eval_tokens=3, eval_tokens=96, eval_s=2.0)
     assert format_reply_stats(st, "repeat").endswith(" · cut: it was repeating itself")
+
+
+def test_ollama_requests_guard_a_templated_reply_and_not_a_raw_prompt() -> None:
+    from localllm.server.ollama import _request
+
+    advised = {"general.sampling.penalty_repeat": 1.3}
+    state = SimpleNamespace(engine=SimpleNamespace(n_ctx=512, metadata=advised))
+    chat = _request(state, [1, 2], None, False)
+    assert chat.repeat_guard == DEFAULT_MIN_TOKENS
+    assert chat.sampling.repeat_penalty == 1.3  # the model file's advice is the default
+    assert _request(state, [1, 2], None, False, raw=True).repeat_guard == 0
+    assert _request(state, [1, 2], {"repeat_guard": 40}, False, raw=True).repeat_guard == 40
+    assert _request(state, [1, 2], {"repeat_guard": 0}, False).repeat_guard == 0
