@@ -202,7 +202,8 @@ def format_description(d: dict[str, Any], tensors: Sequence[_TensorLike] | None 
     """Human-readable report of `describe()`'s dict, like `ollama show`; plus one line per
     tensor (name, type, shape, bytes) when `tensors` is given. Two entries `localllm show`
     adds from the layers above (formats knows neither) are printed when present:
-    "capabilities" (one per line, as Ollama's Capabilities section) and "kv_cache" (Needs)."""
+    "capabilities" (one per line, as Ollama's Capabilities section), "kv_cache" (Needs) and
+    "sampling" (Parameters: the sampling the file recommends, the front doors' defaults)."""
     sections: list[tuple[str, list[tuple[str, Any]]]] = []
     heads = d.get("heads")
     kv = d.get("kv_heads")
@@ -228,6 +229,8 @@ def format_description(d: dict[str, Any], tensors: Sequence[_TensorLike] | None 
     ]))
     if d.get("capabilities") is not None:
         sections.append(("Capabilities", [(c, "") for c in d["capabilities"]]))
+    if d.get("sampling"):  # the file's general.sampling.* advice, as Ollama's Parameters
+        sections.append(("Parameters", list(d["sampling"].items())))
     sections.append(("Needs", _needs(d)))
     mix_lines = [
         (name, f"{m['tensors']:>4} tensors  {_bytes_label(m['bytes']):>10}")

@@ -18,7 +18,7 @@ import pytest
 
 from localllm.store import fetch as models_fetch
 from localllm.store.default import ModelNotFoundError, resolve_model
-from localllm.store.local import StoreError, import_file, list_models, pull, remove
+from localllm.store.local import StoreError, import_file, list_models, name_of, pull, remove
 from localllm.store.names import BadModelName, parse_name
 
 
@@ -84,6 +84,20 @@ def test_import_list_resolve_rm_share_a_blob(tiny_gguf: Path, stores: dict[str, 
     assert resolve_model("tiny") == b.path  # the only tag left
     remove("tiny")
     assert not b.path.exists() and list_models() == []
+
+
+def test_a_model_is_named_as_list_shows_it_not_by_its_blob(tiny_gguf: Path,
+                                                           stores: dict[str, Path]) -> None:
+    e = import_file(tiny_gguf, "smollm2:135m-q4_1")
+    assert e.path.name.startswith("sha256-")  # the file a chat or `serve` loads
+    assert name_of(e.path) == "smollm2:135m-q4_1" == name_of(str(e.path))
+    blob = _ollama_model(stores["ollama"], tiny_gguf, "someone/coder:7b")
+    assert name_of(blob) == "someone/coder:7b"
+    assert name_of(tiny_gguf) is None  # a file no name reaches: the caller uses its file name
+    # the chat's name for what it loaded (replies, banner, /model, saved chats) is the same
+    from localllm.tui.model_choice import base_note
+
+    assert base_note(e.path).startswith("smollm2:135m-q4_1 is a completion")
 
 
 def test_import_refuses_a_non_gguf(tmp_path: Path) -> None:

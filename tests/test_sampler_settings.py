@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import pytest
+from gguf import GGUFValueType as GV
 
 from localllm.cli import build_parser
 from localllm.commands.options import sampler_config
@@ -15,6 +17,7 @@ from localllm.generation.sampler_settings import (
     Declared,
     SamplerConfig,
     defaults,
+    recommended,
     setting,
     settings,
 )
@@ -122,13 +125,18 @@ def test_out_of_range_is_a_clear_error_at_every_door(s: Declared) -> None:
         sampler_config(ns).validate()
 
 
-def test_front_door_defaults_as_before() -> None:
+def test_front_door_defaults_do_not_loop() -> None:
+    # Ollama's documented defaults on every door: the repeat penalty 1.1 over 64 tokens
     o = ollama_defaults()
     assert (o.temperature, o.top_k, o.top_p, o.min_p, o.typical_p, o.repeat_penalty,
-            o.repeat_last_n) == (0.8, 40, 0.9, 0.0, 1.0, 1.0, 64)
+            o.repeat_last_n) == (0.8, 40, 0.9, 0.0, 1.0, 1.1, 64)
     a, _, _ = _sampling({})
-    assert (a.temperature, a.top_p, a.top_k, a.min_p) == (1.0, 1.0, 40, 0.0)
+    assert (a.temperature, a.top_p, a.top_k, a.min_p, a.repeat_penalty) == \
+        (1.0, 1.0, 40, 0.0, 1.1)
     assert defaults() == SamplerConfig()
+    c = sampler_config(build_parser().parse_args(["run", "x"]))
+    assert (c.temperature, c.top_k, c.top_p, c.repeat_penalty, c.repeat_last_n) == \
+        (0.8, 40, 0.9, 1.1, 64)
     for cfg in (o, a, SamplerConfig()):  # DRY and XTC off everywhere by default
         assert cfg.dry_multiplier == 0.0 and cfg.xtc_probability == 0.0
         assert cfg.dry_sequence_breakers == ("\n", ":", '"', "*")
@@ -160,3 +168,57 @@ def test_conversation_file_keeps_the_new_settings(tmp_path) -> None:
                                              dry_sequence_breakers=("\n", "###")))
     back = Conversation.load(conv.save(tmp_path / "c.json"))
     assert back.config == conv.config
+
+
+# a model file's recommendation, under llama.cpp's key names (src/llama-arch.cpp)
+_RECOMMENDS = {"general.sampling.temp": 0.6, "general.sampling.top_k": 20,
+               "general.sampling.top_p": 0.95, "general.sampling.min_p": 0.0,
+               "general.sampling.penalty_repeat": 1.05, "general.sampling.penalty_last_n": 128,
+               "general.sampling.xtc_probability": 2.0}  # out of range: left out
+
+
+def test_model_recommendation_is_every_doors_default() -> None:
+    assert recommended(_RECOMMENDS) == {"temperature": 0.6, "top_k": 20, "top_p": 0.95,
+                                        "min_p": 0.0, "repeat_penalty": 1.05,
+                                        "repeat_last_n": 128}
+    want = (0.6, 20, 0.95, 0.0, 1.05, 128)
+    o = ollama_defaults(_RECOMMENDS)
+    a, _, _ = _sampling({}, _RECOMMENDS)
+    c = sampler_config(build_parser().parse_args(["run", "x"]), _RECOMMENDS)
+    for cfg in (o, a, c, defaults(None, _RECOMMENDS)):
+        assert (cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p, cfg.repeat_penalty,
+                cfg.repeat_last_n) == want
+        assert cfg.xtc_probability == 0.0
+
+
+def test_a_clients_explicit_value_wins_over_the_model() -> None:
+    o = parse_options({"temperature": 0.0, "repeat_penalty": 1.0},
+                      ollama_defaults(_RECOMMENDS), 512).sampling
+    a, _, _ = _sampling({"temperature": 0.0, "repeat_penalty": 1.0}, _RECOMMENDS)
+    ns = build_parser().parse_args(["run", "x", "--temp", "0", "--repeat-penalty", "1"])
+    c = sampler_config(ns, _RECOMMENDS)
+    for cfg in (o, a, c):
+        assert (cfg.temperature, cfg.repeat_penalty, cfg.top_k) == (0.0, 1.0, 20)
+
+
+def test_recommendation_read_from_the_model_file_and_shown(tmp_path) -> None:
+    from gguf_files import small_tensors
+
+    from localllm.commands.options import model_sampler_config
+    from localllm.commands.show import show_report
+    from localllm.formats import read_gguf
+    from localllm.formats.writer import write_gguf
+
+    p = tmp_path / "advised.gguf"
+    # typed as llama.cpp's converter writes them: FLOAT32 and INT32
+    md = {"general.sampling.temp": (0.6, GV.FLOAT32), "general.sampling.top_k": (20, GV.INT32),
+          "general.sampling.penalty_last_n": (128, GV.INT32)}
+    write_gguf(p, "llama", md, small_tensors(np.random.default_rng(0)))
+    cfg = model_sampler_config(build_parser().parse_args(["run", "x", "--top-k", "5"]), p)
+    assert cfg.temperature == pytest.approx(0.6) and cfg.repeat_last_n == 128
+    assert cfg.top_k == 5 and cfg.repeat_penalty == 1.1  # the flag; ours where it is silent
+    with read_gguf(p) as gf:
+        text = show_report(gf, False, False)
+        as_json = show_report(gf, False, True)
+    assert "Parameters" in text and "repeat_last_n" in text
+    assert '"top_k": 20' in as_json

@@ -174,7 +174,8 @@ def test_chain_order_is_llama_cpp_default() -> None:
     greedy = SamplerConfig(temperature=0, repeat_penalty=1.1, dry_multiplier=0.8,
                            xtc_probability=0.5)
     assert Sampler(greedy).stage_names == ["penalties", "dry", "greedy"]
-    assert Sampler(SamplerConfig()).stage_names == ["top_k", "top_p", "min_p", "temperature",
+    assert Sampler(SamplerConfig()).stage_names == ["penalties", "top_k", "top_p", "min_p",
+                                                    "temperature",
                                                     "draw"]
 
 

@@ -271,7 +271,7 @@ def test_disconnects_free_their_slots(server) -> None:
     base, state = server
     # counting goes on to the end of the context (no end-of-text), greedy: deterministic
     body = {"model": _model(server), "prompt": "1, 2, 3, 4, 5, 6, 7,", "raw": True,
-            "options": {"num_predict": 480, "temperature": 0}}
+            "options": {"num_predict": 480, "temperature": 0, "repeat_penalty": 1.0}}
     _wait_idle(state)
     before = state.scheduler.status()["cancelled"]
     with httpx.stream("POST", base + "/api/generate", json=body, timeout=120) as r:

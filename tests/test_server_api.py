@@ -23,6 +23,9 @@ WEATHER = {"type": "function", "function": {
 TIME = {"type": "function", "function": {
     "name": "get_time", "parameters": {"type": "object", "properties": {
         "zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
+# Log-probs are the model's own distribution (before penalties): greedy picks their top token
+# only without the default repeat penalty (1.1), which these checks of "greedy = top" turn off.
+PURE = {"repeat_penalty": 1.0}
 
 
 def _check_entries(entries, n_top: int) -> None:
@@ -37,20 +40,20 @@ def _check_entries(entries, n_top: int) -> None:
 
 def test_chat_logprobs_streaming_and_not(server, ai) -> None:  # noqa: F811
     m = _model(server)
-    r = ai.chat.completions.create(model=m, messages=ASK, temperature=0, max_tokens=10,
+    r = ai.chat.completions.create(model=m, messages=ASK, temperature=0, extra_body=PURE, max_tokens=10,
                                    logprobs=True, top_logprobs=3)
     ch = r.choices[0]
     entries = ch.logprobs.content
     assert len(entries) == r.usage.completion_tokens
     _check_entries(entries, 3)
     assert b"".join(bytes(e.bytes) for e in entries).decode().strip() == ch.message.content.strip()
-    chunks = list(ai.chat.completions.create(model=m, messages=ASK, temperature=0,
+    chunks = list(ai.chat.completions.create(model=m, messages=ASK, temperature=0, extra_body=PURE,
                                              max_tokens=10, logprobs=True, top_logprobs=3,
                                              stream=True))
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
                 for e in c.choices[0].logprobs.content]
     assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in entries]
-    plain = ai.chat.completions.create(model=m, messages=ASK, temperature=0, max_tokens=4)
+    plain = ai.chat.completions.create(model=m, messages=ASK, temperature=0, extra_body=PURE, max_tokens=4)
     assert plain.choices[0].logprobs is None
     bad = httpx.post(server[0] + "/v1/chat/completions", json={
         "model": m, "messages": ASK, "logprobs": True, "top_logprobs": 21}, timeout=60)
@@ -60,7 +63,7 @@ def test_chat_logprobs_streaming_and_not(server, ai) -> None:  # noqa: F811
 def test_completions_logprobs_and_echo(server, ai) -> None:  # noqa: F811
     m = _model(server)
     prompt = "The capital of France is"
-    r = ai.completions.create(model=m, prompt=prompt, temperature=0, max_tokens=6, logprobs=2)
+    r = ai.completions.create(model=m, prompt=prompt, temperature=0, extra_body=PURE, max_tokens=6, logprobs=2)
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == \
         r.usage.completion_tokens
@@ -69,7 +72,7 @@ def test_completions_logprobs_and_echo(server, ai) -> None:  # noqa: F811
         assert len(top) == 2 and max(top.values()) == v and top[tok] == v
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
     # echo: the prompt's own tokens first, the first with no log-prob (what lm-eval reads)
-    e = ai.completions.create(model=m, prompt=prompt, temperature=0, max_tokens=6, logprobs=2,
+    e = ai.completions.create(model=m, prompt=prompt, temperature=0, extra_body=PURE, max_tokens=6, logprobs=2,
                               echo=True)
     el = e.choices[0].logprobs
     assert e.choices[0].text == prompt + r.choices[0].text
@@ -81,7 +84,7 @@ def test_completions_logprobs_and_echo(server, ai) -> None:  # noqa: F811
     assert "".join(el.tokens[:n_prompt]).strip() == prompt
     # a sum of log-probs a harness would compute for the continuation
     assert math.isfinite(sum(el.token_logprobs[1:]))
-    parts = list(ai.completions.create(model=m, prompt=prompt, temperature=0, max_tokens=6,
+    parts = list(ai.completions.create(model=m, prompt=prompt, temperature=0, extra_body=PURE, max_tokens=6,
                                        logprobs=2, echo=True, stream=True))
     got = [v for p in parts if p.choices and p.choices[0].logprobs
            for v in p.choices[0].logprobs.token_logprobs]
@@ -96,7 +99,7 @@ def test_completions_logprobs_and_echo(server, ai) -> None:  # noqa: F811
 
 def test_ollama_logprobs(server, oc) -> None:  # noqa: F811
     m = _model(server)
-    opts = {"temperature": 0, "num_predict": 8}
+    opts = {"temperature": 0, "num_predict": 8, "repeat_penalty": 1.0}
     r = oc.chat(model=m, messages=ASK, options=opts, logprobs=True, top_logprobs=2)
     assert len(r.logprobs) == r.eval_count
     for e in r.logprobs:

@@ -174,6 +174,8 @@ def format_reply_stats(stats: Any, reason: str | None, show_rates: bool = True,
         parts.append("stopped")
     elif reason == "length":
         parts.append("cut at the length limit")
+    elif reason == "repeat":  # the loop guard (generation/repeat_guard.py)
+        parts.append("cut: it was repeating itself")
     return " · ".join(parts)
 
 

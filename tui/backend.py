@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localllm.generation.repeat_guard import DEFAULT_MIN_TOKENS
 from localllm.generation.sampling import SamplerConfig
 from localllm.generation.speculative import SpecOptions
 from localllm.generation.text_stream import Event
+from localllm.store.local import name_of
 
 SLOT = 0  # the chat uses one sequence slot: same slot every turn = prefix reuse
 PREFILL_CHUNK = 256  # tokens per progress/cancel checkpoint while a long prompt is evaluated
@@ -182,11 +184,13 @@ class ChatBackend:
     """
 
     def __init__(self, model_path: str | Path, spec: SpecOptions | None = None,
-                 think: bool | str | None = None, **engine_opts: Any) -> None:
+                 think: bool | str | None = None, repeat_guard: int = DEFAULT_MIN_TOKENS,
+                 **engine_opts: Any) -> None:
         # think: the template's enable_thinking (None: its default), or a level (gpt-oss's
         # reasoning effort); a thinking model's reasoning always comes apart from the
         # reply, in Event.thinking
         self.think = think
+        self.repeat_guard = repeat_guard  # Request.repeat_guard of every reply; 0 = off
         self._engine_opts = engine_opts
         self._spec = spec or SpecOptions()
         self._loop: Any = None  # the token loop (a Batcher): engine thread only
@@ -270,9 +274,10 @@ class ChatBackend:
         self._loop = Batcher(eng, prefill_chunk=PREFILL_CHUNK, spec=self._spec, costs=StepCosts(),
                              drafter=drafter)
         template = eng.template.name
-        # the file's name: general.name is often a training-run label ("Smollm2 135M 8k
-        # Lc100K Mix1 Ep2") that says less than the file the user picked
-        name = Path(job.args["path"]).name.removesuffix(".gguf")
+        # the name `localllm list` shows (a store blob's file name is sha256-...), else the
+        # file's: general.name is often a training-run label ("Smollm2 135M 8k Lc100K Mix1
+        # Ep2") that says less than the file the user picked
+        name = name_of(job.args["path"]) or Path(job.args["path"]).name.removesuffix(".gguf")
         self.engine = eng
         self.info = ModelInfo(
             path=Path(job.args["path"]), name=name, n_ctx=eng.n_ctx, kv_bytes=eng.kv.nbytes(),
@@ -324,7 +329,7 @@ class ChatBackend:
         # gpt-oss: its channels' structure tokens in the text, for the splitter
         req = Request(ids, a["config"], max_tokens=a["max_tokens"], stop=a["stop"], slot=SLOT,
                       progress=True, show_tokens=preserved_ids(eng.tokenizer) if caps.harmony
-                      else frozenset())
+                      else frozenset(), repeat_guard=self.repeat_guard)
         handle = self._loop.submit(req, sampler=sampler)
         split = reply_splitter(caps.harmony, text) if caps.thinking else None
         while True:

@@ -170,6 +170,8 @@ def _reply(backend: ChatBackend, conv: Conversation, out: TextIO) -> None:
         if final is None:
             continue  # turns were dropped: ask again
         thinking.end()
+        if final.done_reason == "repeat":  # the loop guard (generation/repeat_guard.py)
+            out.write(" [cut: it was repeating itself]")
         out.write("\n\n")
         out.flush()
         message = {"role": "assistant", "content": "".join(parts)}

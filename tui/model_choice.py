@@ -95,6 +95,8 @@ def fallback_to_base() -> ModelChoice:
 
 
 def base_note(path: Path) -> str:
-    return (f"{path.name} is a completion (base) model, not a chat model: it continues "
-            f"text rather than answering. `localllm pull {PULL_NAME}` gets a small chat "
-            f"model ({PULL_SIZE}); or pass a chat .gguf: `localllm chat MODEL`.")
+    from localllm.store.local import name_of
+
+    return (f"{name_of(path) or path.name} is a completion (base) model, not a chat model: "
+            f"it continues text rather than answering. `localllm pull {PULL_NAME}` gets a small "
+            f"chat model ({PULL_SIZE}); or pass a chat .gguf: `localllm chat MODEL`.")

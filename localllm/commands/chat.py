@@ -12,11 +12,14 @@ import sys
 
 from localllm.commands.options import (
     add_model_opts,
+    add_repeat_guard_opt,
     add_sampling_opts,
     add_spec_opts,
     add_think_opt,
     engine_options,
+    model_sampler_config,
     refuse_embedding_model,
+    repeat_guard,
     sampler_config,
     spec_options,
 )
@@ -34,6 +37,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_think_opt(p)
     add_model_opts(p)
     add_sampling_opts(p)
+    add_repeat_guard_opt(p)
     add_spec_opts(p)
     p.set_defaults(func=cmd_chat)
 
@@ -48,11 +52,9 @@ def cmd_chat(ns: argparse.Namespace) -> int:
     if ns.num_predict < -1 or ns.num_predict == 0:
         raise InvalidValueError("-n/--num-predict must be -1 (no limit) or a positive number")
     config = sampler_config(ns)
-    config.validate()
+    config.validate()  # a bad flag fails before a model is chosen
     spec = spec_options(ns)
-    conversation = Conversation(system=ns.system or "", config=config, max_tokens=ns.num_predict)
-    if ns.load:
-        conversation = Conversation.load(resolve_chat_path(ns.load, for_writing=False))
+    repeat_guard(ns)  # a bad value fails before a model is chosen
     tty = sys.stdin.isatty() and sys.stdout.isatty()  # the app needs a terminal both ways
     choice = choose_model(ns.model)
     if choice.path is None:
@@ -62,11 +64,17 @@ def cmd_chat(ns: argparse.Namespace) -> int:
             choice = fallback_to_base()
     if choice.path is not None:
         refuse_embedding_model(choice.path, "chat")
+        config = model_sampler_config(ns, choice.path)  # the flags over the model's advice
+        config.validate()
+    conversation = Conversation(system=ns.system or "", config=config, max_tokens=ns.num_predict)
+    if ns.load:
+        conversation = Conversation.load(resolve_chat_path(ns.load, for_writing=False))
     if spec.draft_model:
         from localllm.store.default import resolve_model
 
         spec.draft_model = str(resolve_model(spec.draft_model))
-    backend = ChatBackend(choice.path, spec=spec, think=ns.think, **engine_options(ns))
+    backend = ChatBackend(choice.path, spec=spec, think=ns.think, repeat_guard=repeat_guard(ns),
+                          **engine_options(ns))
     if ns.no_tui or not tty:
         return line_chat(backend, conversation, choice.note)
     from localllm.tui.app import ChatApp

@@ -19,11 +19,14 @@ parsing code here never prints.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from localllm.errors import InvalidValueError
+from localllm.generation.repeat_guard import DEFAULT_MIN_TOKENS
 from localllm.generation.sampler_settings import Declared, SamplerConfig, settings
+from localllm.generation.sampler_settings import defaults as sampler_defaults
 from localllm.generation.speculative import SPECULATE_MODES, SpecOptions
 from localllm.kv.cache import KV_TYPES
 
@@ -87,15 +90,18 @@ def refuse_embedding_model(path: object, command: str) -> None:
 
 
 def add_sampling_opts(p: argparse.ArgumentParser) -> None:
-    """One flag per sampler setting, generated from its declaration (sampler_settings.py)."""
+    """One flag per sampler setting, generated from its declaration (sampler_settings.py).
+    A flag not given leaves no attribute (SUPPRESS): `sampler_config` then keeps the
+    model's recommended value, which only an explicit flag overrides."""
     g = p.add_argument_group("sampling")
     for s in settings():
         if s.kind is tuple:  # repeatable; the first use replaces the default list
             g.add_argument(*s.flags, dest=s.name, action=_ListSetting, setting=s,
-                           default=s.default, metavar="TEXT", help=s.help_text())
+                           default=argparse.SUPPRESS, metavar="TEXT", help=s.help_text())
         else:
-            g.add_argument(*s.flags, dest=s.name, type=_text_type(s), default=s.default,
-                           metavar=s.name.upper(), help=s.help_text())
+            g.add_argument(*s.flags, dest=s.name, type=_text_type(s),
+                           default=argparse.SUPPRESS, metavar=s.name.upper(),
+                           help=s.help_text())
 
 
 def _text_type(s: Declared) -> Callable[[str], object]:
@@ -121,15 +127,43 @@ class _ListSetting(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace,
                  values: object, option_string: str | None = None) -> None:
-        current = getattr(ns, self.dest)
-        if current is self.default:  # the first use on this command line
+        current = getattr(ns, self.dest, None)
+        if current is None:  # the first use on this command line
             current = ()
         setattr(ns, self.dest, () if values == "none" else (*current, str(values)))
 
 
-def sampler_config(ns: argparse.Namespace) -> SamplerConfig:
-    """The sampling options as a (not yet validated) SamplerConfig."""
-    return SamplerConfig(**{s.name: getattr(ns, s.name) for s in settings()})
+def sampler_config(ns: argparse.Namespace,
+                   metadata: Mapping[str, Any] | None = None) -> SamplerConfig:
+    """The sampling options as a (not yet validated) SamplerConfig: the flags given, over
+    the model file's recommendation (`metadata`), over our defaults."""
+    given = {s.name: getattr(ns, s.name) for s in settings() if hasattr(ns, s.name)}
+    return replace(sampler_defaults(None, metadata), **given)
+
+
+def add_repeat_guard_opt(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repeat-guard", type=int, default=None, metavar="N",
+                   help="end a reply once its last N tokens repeat one span of 1..64 tokens "
+                        f"at least 3 times (default {DEFAULT_MIN_TOKENS}; off with --raw; "
+                        "0 = off)")
+
+
+def repeat_guard(ns: argparse.Namespace, raw: bool = False) -> int:
+    """--repeat-guard, else the default: on for a templated reply, off for a raw prompt."""
+    n = getattr(ns, "repeat_guard", None)
+    if n is None:
+        return 0 if raw else DEFAULT_MIN_TOKENS
+    if n < 0:
+        raise InvalidValueError("--repeat-guard must be >= 0 (0 = off)")
+    return n
+
+
+def model_sampler_config(ns: argparse.Namespace, path: object) -> SamplerConfig:
+    """`sampler_config` over what the model file at `path` recommends (its header only; the
+    tensors stay on disk)."""
+    from localllm.formats import read_gguf
+
+    return sampler_config(ns, read_gguf(str(path)).metadata)
 
 
 THINK_LEVELS = ("low", "medium", "high", "max")

@@ -22,11 +22,14 @@ from typing import TYPE_CHECKING
 from localllm.commands.options import (
     add_model_opts,
     add_model_then,
+    add_repeat_guard_opt,
     add_sampling_opts,
     add_spec_opts,
     add_think_opt,
     engine_options,
+    model_sampler_config,
     refuse_embedding_model,
+    repeat_guard,
     sampler_config,
     spec_options,
 )
@@ -62,6 +65,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_think_opt(p)
     add_model_opts(p)
     add_sampling_opts(p)
+    add_repeat_guard_opt(p)
     add_spec_opts(p)
     p.set_defaults(func=cmd_run)
 
@@ -127,7 +131,8 @@ class _Session:
         return generate(
             self.engine, ids, sampler, max_tokens=ns.num_predict, stop=ns.stop,
             truncate=truncate, ignore_eos=ns.ignore_eos, context_shift=ns.context_shift,
-            n_keep=ns.keep, spec=self.spec, drafter=self.drafter, step_costs=self.step_costs,
+            n_keep=ns.keep, repeat_guard=repeat_guard(ns, ns.raw), spec=self.spec,
+            drafter=self.drafter, step_costs=self.step_costs,
             constraint=constraint,
             # harmony's structure tokens, for the splitter to read the channels
             show_tokens=preserved_ids(self.engine.tokenizer) if _harmony(self.engine, ns)
@@ -138,8 +143,8 @@ class _Session:
 def cmd_run(ns: argparse.Namespace) -> int:
     prompt = ns.prompt
     fmt = output_format(ns)
-    cfg = sampler_config(ns)
-    cfg.validate()
+    sampler_config(ns).validate()  # a bad flag fails before the model is looked up
+    repeat_guard(ns, ns.raw)
     spec = spec_options(ns)
     if spec.draft_model:
         spec.draft_model = str(resolve_model(spec.draft_model))
@@ -147,6 +152,8 @@ def cmd_run(ns: argparse.Namespace) -> int:
         raise InvalidValueError("-n/--num-predict must be -1 (no limit) or >= 0")
     path = resolve_model(ns.model)
     refuse_embedding_model(path, "generate text")
+    cfg = model_sampler_config(ns, path)  # the flags given, over the model's own advice
+    cfg.validate()
     interactive = prompt is None and sys.stdin.isatty() and not ns.json
     if prompt is None and not interactive:
         prompt = sys.stdin.read()
@@ -392,4 +399,5 @@ def _line_chat(path: Path, ns: argparse.Namespace, cfg: SamplerConfig, spec: Spe
 
     conversation = Conversation(system=ns.system or "", config=cfg, max_tokens=ns.num_predict)
     return line_chat(ChatBackend(path, spec=spec, think=getattr(ns, "think", None),
-                                 **engine_options(ns)), conversation)
+                                 repeat_guard=repeat_guard(ns), **engine_options(ns)),
+                     conversation)

@@ -52,10 +52,12 @@ def cmd_show(ns: argparse.Namespace) -> int:
 def show_report(gf: GGUFFile, tensors: bool, as_json: bool) -> str:
     """The model's description (and tensor table), as text or as indented JSON."""
     from localllm.formats.describe import describe, format_description
+    from localllm.generation.sampler_settings import recommended
 
     d = describe(gf)
     d["capabilities"] = capabilities(gf)
     d["kv_cache"] = kv_cache_needs(gf)
+    d["sampling"] = recommended(gf.metadata)  # what every front door starts from
     table = list(gf.tensors.values()) if tensors else None
     if not as_json:
         return format_description(d, table)

@@ -42,6 +42,7 @@ def generate(
     truncate: bool = False,
     ignore_eos: bool = False,
     context_shift: bool = False,
+    repeat_guard: int = 0,
     n_keep: int = 0,
     spec: SpecOptions | None = None,
     drafter: Drafter | None = None,
@@ -64,6 +65,8 @@ def generate(
     generation ends with done_reason "stop" as soon as the value is complete.
     progress: events with `progress` = (evaluated, total) while the prompt is evaluated.
     show_tokens: control tokens rendered in the text (Request.show_tokens).
+    repeat_guard: end with done_reason "repeat" once this many tokens repeat one span
+    (generation/repeat_guard.py); 0 = off.
     Leaving the loop early cancels the request; the slot keeps what it cached.
     """
     spec = spec or SpecOptions()
@@ -73,5 +76,5 @@ def generate(
     req = Request(list(prompt_tokens), sampler.config, max_tokens=max_tokens, stop=stop,
                   ignore_eos=ignore_eos, truncate=truncate, constraint=constraint,
                   context_shift=context_shift, n_keep=n_keep, slot=slot, progress=progress,
-                  show_tokens=show_tokens)
+                  show_tokens=show_tokens, repeat_guard=repeat_guard)
     return loop.stream(req, sampler=sampler)

@@ -63,6 +63,10 @@ class Request:
     # control tokens rendered in the text (others are dropped): the structure of a reply
     # format the front door parses, gpt-oss's harmony <|channel|>, <|message|> ...
     show_tokens: frozenset[int] = frozenset()
+    # the loop guard (generation/repeat_guard.py): end with done_reason "repeat" once the
+    # last this-many generated tokens repeat one span; 0 = off (the default here, so raw
+    # completion and benchmarks run as asked; the chat front doors turn it on)
+    repeat_guard: int = 0
 
 
 class Handle:

@@ -6,7 +6,9 @@ front doors are generated from.
   option, `Setting.ollama_default` Ollama's own default where it differs from ours;
 - the OpenAI request fields (`server/openai_api.py`): `Setting.openai`, `openai_default`;
 - the chat's `/set KEY VALUE` (`tui/commands.py`): the field name, plus the CLI spellings;
-- `SamplerConfig.validate()`: the type and the range (`ge`, `gt`, `le`).
+- `SamplerConfig.validate()`: the type and the range (`ge`, `gt`, `le`);
+- the model file's recommendation (`general.sampling.<Setting.gguf>`, as llama.cpp reads
+  it): `defaults(door, metadata)` starts every front door from it where the file has one.
 
 Adding a setting is one field here (and its stage in `sampling.py`); nothing else names it.
 Values arrive as text (CLI, `/set`: `parse_text`) or JSON (`from_json`); both raise
@@ -43,6 +45,7 @@ class Setting:
     le: float | None = None
     negative_is_none: bool = False  # seed: -1 (any negative) = random, as llama.cpp/Ollama
     minus_one_is_context: bool = False  # a window: -1 = the whole context (Ollama: n_ctx)
+    gguf: str | None = None  # key under general.sampling. where a model file recommends it
 
 
 def _s(default: Any, help: str, **kw: Any) -> Any:
@@ -54,19 +57,24 @@ DRY_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp's default DRY sequence breaker
 
 @dataclass
 class SamplerConfig:
+    # Ollama's documented defaults (temperature 0.8, top-k 40, top-p 0.9, repeat penalty 1.1
+    # over the last 64 tokens) unless the model file recommends its own: without the
+    # penalty small models fall into loops ("the the the", one line over and over)
     temperature: float = _s(0.8, "0 = greedy", cli=("--temperature", "--temp"),
-                            openai_default=1.0)
-    top_k: int = _s(40, "keep the k most likely tokens; 0 = off")
-    top_p: float = _s(0.95, "nucleus: the smallest set with this mass; 1 = off", ge=0.0,
-                      ollama_default=0.9, openai_default=1.0)
+                            openai_default=1.0, gguf="temp")
+    top_k: int = _s(40, "keep the k most likely tokens; 0 = off", gguf="top_k")
+    top_p: float = _s(0.9, "nucleus: the smallest set with this mass; 1 = off", ge=0.0,
+                      openai_default=1.0, gguf="top_p")
     min_p: float = _s(0.05, "drop tokens below this fraction of the top one's probability; "
-                            "0 = off", ge=0.0, le=1.0, ollama_default=0.0, openai_default=0.0)
+                            "0 = off", ge=0.0, le=1.0, ollama_default=0.0, openai_default=0.0,
+                      gguf="min_p")
     typical_p: float = _s(1.0, "locally typical sampling mass; 1 = off", gt=0.0)
-    repeat_penalty: float = _s(1.0, "divide repeated tokens' logits by this; 1 = off", gt=0.0)
+    repeat_penalty: float = _s(1.1, "divide repeated tokens' logits by this; 1 = off", gt=0.0,
+                               gguf="penalty_repeat")
     presence_penalty: float = _s(0.0, "subtract this from every repeated token's logit")
     frequency_penalty: float = _s(0.0, "subtract this per earlier occurrence")
     repeat_last_n: int = _s(64, "tokens the penalties look back over; -1 = all", ge=-1,
-                            minus_one_is_context=True)
+                            minus_one_is_context=True, gguf="penalty_last_n")
     seed: int | None = _s(None, "random seed (same seed + settings = same output); "
                                 "-1 = random", ge=0, negative_is_none=True)
     # DRY, "don't repeat yourself" (llama.cpp's names and defaults): a token that would
@@ -83,9 +91,9 @@ class SamplerConfig:
     # XTC, "exclude top choices" (llama.cpp): with probability xtc_probability, drop every
     # token at least xtc_threshold likely except the least likely of them
     xtc_probability: float = _s(0.0, "XTC: chance of removing the top choices; 0 = off",
-                                ge=0.0, le=1.0)
+                                ge=0.0, le=1.0, gguf="xtc_probability")
     xtc_threshold: float = _s(0.1, "XTC: probability a top choice has (> 0.5 = off)",
-                              ge=0.0, le=1.0)
+                              ge=0.0, le=1.0, gguf="xtc_threshold")
 
     def __post_init__(self) -> None:
         if isinstance(self.dry_sequence_breakers, list):  # from JSON or a caller's list
@@ -249,12 +257,42 @@ def door_settings(door: str) -> Iterator[tuple[str, Declared]]:
             yield name, s
 
 
-def defaults(door: str | None = None) -> SamplerConfig:
-    """Our defaults, or a front door's ("ollama": Ollama's DefaultOptions(); "openai": the
-    API's, temperature and top_p 1.0, as Ollama maps them)."""
-    if door is None:
-        return SamplerConfig()
-    return SamplerConfig(**{s.name: s.door_default(door) for s in _declared()})
+GGUF_PREFIX = "general.sampling."
+
+
+def recommended(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The sampling a model file recommends (`general.sampling.temp`, `.top_k`, ...), by
+    setting name. A value of the wrong type or out of range is left out: it is advice, and
+    a model must not fail to load over it."""
+    out: dict[str, Any] = {}
+    if not metadata:
+        return out
+    for s in _declared():
+        key = s.meta.gguf
+        if key is None or GGUF_PREFIX + key not in metadata:
+            continue
+        v = metadata[GGUF_PREFIX + key]
+        if s.kind is int and isinstance(v, float) and v.is_integer():
+            v = int(v)
+        elif s.kind is float and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        try:
+            s.check(v)
+        except ValueError:
+            continue
+        out[s.name] = v
+    return out
+
+
+def defaults(door: str | None = None,
+             metadata: Mapping[str, Any] | None = None) -> SamplerConfig:
+    """Where a front door starts before a client's own values: the model file's
+    recommendation (`metadata`, see `recommended`) over our defaults or the door's
+    ("ollama": Ollama's DefaultOptions(); "openai": the API's, temperature and top_p 1.0,
+    as Ollama maps them)."""
+    base = SamplerConfig() if door is None else \
+        SamplerConfig(**{s.name: s.door_default(door) for s in _declared()})
+    return replace(base, **recommended(metadata))
 
 
 def from_json(values: Mapping[str, Any], base: SamplerConfig, door: str, where: str = "",

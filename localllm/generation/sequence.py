@@ -23,6 +23,7 @@ import numpy as np
 
 from localllm.errors import PromptTooLongError
 from localllm.generation.logprobs import TokenLogprob, token_logprob
+from localllm.generation.repeat_guard import RepeatGuard
 from localllm.generation.sampling import Sampler
 from localllm.generation.speculative import (
     Drafter,
@@ -126,6 +127,9 @@ class Sequence:
         self.eog = frozenset() if req.ignore_eos else eog
         self.text = TextStream(engine.tokenizer, req.stop, self.eog, req.show_tokens)
         self.generated = self.text.tokens  # the generated ids that count
+        # fed every output token, drafted or not, so speculation ends a loop at the same
+        # token as plain decoding
+        self.guard = RepeatGuard(req.repeat_guard) if req.repeat_guard > 0 else None
         self.last: int | None = None  # last sampled token, not yet in the cache
         self.stats = GenerationStats(prompt_tokens=len(self.prompt))  # as used
         self.t_submit = time.perf_counter()
@@ -277,6 +281,8 @@ class Sequence:
             return "stop"
         if 0 <= self.req.max_tokens <= len(self.generated):
             return "length"
+        if self.guard is not None and self.guard.push(token):
+            return "repeat"
         return None
 
     def _shift_context(self) -> str | None:

@@ -361,16 +361,12 @@ def startup_model(ns: argparse.Namespace) -> tuple[str, Path]:
     made from the file name."""
     from localllm.server.common import default_name
     from localllm.store.default import resolve_model
-    from localllm.store.local import list_models
+    from localllm.store.local import name_of
 
     path = Path(resolve_model(ns.model))
     if ns.name:
         return (ns.name if ":" in ns.name else ns.name + ":latest"), path
-    same = path.resolve()
-    for e in list_models():
-        if e.path.resolve() == same:
-            return e.ref, path
-    return default_name(path), path
+    return name_of(path) or default_name(path), path
 
 
 def make_state(ns: argparse.Namespace) -> ServerState:

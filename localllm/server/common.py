@@ -217,7 +217,7 @@ _TYPE_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", 
 # Ollama options that are not sampler settings (those come from sampler_settings.py): typed
 # here, num_predict / draft_num_predict / stop used, the rest accepted and ignored
 _INT_OPTS = ("num_predict", "num_ctx", "num_keep", "num_batch", "num_thread", "num_gpu",
-             "main_gpu", "draft_num_predict")
+             "main_gpu", "draft_num_predict", "repeat_guard")
 
 
 @dataclass
@@ -227,12 +227,13 @@ class GenOptions:
     stop: list[str] = field(default_factory=list)
     draft_max: int | None = None
     speculate: bool = True
+    repeat_guard: int | None = None  # None: the door's default (on for chat, off for raw)
 
 
-def ollama_defaults() -> SamplerConfig:
-    """Ollama's DefaultOptions() where they differ from ours (top_p 0.9, no min_p), declared
-    with each setting (sampler_settings.py)."""
-    return sampler_defaults("ollama")
+def ollama_defaults(metadata: Mapping[str, Any] | None = None) -> SamplerConfig:
+    """Ollama's DefaultOptions() where they differ from ours (no min_p), declared with each
+    setting (sampler_settings.py), under the model file's recommendation (`metadata`)."""
+    return sampler_defaults("ollama", metadata)
 
 
 def parse_options(options: Any, base: SamplerConfig, n_ctx: int) -> GenOptions:
@@ -260,11 +261,23 @@ def parse_options(options: Any, base: SamplerConfig, n_ctx: int) -> GenOptions:
         out.speculate, out.draft_max = n > 0, (n if n > 0 else None)
     if options.get("stop") is not None:
         out.stop = parse_stop(options["stop"], "option 'stop'")
+    out.repeat_guard = repeat_guard_value(options)
     try:
         cfg.validate()
     except ValueError as e:
         raise ApiError(400, f"invalid option: {e}") from None
     return out
+
+
+def repeat_guard_value(body: Mapping[str, Any]) -> int | None:
+    """`repeat_guard` (our extension): tokens of exact repetition that end a reply with
+    done_reason "repeat" (0 = off), or None when not given."""
+    v = body.get("repeat_guard")
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ApiError(400, f"'repeat_guard' must be a non-negative integer, got {v!r}")
+    return v
 
 
 def parse_stop(v: Any, what: str = "'stop'") -> list[str]:

@@ -19,6 +19,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from localllm.generation.generate import Event
+from localllm.generation.repeat_guard import DEFAULT_MIN_TOKENS
 from localllm.generation.scheduler import Request
 from localllm.server import access
 from localllm.server.common import (
@@ -80,11 +81,14 @@ def _common(body: dict[str, Any], state: ServerState
 
 def _request(state: ServerState, prompt: list[int], options: Any, truncate: bool,
              constraint: Any = None, harmony: bool = False,
-             logprobs: int | None = None) -> Request:
-    o = parse_options(options, ollama_defaults(), state.engine.n_ctx)
+             logprobs: int | None = None, raw: bool = False) -> Request:
+    o = parse_options(options, ollama_defaults(state.engine.metadata), state.engine.n_ctx)
     return Request(prompt, o.sampling, max_tokens=o.max_tokens, stop=o.stop, truncate=truncate,
                    speculate=o.speculate, draft_max=o.draft_max, constraint=constraint,
-                   show_tokens=shown_tokens(state.engine, harmony), logprobs=logprobs)
+                   show_tokens=shown_tokens(state.engine, harmony), logprobs=logprobs,
+                   # the loop guard: on for templated replies, off for a raw prompt
+                   repeat_guard=o.repeat_guard if o.repeat_guard is not None
+                   else 0 if raw else DEFAULT_MIN_TOKENS)
 
 
 class _Logprobs:
@@ -224,7 +228,8 @@ async def generate(request: HttpRequest, state: ServerState) -> Response:
                              "done": True, "done_reason": "load"})
     ids, text, constraint, harmony = await _generate_prompt(state, body, g, think)
     lps = _Logprobs(state, body)
-    s = Stream(state, _request(state, ids, options, g.truncate, constraint, harmony, lps.top))
+    s = Stream(state, _request(state, ids, options, g.truncate, constraint, harmony, lps.top,
+                                 raw=g.raw))
     reply = _Reply(ThinkStream(think, text, harmony), None, lps)
 
     def line(text: str, thinking: str) -> dict[str, Any]:

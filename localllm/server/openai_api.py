@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localllm.generation.generate import Event
+from localllm.generation.repeat_guard import DEFAULT_MIN_TOKENS
 from localllm.generation.sampler_settings import SamplerConfig
 from localllm.generation.sampler_settings import defaults as sampler_defaults
 from localllm.generation.sampler_settings import from_json as sampler_from_json
@@ -41,6 +42,7 @@ from localllm.server.common import (
     raw_prompt,
     read_json,
     render_prompt,
+    repeat_guard_value,
     require_generation,
     shown_tokens,
     tool_names,
@@ -57,12 +59,14 @@ if TYPE_CHECKING:
 FINGERPRINT = "fp_localllm"
 
 
-def _sampling(body: dict[str, Any]) -> tuple[SamplerConfig, int, list[str]]:
+def _sampling(body: dict[str, Any], metadata: Mapping[str, Any] | None = None,
+              ) -> tuple[SamplerConfig, int, list[str]]:
     # every sampler setting under its declared name (sampler_settings.py): the standard
     # fields, with the API's defaults, and the common extensions (top_k, min_p, DRY, XTC...
     # as llama.cpp's server and vLLM accept them)
     try:
-        cfg = sampler_from_json(body, sampler_defaults("openai"), "openai")
+        cfg = sampler_from_json(body, sampler_defaults("openai", metadata),
+                                "openai")
         cfg.validate()
     except ValueError as e:
         raise ApiError(400, str(e)) from None
@@ -85,6 +89,12 @@ async def _response_format(body: dict[str, Any], state: ServerState) -> Any:
         raise ApiError(400, "'response_format' must be {\"type\": \"text\" | \"json_object\" | "
                             "\"json_schema\", ...}")
     return await format_constraint(state, rf, "response_format")
+
+
+def _finish_reason(done_reason: str | None) -> str | None:
+    """OpenAI clients check finish_reason against a fixed set: the loop guard's "repeat"
+    (a reply cut short, not ended by the model) is reported as "length"."""
+    return "length" if done_reason == "repeat" else done_reason
 
 
 def _usage(ev: Event) -> dict[str, int]:
@@ -151,7 +161,7 @@ def _chat_message(text: str, ev: Event, split: ThinkStream, calls_in: ToolStream
     """A whole reply as OpenAI's message and finish_reason."""
     reasoning, text = split.whole(text)
     msg: dict[str, Any] = {"role": "assistant", "content": text}
-    finish = ev.done_reason
+    finish = _finish_reason(ev.done_reason)
     rest, calls = text, split.calls  # a harmony reply's calls, from its own channel
     if calls_in is not None:
         calls_in.push(text)
@@ -243,9 +253,10 @@ async def _chat_start(request: HttpRequest, state: ServerState, body: dict[str, 
     messages = check_messages(body.get("messages"))
     if not messages:
         raise ApiError(400, "[] is too short - 'messages'")
-    cfg, n_max, stop = _sampling(body)
+    cfg, n_max, stop = _sampling(body, state.engine.metadata)
     n = parse_n(body)
     top = chat_logprobs(body)
+    guard = repeat_guard_value(body)
     get(body, "stream", bool, False)  # checked here, in the order the errors always came
     _include_usage(body)
     tools = check_tools(body.get("tools"))
@@ -263,7 +274,8 @@ async def _chat_start(request: HttpRequest, state: ServerState, body: dict[str, 
     ids, prompt_text = harmony_answer_first(state.engine, ids, prompt_text, constraints[0],
                                             caps.harmony)
     base = Request(ids, cfg, max_tokens=n_max, stop=stop, logprobs=top,
-                   show_tokens=shown_tokens(state.engine, caps.harmony))
+                   show_tokens=shown_tokens(state.engine, caps.harmony),
+                   repeat_guard=DEFAULT_MIN_TOKENS if guard is None else guard)
     streams = await submit(state, lambda i: choice_request(
         dataclasses.replace(base, constraint=constraints[i]), i), n, request)
     head = {"id": f"chatcmpl-{streams[0].handle.id}", "created": int(time.time()),
@@ -315,7 +327,8 @@ class _ChatChoice:
         """The final event's chunks: the rest of the text, the calls, the finish_reason."""
         t1, c1 = self.split.push(ev.text)
         t2, c2 = self.split.finish()
-        reasoning, text, calls, finish = t1 + t2, c1 + c2, self.split.calls, ev.done_reason
+        reasoning, text, calls = t1 + t2, c1 + c2, self.split.calls
+        finish = _finish_reason(ev.done_reason)
         if self.calls_in is not None:
             text = self.calls_in.push(text)
             rest, calls = self.calls_in.end()
@@ -418,7 +431,7 @@ async def _completion_start(request: HttpRequest, state: ServerState, body: dict
                             model: str) -> _Completion:
     """Check the request (in the order its errors are reported) and submit its n choices."""
     prompt = _prompt_text(body)
-    cfg, n_max, stop = _sampling(body)
+    cfg, n_max, stop = _sampling(body, state.engine.metadata)
     n = parse_n(body)
     top = completion_logprobs(body)
     echo = get(body, "echo", bool, False)
@@ -427,8 +440,10 @@ async def _completion_start(request: HttpRequest, state: ServerState, body: dict
     ids = await asyncio.to_thread(raw_prompt, state.engine, prompt)
     constraints = await _constraints(state, body, n, None)
     # echo with logprobs: the prompt's own log-probs too (evaluation harnesses score text so)
+    # raw completion: the loop guard only when asked for
     base = Request(ids, cfg, max_tokens=n_max, stop=stop, logprobs=top,
-                   prompt_logprobs=echo and top is not None)
+                   prompt_logprobs=echo and top is not None,
+                   repeat_guard=repeat_guard_value(body) or 0)
     streams = await submit(state, lambda i: choice_request(
         dataclasses.replace(base, constraint=constraints[i]), i), n, request)
     head = {"id": f"cmpl-{streams[0].handle.id}", "object": "text_completion",
@@ -447,7 +462,7 @@ async def _completion_choice_events(c: _Completion, i: int, s: Stream,
         text, lead = lead + ev.text, ""
         if ev.done:
             finals[i] = ev
-            yield _sse({**c.head, "choices": [c.choice(i, text, ev, ev.done_reason)]})
+            yield _sse({**c.head, "choices": [c.choice(i, text, ev, _finish_reason(ev.done_reason))]})
             return
         if text:
             yield _sse({**c.head, "choices": [c.choice(i, text, ev, None)]})
@@ -462,7 +477,7 @@ async def completions(request: HttpRequest, state: ServerState) -> Response:
         choices, evs = [], []
         for i, (text, ev) in enumerate(await _collect_all(c.streams, request)):
             choices.append(c.choice(i, (c.prompt + text) if c.echo else text, ev,
-                                    ev.done_reason))
+                                    _finish_reason(ev.done_reason)))
             evs.append(ev)
         return JSONResponse({**c.head, "choices": choices, "usage": sum_usage(evs)})
     finals: list[Event | None] = [None] * len(c.streams)

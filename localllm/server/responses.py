@@ -36,6 +36,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localllm.generation.generate import Event
+from localllm.generation.repeat_guard import DEFAULT_MIN_TOKENS
 from localllm.generation.sampler_settings import SamplerConfig
 from localllm.generation.sampler_settings import defaults as sampler_defaults
 from localllm.generation.sampler_settings import from_json as sampler_from_json
@@ -260,10 +261,11 @@ def _conversation(state: ServerState, body: dict[str, Any]
     return system, messages
 
 
-def _sampling(body: dict[str, Any]) -> tuple[SamplerConfig, int]:
-    """The sampler settings (as chat reads them) and max_output_tokens (-1: no limit)."""
+def _sampling(body: dict[str, Any], metadata: Any = None) -> tuple[SamplerConfig, int]:
+    """The sampler settings (as chat reads them: the model file's advice, else the API's
+    defaults) and max_output_tokens (-1: no limit)."""
     try:
-        cfg = sampler_from_json(body, sampler_defaults("openai"), "openai")
+        cfg = sampler_from_json(body, sampler_defaults("openai", metadata), "openai")
         cfg.validate()
     except ValueError as e:
         raise ApiError(400, str(e)) from None
@@ -309,7 +311,7 @@ class _Turn:
 async def _start(body: dict[str, Any], state: ServerState, model: str) -> _Turn:
     """Everything a response needs checked and rendered, ready to generate."""
     system, messages = _conversation(state, body)
-    cfg, n_max = _sampling(body)
+    cfg, n_max = _sampling(body, state.engine.metadata)
     get(body, "stream", bool, False)  # checked here, in the order the errors always came
     tools, forced, fmt = _tool_plan(body)
     constraint = await format_constraint(state, forced if forced is not None else fmt,
@@ -325,7 +327,8 @@ async def _start(body: dict[str, Any], state: ServerState, model: str) -> _Turn:
     calls_in = ToolStream(caps, tool_names(tools)) \
         if tools and (not caps.harmony or forced is not None) else None
     s = Stream(state, Request(ids, cfg, max_tokens=n_max, constraint=constraint,
-                              show_tokens=shown_tokens(state.engine, caps.harmony)))
+                              show_tokens=shown_tokens(state.engine, caps.harmony),
+                              repeat_guard=DEFAULT_MIN_TOKENS))  # a chat reply: guarded
     return _Turn(s, split, calls_in, _Reply(state, body, model, n_max),
                  [m for m in messages if m not in system])
 

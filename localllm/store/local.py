@@ -171,6 +171,17 @@ def list_models(include_external: bool = True) -> list[ModelEntry]:
     return entries
 
 
+def name_of(path: str | Path) -> str | None:
+    """The name `localllm list` shows for the model file at `path` (`smollm2:135m-q4_1`, not
+    its blob's `sha256-...`), or None for a file no name reaches. The one place a model is
+    named: the server's routes and the chat both ask here."""
+    same = Path(path).resolve()
+    for e in list_models():
+        if e.path.resolve() == same:
+            return e.ref
+    return None
+
+
 def _builtin_entries() -> list[ModelEntry]:
     """The embedded default (`gemma3:270m`), once assembled (listing never assembles it)."""
     try:
