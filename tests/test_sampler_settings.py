@@ -222,3 +222,15 @@ def test_recommendation_read_from_the_model_file_and_shown(tmp_path) -> None:
         as_json = show_report(gf, False, True)
     assert "Parameters" in text and "repeat_last_n" in text
     assert '"top_k": 20' in as_json
+
+
+def test_api_show_parameters_are_the_models_advice_under_ollamas_names() -> None:
+    """/api/show's `parameters` (Ollama clients print them): the file's recommendation, with
+    what /api/create set for the name over it."""
+    from localllm.server.ollama import _parameters
+
+    created = {"parameters": {"temperature": 0.2, "stop": ["x"]}}
+    assert _parameters(_RECOMMENDS, created) == {
+        "temperature": 0.2, "top_k": 20, "top_p": 0.95, "min_p": 0.0, "repeat_penalty": 1.05,
+        "repeat_last_n": 128, "stop": ["x"]}
+    assert _parameters({}, {}) == {}

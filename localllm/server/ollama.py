@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 
 from localllm.generation.generate import Event
 from localllm.generation.repeat_guard import DEFAULT_MIN_TOKENS
+from localllm.generation.sampler_settings import door_settings, recommended
 from localllm.generation.scheduler import Request
 from localllm.server import access
 from localllm.server.common import (
@@ -310,6 +311,15 @@ def _line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
 
 
+def _parameters(md: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The `parameters` /api/show lists, under Ollama's option names: the sampling the model
+    file recommends (general.sampling.*, what every request starts from), then what
+    /api/create set for this name over it."""
+    names = {s.name: name for name, s in door_settings("ollama")}
+    advice = {names[k]: v for k, v in recommended(md).items() if k in names}
+    return {**advice, **(cfg.get("parameters") or {})}
+
+
 async def show(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
     state.resolve(body.get("model", body.get("name")))
@@ -328,7 +338,7 @@ async def show(request: HttpRequest, state: ServerState) -> Response:
         tmpl = bytes(tmpl).decode("utf-8", "replace")
     cfg = state.config  # what /api/create set for this name
     params = "\n".join(f"{k} {json.dumps(x) if isinstance(x, str) else x}"
-                       for k, v in (cfg.get("parameters") or {}).items()
+                       for k, v in _parameters(md, cfg).items()
                        for x in (v if isinstance(v, list) else [v]))
     return JSONResponse({
         "modelfile": f"FROM {state.path.name}\n", "parameters": params,
