@@ -20,18 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from localllm.text.partial import held_back
+
 OPEN_TAG = "<think>"
 CLOSE_TAG = "</think>"
 
 _LOOKING, _START_WS, _THINKING, _DONE_WS, _DONE = range(5)
-
-
-def _overlap(text: str, tag: str) -> int:
-    """How many trailing characters of text are a proper prefix of tag."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
-    return 0
 
 
 def prompt_opens_thinking(prompt_text: str, open_tag: str = OPEN_TAG) -> bool:
@@ -101,7 +95,7 @@ class ThinkingSplitter:
                 self.acc = acc[i + len(self.close_tag):]
                 self.state = _DONE_WS
                 return acc[:i], "", True
-            keep = _overlap(acc, self.close_tag)
+            keep = held_back(acc, (self.close_tag,))
             self.acc = acc[len(acc) - keep:] if keep else ""
             return acc[:len(acc) - keep], "", False
         if self.state == _DONE_WS:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from localllm.text.detokenizer import StreamDetokenizer
+from localllm.text.partial import earliest, held_back
 
 if TYPE_CHECKING:
     from localllm.generation.logprobs import TokenLogprob
@@ -48,25 +49,10 @@ class Event:
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
-def held_back(text: str, stops: Sequence[str]) -> int:
-    """How many trailing characters of `text` could begin a stop string."""
-    keep = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                keep = max(keep, k)
-                break
-    return keep
-
-
 def first_stop(text: str, stops: Sequence[str]) -> int | None:
     """Index where the earliest stop string starts in text, or None."""
-    best = None
-    for s in stops:
-        i = text.find(s)
-        if i >= 0 and (best is None or i < best):
-            best = i
-    return best
+    i, _ = earliest(text, stops)
+    return i if i >= 0 else None
 
 
 class TextStream:

@@ -498,7 +498,7 @@ class ToolStream:
         self.sent = 0  # characters of self.text already passed on
 
     def push(self, piece: str) -> str:
-        from localllm.generation.text_stream import held_back
+        from localllm.text.partial import held_back
         from localllm.text.tool_calls import tool_call_start
 
         self.text += piece

@@ -36,6 +36,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from localllm.text.partial import earliest, held_back
+
 START, MESSAGE, CHANNEL, CONSTRAIN = "<|start|>", "<|message|>", "<|channel|>", "<|constrain|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
 # the structure tokens the parser reads: a front end renders them as text (they are control
@@ -80,27 +82,6 @@ def open_final(tokenizer: Any, ids: list[int], text: str) -> tuple[list[int], st
 def effort_for(level: str) -> str:
     """A think level as a gpt-oss reasoning effort ("max", Ollama's top level, is "high")."""
     return level if level in EFFORTS else "high"
-
-
-def _held(text: str, tags: tuple[str, ...]) -> int:
-    """How many trailing characters of text could begin one of tags."""
-    keep = 0
-    for tag in tags:
-        for k in range(min(len(tag) - 1, len(text)), keep, -1):
-            if text.endswith(tag[:k]):
-                keep = k
-                break
-    return keep
-
-
-def _first(text: str, tags: tuple[str, ...]) -> tuple[int, str]:
-    """(index, tag) of the earliest of tags in text; (-1, "") when none is there."""
-    best, which = -1, ""
-    for tag in tags:
-        i = text.find(tag)
-        if i >= 0 and (best < 0 or i < best):
-            best, which = i, tag
-    return best, which
 
 
 def parse_header(header: str) -> tuple[str, str, str]:
@@ -212,7 +193,7 @@ class HarmonyParser:
             # between messages: the next starts at <|start|> (or <|channel|>); other text
             # in between is content, less any stray token and the whitespace before the
             # next message (held until it is known to be followed by more text)
-            i, tag = _first(acc, _TOKENS)
+            i, tag = earliest(acc, _TOKENS)
             if i >= 0:
                 stray = acc[:i]
                 if tag in _OPENERS:
@@ -223,7 +204,7 @@ class HarmonyParser:
                     self.acc = stray + acc[i + len(tag):]  # the stray token is dropped
                     return "", "", True
                 return "", stray, True
-            keep = _held(acc, _TOKENS)
+            keep = held_back(acc, _TOKENS)
             safe = acc[:len(acc) - keep]
             keep += len(safe) - len(safe.rstrip())
             stray, self.acc = acc[:len(acc) - keep], acc[len(acc) - keep:]
@@ -253,7 +234,7 @@ class HarmonyParser:
             return "", "", True
         # a body ends at <|end|>, <|call|> or <|return|>, or where a new message opens (a
         # model that skipped <|end|>); <|message|> / <|constrain|> in a body are dropped
-        i, tag = _first(acc, _TOKENS)
+        i, tag = earliest(acc, _TOKENS)
         if i >= 0:
             t, c = self._emit(acc[:i])
             if tag in (MESSAGE, CONSTRAIN):
@@ -263,7 +244,7 @@ class HarmonyParser:
             self.acc = acc[i:] if tag in _OPENERS else acc[i + len(tag):]
             self.state = _SEEK
             return t + t2, c + c2, True
-        keep = _held(acc, _TOKENS)
+        keep = held_back(acc, _TOKENS)
         self.acc = acc[len(acc) - keep:]
         t, c = self._emit(acc[:len(acc) - keep])
         return t, c, False
