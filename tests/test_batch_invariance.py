@@ -125,6 +125,25 @@ TINY_CASES = {
 }
 
 
+def _ways(e: Engine, ids: list[int], other: list[int],
+          quiet: list[int] | None = None) -> dict[str, np.ndarray]:
+    """The logits of ids' last LAST positions computed four ways: in chunks of 1 and of 7,
+    by decode, and 6 rows a step beside another sequence's 4 (slot 1) and, given quiet,
+    a third's 8 that want no logits (slot 2)."""
+    for slot in range(2 if quiet is None else 3):
+        e.kv.clear(slot)
+    mixed = []
+    for i in range(0, len(ids), 6):
+        parts = [Batch.for_sequence(other[i:i + 4], i, 1, "all"),
+                 Batch.for_sequence(ids[i:i + 6], i, 0, "all")]
+        if quiet is not None:
+            parts.append(Batch.for_sequence(quiet[i:i + 8], i, 2, "none"))
+        mixed.append(e.step(Batch.concat(parts))[len(other[i:i + 4]):])
+    return {"chunks of 1": _chunked(e, ids, 1), "chunks of 7": _chunked(e, ids, 7),
+            "decode": _decode(e, ids),
+            "with another" if quiet is None else "with others": np.concatenate(mixed)[-LAST:]}
+
+
 @pytest.mark.parametrize("arch", list(TINY_CASES))
 def test_tiny_logits_bit_identical_however_computed(tmp_path: Path, arch: str) -> None:
     """The same on tiny models: one prefill, chunks of 1 and 7, decode, and next to another
@@ -140,15 +159,7 @@ def test_tiny_logits_bit_identical_however_computed(tmp_path: Path, arch: str) -
     other = rng.integers(3, e.cfg.n_vocab, 70).tolist()
     ref = e.prefill(ids, logits="all").logits[-LAST:]
     assert np.isfinite(ref).all()
-    e.kv.clear(0)
-    e.kv.clear(1)
-    mixed = []
-    for i in range(0, len(ids), 6):
-        step = Batch.concat([Batch.for_sequence(other[i:i + 4], i, 1, "all"),
-                             Batch.for_sequence(ids[i:i + 6], i, 0, "all")])
-        mixed.append(e.step(step)[len(other[i:i + 4]):])
-    ways = {"chunks of 1": _chunked(e, ids, 1), "chunks of 7": _chunked(e, ids, 7),
-            "decode": _decode(e, ids), "with another": np.concatenate(mixed)[-LAST:]}
+    ways = _ways(e, ids, other)
     for name, got in ways.items():
         assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got - ref).max()}"
 
@@ -175,16 +186,7 @@ def test_tiny_phi3_granite_logits_bit_identical_however_computed(
     ids, other, quiet = (rng.integers(3, e.cfg.n_vocab, n).tolist() for n in (60, 70, 80))
     ref = e.prefill(ids, logits="all").logits[-LAST:]
     assert np.isfinite(ref).all()
-    for s in (0, 1, 2):
-        e.kv.clear(s)
-    mixed = []  # between another sequence's rows and rows of one that wants no logits
-    for i in range(0, len(ids), 6):
-        step = Batch.concat([Batch.for_sequence(other[i:i + 4], i, 1, "all"),
-                             Batch.for_sequence(ids[i:i + 6], i, 0, "all"),
-                             Batch.for_sequence(quiet[i:i + 8], i, 2, "none")])
-        mixed.append(e.step(step)[len(other[i:i + 4]):])
-    ways = {"chunks of 1": _chunked(e, ids, 1), "chunks of 7": _chunked(e, ids, 7),
-            "decode": _decode(e, ids), "with others": np.concatenate(mixed)[-LAST:]}
+    ways = _ways(e, ids, other, quiet)
     for name, got in ways.items():
         assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got - ref).max()}"
 
@@ -206,15 +208,7 @@ def test_tiny_moe_logits_bit_identical_however_computed(tmp_path: Path, arch: st
     other = rng.integers(3, e.cfg.n_vocab, 70).tolist()
     ref = e.prefill(ids, logits="all").logits[-LAST:]
     assert np.isfinite(ref).all()
-    e.kv.clear(0)
-    e.kv.clear(1)
-    mixed = []
-    for i in range(0, len(ids), 6):
-        step = Batch.concat([Batch.for_sequence(other[i:i + 4], i, 1, "all"),
-                             Batch.for_sequence(ids[i:i + 6], i, 0, "all")])
-        mixed.append(e.step(step)[len(other[i:i + 4]):])
-    ways = {"chunks of 1": _chunked(e, ids, 1), "chunks of 7": _chunked(e, ids, 7),
-            "decode": _decode(e, ids), "with another": np.concatenate(mixed)[-LAST:]}
+    ways = _ways(e, ids, other)
     before = numba.get_num_threads()
     try:
         for n in sorted({1, 2} & set(range(1, numba.config.NUMBA_NUM_THREADS + 1))):
@@ -242,14 +236,6 @@ def test_tiny_gpt_oss_logits_bit_identical_however_computed(tmp_path: Path) -> N
     other = rng.integers(3, e.cfg.n_vocab, 110).tolist()
     ref = e.prefill(ids, logits="all").logits[-LAST:]
     assert np.isfinite(ref).all()
-    e.kv.clear(0)
-    e.kv.clear(1)
-    mixed = []
-    for i in range(0, len(ids), 6):
-        step = Batch.concat([Batch.for_sequence(other[i:i + 4], i, 1, "all"),
-                             Batch.for_sequence(ids[i:i + 6], i, 0, "all")])
-        mixed.append(e.step(step)[len(other[i:i + 4]):])
-    ways = {"chunks of 1": _chunked(e, ids, 1), "chunks of 7": _chunked(e, ids, 7),
-            "decode": _decode(e, ids), "with another": np.concatenate(mixed)[-LAST:]}
+    ways = _ways(e, ids, other)
     for name, got in ways.items():
         assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got - ref).max()}"
