@@ -1,7 +1,7 @@
 """The Engine: one loaded model, its tokenizer and template, a KV cache, and step(batch).
 
 The engine has no thread or queue of its own: it is called from one thread at a time
-(Numba's workqueue threading layer must not be entered from two Python threads at once).
+(Numba's threading layer must not be entered from two Python threads at once).
 The server's scheduler and the chat's backend each own an engine thread and take requests
 through their own queues; the CLI simply calls it. Weights arrive in the layout the kernels
 multiply (models/base.py WeightLoader), so loading is read_gguf + load_model and nothing more.
@@ -14,23 +14,25 @@ happened (`prefill` -> `Prefill`) instead of leaving notes on itself.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
 import numpy as np
 
 from localllm.errors import InvalidValueError, PromptTooLongError
 from localllm.formats import GGUFFile, read_gguf
+from localllm.kernels.cpu.region import region_seconds
 from localllm.kv.batch import Batch
 from localllm.kv.cache import KVCache
 from localllm.models.config import ModelError
 from localllm.models.registry import is_encoder_arch, load_model
+from localllm.threads import ThreadTuner
 
 
 def set_threads(n: int | None) -> int:
     """Set the Numba thread count (all cores by default) and return it."""
-    import numba
-
     limit = numba.config.NUMBA_NUM_THREADS
     n = limit if n is None or n <= 0 else min(n, limit)
     numba.set_num_threads(n)
@@ -63,7 +65,11 @@ class Engine:
         if device not in ("cpu", "cuda", "auto"):
             raise InvalidValueError(f"unknown device {device!r} (cpu, cuda or auto)")
         self.path = Path(model_path)
-        self.n_threads = set_threads(n_threads)
+        self.n_threads = set_threads(n_threads)  # the most a step uses
+        self.threads_requested = n_threads if n_threads and n_threads > 0 else None  # -t
+        # threads per step: -t fixes it; else chosen from step times (localllm/threads.py)
+        self.threads = ThreadTuner(self.n_threads, fixed=self.threads_requested,
+                                   probe=region_seconds)
         self.gf: GGUFFile = read_gguf(self.path)
         self.metadata = self.gf.metadata
         from localllm.text.tokenizer import Tokenizer
@@ -89,6 +95,8 @@ class Engine:
             device = "cpu"
         if not on_gpu:
             self._build(device, n_ctx, kv_opts)
+        if self.device == "cuda":  # the GPU does the work: host threads only launch it
+            self.threads = ThreadTuner(self.n_threads, fixed=self.n_threads)
         self._template = None
 
     def _build(self, device: str, n_ctx: int | None, kv_opts: dict) -> None:
@@ -154,8 +162,14 @@ class Engine:
         the one place that then records in the cache's books which tokens they are.
         kv: another cache of this model's shape (embeddings use a scratch one)."""
         kv = self.kv if kv is None else kv
+        rows = len(batch)
+        n = self.threads.choose(rows)
+        if n != numba.get_num_threads():  # per calling thread: the engine thread's own
+            numba.set_num_threads(n)
+        t0 = time.perf_counter()
         out = self.model.forward(batch, kv, hidden=hidden)
         kv.commit_batch(batch)
+        self.threads.record(rows, n, time.perf_counter() - t0)
         return out
 
     def prefill(self, tokens: list[int], slot: int = 0, logits: str = "last") -> Prefill:

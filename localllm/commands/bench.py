@@ -14,11 +14,13 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from localllm.commands.contend import busy_cores
 from localllm.commands.options import add_model_opts, engine_options
 from localllm.errors import InvalidValueError
 from localllm.kv.batch import Batch
@@ -34,6 +36,7 @@ class BenchResult:
     depth: int
     threads: int
     samples_ts: list[float]
+    threads_used: dict[int, int] = field(default_factory=dict)  # count -> timed steps run on it
 
     @property
     def mean(self) -> float:
@@ -59,11 +62,12 @@ def _fill_depth(engine: Engine, depth: int, rng: np.random.Generator) -> None:
 
 def run_pp(engine: Engine, n: int, depth: int, reps: int,
            rng: np.random.Generator) -> BenchResult:
-    samples = []
+    samples, used = [], Counter()
     for r in range(reps + 1):
         _fill_depth(engine, depth, rng)
         toks = _random_tokens(engine, n, rng) if depth == 0 else rng.integers(
             0, engine.cfg.n_vocab, size=n).tolist()
+        before = engine.threads.used.copy()
         t0 = time.perf_counter()
         for i in range(0, n, engine.n_batch):
             chunk = toks[i : i + engine.n_batch]
@@ -71,16 +75,18 @@ def run_pp(engine: Engine, n: int, depth: int, reps: int,
         dt = time.perf_counter() - t0
         if r:  # the first run is the warm-up
             samples.append(n / dt)
-    return BenchResult(f"pp{n}", n, depth, engine.n_threads, samples)
+            used += engine.threads.used - before
+    return BenchResult(f"pp{n}", n, depth, engine.n_threads, samples, dict(used))
 
 
 def run_tg(engine: Engine, n: int, depth: int, reps: int,
            rng: np.random.Generator) -> BenchResult:
-    samples = []
+    samples, used = [], Counter()
     for r in range(reps + 1):
         _fill_depth(engine, depth, rng)
         token = engine.tokenizer.bos_id if engine.tokenizer.add_bos else 0
         nexts = rng.integers(0, engine.cfg.n_vocab, size=n).tolist()
+        before = engine.threads.used.copy()
         t0 = time.perf_counter()
         for i in range(n):
             engine.step(Batch.for_sequence([token], depth + i, 0, "last"))
@@ -88,7 +94,8 @@ def run_tg(engine: Engine, n: int, depth: int, reps: int,
         dt = time.perf_counter() - t0
         if r:
             samples.append(n / dt)
-    return BenchResult(f"tg{n}", n, depth, engine.n_threads, samples)
+            used += engine.threads.used - before
+    return BenchResult(f"tg{n}", n, depth, engine.n_threads, samples, dict(used))
 
 
 def run_step(engine: Engine, n_rows: int, depth: int, reps: int,
@@ -133,9 +140,13 @@ def cmd_bench(ns: argparse.Namespace) -> int:
         raise InvalidValueError("token counts must be >= 0, --steps > 0 and -r >= 1")
     need = max(depths) + max(pps + tgs + steps + [1]) + 1
     opts = engine_options(ns) | {"n_ctx": max(ns.ctx or 0, need)}
+    if ns.contend < 0:
+        raise InvalidValueError("--contend must be >= 0")
     engine = Engine(resolve_model(ns.model), n_batch=ns.batch, **opts)
     ensure_kernels_compiled(engine)
-    results = run_all(engine, pps, tgs, depths, steps, ns.reps, np.random.default_rng(ns.seed))
+    with busy_cores(ns.contend):
+        results = run_all(engine, pps, tgs, depths, steps, ns.reps,
+                          np.random.default_rng(ns.seed))
     limit = decode_limit(engine, results) if ns.bandwidth else None
     if ns.json:
         print(json.dumps(json_report(engine, results) | ({"decode_limit": limit} if limit
@@ -198,6 +209,7 @@ def json_report(engine: Engine, results: list[BenchResult]) -> dict:
     return {
         "model": name, "model_path": str(engine.path), "size_mib": size_mib,
         "params_m": params, "backend": backend(engine), "threads": engine.n_threads,
+        "threads_adaptive": engine.threads.adaptive,
         "n_batch": engine.n_batch,
         "kv_bytes_per_token": kv.bytes_per_token(), "kv_bytes": kv.nbytes(),
         "kv_full_cache_bytes": kv.full_cache_nbytes(), "kv_type": [kv.k_type, kv.v_type],
@@ -215,6 +227,17 @@ def backend(engine: Engine) -> str:
     return "CPU (numba)"
 
 
+def threads_label(engine: Engine, r: BenchResult) -> str:
+    """`2` for a fixed count; `auto 2` or `auto 1 (97%), 2` when it was chosen per step."""
+    if not engine.threads.adaptive:
+        return str(r.threads)
+    total = sum(r.threads_used.values()) or 1
+    parts = sorted(r.threads_used.items(), key=lambda kv: -kv[1])
+    if len(parts) <= 1:
+        return f"auto {parts[0][0] if parts else r.threads}"
+    return "auto " + ", ".join(f"{n} ({c / total:.0%})" for n, c in parts)
+
+
 def table_report(engine: Engine, results: list[BenchResult]) -> str:
     """llama-bench's Markdown table, then the KV cache's size."""
     name, size_mib, params = model_label(engine)
@@ -230,7 +253,7 @@ def table_report(engine: Engine, results: list[BenchResult]) -> str:
             if base_step:
                 unit += f" ({base_step / r.mean:.2f}x step1)"
         lines.append(f"| {name} | {size_mib:.2f} MiB | {params:.2f} M | {backend(engine)} | "
-                     f"{r.threads} | {test} | {unit} |")
+                     f"{threads_label(engine, r)} | {test} | {unit} |")
     lines.append(f"\nKV cache (K {kv.k_type}, V {kv.v_type}): {kv.nbytes() / 2**20:.1f} MiB for "
                  f"{kv.n_ctx} tokens; {kv.bytes_per_token() / 1024:.1f} KiB per token in all "
                  f"layers; {kv.full_cache_nbytes() / 2**20:.1f} MiB without sliding-window rings")
@@ -252,5 +275,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bandwidth", action="store_true",
                    help="also measure the machine's read bandwidth and report decode speed "
                         "as a fraction of the limit it sets")
+    p.add_argument("--contend", type=int, default=0, metavar="N",
+                   help="keep N cores busy with other processes while measuring (decode and "
+                        "prefill on a machine that is not idle)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)

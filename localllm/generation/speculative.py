@@ -323,7 +323,7 @@ def make_drafter(opts: SpecOptions, engine: Engine) -> Drafter | None:
     if opts.draft_model:
         from localllm.engine import Engine
 
-        draft = Engine(opts.draft_model, n_ctx=engine.n_ctx, n_threads=engine.n_threads,
+        draft = Engine(opts.draft_model, n_ctx=engine.n_ctx, n_threads=engine.threads_requested,
                        n_batch=engine.n_batch, device=getattr(engine, "device", "cpu"))
         check_draft_vocab(engine.tokenizer, draft.tokenizer)
         return ModelDrafter(draft, engine.n_ctx)
