@@ -91,10 +91,10 @@ def test_every_store_model_is_listed_and_served_by_name(served) -> None:
     assert {"tiny-a:latest", "tiny-b:q8"} <= names
     ai = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
     assert {"tiny-a:latest", "tiny-b:q8"} <= {x.id for x in ai.models.list().data}
-    assert ai.models.retrieve("tiny-a").id == "tiny-a:latest"
+    assert ai.models.retrieve("tiny-a").id == "tiny-a"  # the name as asked, as Ollama's
 
     r = oc.generate(model="tiny-a", prompt="hello", options=OPTS)
-    assert r.done and r.model == "tiny-a:latest"
+    assert r.done and r.model == "tiny-a"
     assert 0 < r.load_duration < r.total_duration  # this request loaded the model
     assert oc.generate(model="tiny-a", prompt="hello", options=OPTS).load_duration == 0
     ps = _ps(url)
@@ -297,10 +297,10 @@ def test_health_is_503_while_the_startup_model_loads(store) -> None:
                 break
             time.sleep(0.05)
         assert httpx.get(url + "/health").json() == {"status": "ok"}
-        # the startup model answers by its store name, and stays loaded
+        # the startup model answers (by the name asked), and stays loaded
         r = httpx.post(url + "/v1/completions", timeout=120,
                        json={"model": "tiny-a", "prompt": "x", "max_tokens": 2}).json()
-        assert r["model"] == "tiny-a:latest"
+        assert r["model"] == "tiny-a"
         assert _ps(url)["tiny-a:latest"]["expires_at"].startswith("2318")
         # unloaded later (keep_alive 0), the server is still ready
         httpx.post(url + "/api/generate", json={"model": "tiny-a", "keep_alive": 0})
@@ -382,3 +382,36 @@ def test_startup_model_is_named_as_the_store_names_it(store) -> None:
     m = make_manager(parse(["serve", "--max-loaded", "2", "--keep-alive", "-1", "--max-memory",
                             "1GiB", "--allow-paths"]))
     assert (m.max_loaded, m.keep_alive, m.max_memory, m.allow_paths) == (2, None, 1 << 30, True)
+
+
+def test_responses_carry_the_model_name_as_asked(served) -> None:
+    """Ollama echoes the request's model name (`req.Model`) in every answer, streamed lines
+    included, and so does its OpenAI layer: `tiny-a`, not the store's `tiny-a:latest`."""
+    url, _, _ = served
+    oc = ollama.Client(host=url, timeout=120)
+    ai = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    for asked in ("tiny-a", "TINY-A:latest"):
+        assert oc.generate(model=asked, prompt="hi", options=OPTS).model == asked
+        assert {c.model for c in oc.generate(model=asked, prompt="hi", options=OPTS,
+                                              stream=True)} == {asked}
+        msgs = [{"role": "user", "content": "hi"}]
+        assert oc.chat(model=asked, messages=msgs, options=OPTS).model == asked
+        assert {c.model for c in oc.chat(model=asked, messages=msgs, options=OPTS,
+                                          stream=True)} == {asked}
+        assert oc.embed(model=asked, input="hi").model == asked
+        assert oc.generate(model=asked).model == asked  # the load probe
+        assert ai.chat.completions.create(model=asked, messages=msgs, max_tokens=2).model \
+            == asked
+        assert {c.model for c in ai.chat.completions.create(
+            model=asked, messages=msgs, max_tokens=2, stream=True)} == {asked}
+        assert ai.completions.create(model=asked, prompt="x", max_tokens=2).model == asked
+        assert {c.model for c in ai.completions.create(model=asked, prompt="x", max_tokens=2,
+                                                        stream=True)} == {asked}
+        assert ai.embeddings.create(model=asked, input="hi").model == asked
+        assert ai.responses.create(model=asked, input="hi", max_output_tokens=2).model == asked
+        assert ai.models.retrieve(asked).id == asked
+    r = oc.generate(model="tiny-a", keep_alive=0)  # the unload probe
+    assert r.done_reason == "unload" and r.model == "tiny-a"
+    # a name the store completes with another tag (tiny-b's only one, q8) is served as asked
+    assert oc.generate(model="tiny-b", prompt="hi", options=OPTS).model == "tiny-b"
+    assert ai.completions.create(model="tiny-b", prompt="x", max_tokens=2).model == "tiny-b"

@@ -159,14 +159,14 @@ def _wrap(fn: Handler, manager: ModelManager, path: str,
 
 async def _unload_now(manager: ModelManager, model: object, path: str) -> Response:
     """keep_alive 0 with nothing to answer: unload the model now (never load it for this),
-    as Ollama does, with done_reason "unload"."""
+    as Ollama does, with done_reason "unload" and the name as the client sent it."""
     from localllm.server.common import rfc3339
 
     if not isinstance(model, str) or not model:
         raise ApiError(400, "model is required")
     name, _ = manager.lookup(model)  # a name that reaches nothing is still a 404
     await manager.unload(name)
-    out: dict[str, object] = {"model": name, "created_at": rfc3339()}
+    out: dict[str, object] = {"model": model, "created_at": rfc3339()}
     out.update({"response": ""} if path == "/api/generate"
                else {"message": {"role": "assistant", "content": ""}})
     out.update(done=True, done_reason="unload")

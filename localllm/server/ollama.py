@@ -72,7 +72,7 @@ def _common(body: dict[str, Any], state: ServerState
             ) -> tuple[str, Any, bool, bool | str | None]:
     """(model, options, stream, think): think is None for a model that cannot think, else
     whether its reasoning is split out, or the level asked for (see `think_setting`)."""
-    model = state.resolve(body.get("model"))
+    model = state.reply_name(body.get("model"))
     stream = get(body, "stream", bool, True)
     get(body, "keep_alive", (int, float, str))
     unsupported(body, "images", "suffix")
@@ -220,7 +220,7 @@ async def _generate_prompt(state: ServerState, body: dict[str, Any], g: _Generat
 
 async def generate(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
-    state.resolve(body.get("model"))
+    state.reply_name(body.get("model"))
     require_generation(state, "generate")
     model, options, stream, think = _common(body, state)
     g = _GenerateInput.read(body)
@@ -265,7 +265,7 @@ def _chat_message(text: str, thinking: str, calls: list[dict[str, Any]] | None =
 
 async def chat(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
-    state.resolve(body.get("model"))
+    state.reply_name(body.get("model"))
     require_generation(state, "chat")
     model, options, stream, think = _common(body, state)
     messages = check_messages(body.get("messages", []))
