@@ -33,6 +33,8 @@ class CountingLoader:
     """The server's loader (small engines, one thread) counting its loads per path; `gate`
     holds a load until set (a load in progress, for the tests that need one)."""
 
+    n_ctx = 128  # the context it loads with: the manager's `ctx` (what -c is to serve)
+
     def __init__(self) -> None:
         self.loads: dict[str, int] = {}
         self.gate = threading.Event()
@@ -44,7 +46,7 @@ class CountingLoader:
 
         self.loads[path.name] = self.loads.get(path.name, 0) + 1
         self.gate.wait(60)
-        engine = Engine(path, n_ctx=128, n_slots=2, n_batch=32, n_threads=1)
+        engine = Engine(path, n_ctx=self.n_ctx, n_slots=2, n_batch=32, n_threads=1)
         sched = Scheduler(engine, max_queue=8)
         sched.call(engine.warmup)
         return engine, sched
@@ -74,7 +76,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
 @pytest.fixture(scope="module")
 def served(store: dict[str, Path]) -> Iterator[tuple[str, ModelManager, CountingLoader]]:
     loader = CountingLoader()
-    m = ModelManager(loader, max_loaded=1, keep_alive=300.0)
+    m = ModelManager(loader, ctx=loader.n_ctx, max_loaded=1, keep_alive=300.0)
     for url in serve_state(m):
         yield url, m, loader
     m.close()
@@ -382,6 +384,34 @@ def test_startup_model_is_named_as_the_store_names_it(store) -> None:
     m = make_manager(parse(["serve", "--max-loaded", "2", "--keep-alive", "-1", "--max-memory",
                             "1GiB", "--allow-paths"]))
     assert (m.max_loaded, m.keep_alive, m.max_memory, m.allow_paths) == (2, None, 1 << 30, True)
+
+
+def test_show_reads_the_file_and_loads_nothing(served) -> None:
+    """/api/show of a model not loaded answers from its file (header, template, created
+    settings, the context it would be served with) while a load could not even start: the
+    loader is held, /api/ps stays without it. Once loaded, the same answer from the engine."""
+    url, m, loader = served
+    oc = ollama.Client(host=url, timeout=20)
+    assert oc.create(model="tiny-show", from_="tiny-b:q8", system="Be brief.",
+                     parameters={"num_predict": 5}, stream=False).status == "success"
+    loads = dict(loader.loads)
+    loader.gate.clear()  # a load would wait here (60 s), past the client's timeout (20 s)
+    try:
+        cold = oc.show("tiny-show")
+        raw = httpx.post(url + "/api/show", json={"name": "tiny-show:latest"}).json()
+    finally:
+        loader.gate.set()
+    assert "tiny-show:latest" not in _ps(url) and loader.loads == loads
+    assert raw["system"] == "Be brief." and "num_predict 5" in cold.parameters
+    assert cold.details.family == "qwen2" and cold.modelinfo["general.architecture"] == "qwen2"
+    assert "completion" in cold.capabilities and cold.template
+    assert raw["context_length"] == CountingLoader.n_ctx  # the manager's -c, not the file's
+    oc.generate(model="tiny-show", prompt="x", options=OPTS)  # loaded now
+    hot = httpx.post(url + "/api/show", json={"model": "tiny-show"}).json()
+    assert hot == raw
+    for body, status in (({"model": "tiny-nope"}, 404), ({}, 400), ({"model": 3}, 400)):
+        assert httpx.post(url + "/api/show", json=body).status_code == status
+    oc.delete("tiny-show")
 
 
 def test_responses_carry_the_model_name_as_asked(served) -> None:
