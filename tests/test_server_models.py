@@ -445,3 +445,66 @@ def test_responses_carry_the_model_name_as_asked(served) -> None:
     # a name the store completes with another tag (tiny-b's only one, q8) is served as asked
     assert oc.generate(model="tiny-b", prompt="hi", options=OPTS).model == "tiny-b"
     assert ai.completions.create(model="tiny-b", prompt="x", max_tokens=2).model == "tiny-b"
+
+
+def test_blob_upload_and_create_from_files(served, store, tmp_path: Path) -> None:
+    """`create_blob` then `create(files=...)` through the ollama client: the file streamed
+    into our blobs/ under its checked sha256, a GGUF check before it is kept, the created
+    model served. A wrong digest, a file that is not GGUF, a body past --max-blob and a
+    hostile Origin are refused; HEAD says whether the blob is here; push is a clear 501."""
+    import hashlib
+    import os
+
+    from localllm.store.local import blob_path
+
+    url, m, _ = served
+    oc = ollama.Client(host=url, timeout=120)
+    f = tmp_path / "upload.gguf"
+    write_tiny_model(f, "llama", seed=7)
+    sha = hashlib.sha256(f.read_bytes()).hexdigest()
+    assert httpx.head(f"{url}/api/blobs/sha256:{sha}").status_code == 404
+    assert oc.create_blob(f) == f"sha256:{sha}"
+    assert blob_path(sha).read_bytes() == f.read_bytes()
+    assert httpx.head(f"{url}/api/blobs/sha256:{sha}").status_code == 200
+    assert oc.create_blob(f) == f"sha256:{sha}"  # already here: accepted again
+    r = oc.create(model="tiny-up", files={"upload.gguf": f"sha256:{sha}"}, system="Hi.",
+                  stream=False)
+    assert r.status == "success"
+    g = oc.generate(model="tiny-up", prompt="x", options=OPTS)
+    assert g.done and g.model == "tiny-up"
+    assert httpx.post(url + "/api/show", json={"model": "tiny-up"}).json()["system"] == "Hi."
+    assert m.loaded["tiny-up:latest"].state.path == blob_path(sha)
+
+    def post(body: bytes, digest: str, **headers: str) -> httpx.Response:
+        return httpx.post(f"{url}/api/blobs/{digest}", content=body, headers=headers)
+
+    junk = os.urandom(4096)
+    junk_sha = "sha256:" + hashlib.sha256(junk).hexdigest()
+    r = post(junk, "sha256:" + "0" * 64)
+    assert r.status_code == 400 and "digest mismatch" in r.json()["error"]
+    r = post(junk, junk_sha)
+    assert r.status_code == 400 and "not a GGUF" in r.json()["error"]
+    assert httpx.head(f"{url}/api/blobs/{junk_sha}").status_code == 404  # nothing kept
+    assert post(junk, "md5:abc").status_code == 400
+    r = post(junk, junk_sha, origin="https://evil.example")
+    assert r.status_code == 403
+    assert httpx.head(f"{url}/api/blobs/{junk_sha}", headers={"host": "evil.example"}
+                      ).status_code == 403
+    assert not list((blob_path(sha).parent.parent / "partial").glob("upload-*"))
+    from dataclasses import replace
+
+    m._limits = replace(m.limits, blob_bytes=1024, body_bytes=512)
+    try:  # a small --max-blob refuses the body; --max-body does not apply to blobs
+        assert post(junk, junk_sha).status_code == 413
+        m._limits = replace(m.limits, blob_bytes=1 << 30)
+        assert post(junk, junk_sha).status_code == 400  # read whole: checked as a GGUF
+    finally:
+        m._limits = replace(m.limits, blob_bytes=1 << 40, body_bytes=8 << 20)
+    for files, needle in (({"a.safetensors": f"sha256:{sha}"}, ".gguf"),
+                          ({"a.gguf": "sha256:" + "1" * 64}, "upload it first"),
+                          ({"a.gguf": "nope"}, "digest")):
+        r = httpx.post(url + "/api/create", json={"model": "tiny-bad", "files": files})
+        assert r.status_code in (400, 404) and needle in r.json()["error"], r.text
+    r = httpx.post(url + "/api/push", json={"model": "tiny-up"})
+    assert r.status_code == 501 and "no registry" in r.json()["error"]
+    oc.delete("tiny-up")

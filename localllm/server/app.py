@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localllm.errors import InvalidValueError, LocalLLMError, PromptTooLongError
-from localllm.server import embeddings, ollama, openai_api, responses
+from localllm.server import blobs, embeddings, ollama, openai_api, responses
 from localllm.server.common import ApiError, ClientGone, ServerState
 from localllm.server.limits import (
     TimeoutMiddleware,
@@ -102,7 +102,8 @@ def error_response_for(e: Exception, openai: bool) -> Response:
 # other route's body names a model: the wrapper loads it (or waits for its load) and hands
 # the handler that model's ServerState.
 MANAGER_ROUTES = {"/", "/api/version", "/api/tags", "/api/show", "/api/ps", "/api/pull",
-                  "/api/copy", "/api/delete", "/api/create", "/api/push", "/v1/models",
+                  "/api/copy", "/api/delete", "/api/create", "/api/push",
+                  "/api/blobs/{digest}", "/v1/models",
                   "/v1/models/{model:path}", "/metrics", "/health", "/slots"}
 # where a model-loading route's empty request only loads or unloads (Ollama's probe)
 _PROBE = {"/api/generate": "prompt", "/api/chat": "messages"}
@@ -238,7 +239,8 @@ def build_app(state: ServerState | ModelManager, origins: list[str] | None = Non
         ("/api/create", mr.create, ["POST"]),
         ("/api/copy", mr.copy, ["POST"]),
         ("/api/delete", mr.delete, ["DELETE"]),
-        ("/api/push", o.not_supported, ["POST"]),
+        ("/api/blobs/{digest}", blobs.blob, ["HEAD", "POST"]),
+        ("/api/push", o.push, ["POST"]),
         ("/v1/chat/completions", oa.chat_completions, ["POST"]),
         ("/v1/completions", oa.completions, ["POST"]),
         ("/v1/responses", responses.responses, ["POST"]),

@@ -318,5 +318,6 @@ async def root(request: HttpRequest, state: ServerState) -> Response:
     return PlainTextResponse("Ollama is running")
 
 
-async def not_supported(request: HttpRequest, state: ServerState) -> Response:
-    raise ApiError(501, f"{request.url.path} is not supported by this server yet")
+async def push(request: HttpRequest, state: ServerState) -> Response:
+    raise ApiError(501, "push is not supported: this server has no registry to push to (its "
+                        "models are files; copy the .gguf, or `localllm pull` it elsewhere)")
