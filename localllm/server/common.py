@@ -96,9 +96,6 @@ class ServerState:
             self._digest = h.hexdigest()
         return self._digest
 
-    def modified_at(self) -> str:
-        return rfc3339(self.path.stat().st_mtime)
-
     def details(self) -> dict[str, Any]:
         return gguf_details(self.engine.metadata, self.engine.gf.tensors.values())
 
