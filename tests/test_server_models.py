@@ -508,3 +508,23 @@ def test_blob_upload_and_create_from_files(served, store, tmp_path: Path) -> Non
     r = httpx.post(url + "/api/push", json={"model": "tiny-up"})
     assert r.status_code == 501 and "no registry" in r.json()["error"]
     oc.delete("tiny-up")
+
+
+@pytest.mark.parametrize("n_ctx", [None, 64, 100000])
+def test_planned_context_is_the_engines(tmp_path: Path, n_ctx: int | None) -> None:
+    """What /api/show reports for a model not loaded (engine.planned_context) is the context
+    an Engine is then built with: -c, else the trained one up to 4096, never past a learned
+    position table (bert)."""
+    from tiny_bert import write_tiny_encoder
+
+    from localllm.engine import Engine, planned_context
+    from localllm.formats import read_gguf
+
+    files = [tmp_path / "llama.gguf", tmp_path / "bert.gguf", tmp_path / "nomic.gguf"]
+    write_tiny_model(files[0], "llama", context_length=8192)  # above 4096: capped
+    write_tiny_encoder(files[1], "bert")
+    write_tiny_encoder(files[2], "nomic-bert")
+    for f in files:
+        with read_gguf(f) as gf:
+            planned = planned_context(gf, n_ctx)
+        assert planned == Engine(f, n_ctx=n_ctx, n_threads=1).n_ctx, f.name
