@@ -27,8 +27,26 @@ from localllm.kernels.cpu.region import region_seconds
 from localllm.kv.batch import Batch
 from localllm.kv.cache import KVCache
 from localllm.models.config import ModelError
-from localllm.models.registry import is_encoder_arch, load_model
+from localllm.models.registry import is_encoder_arch, load_model, model_config
 from localllm.threads import ThreadTuner
+
+DEFAULT_CTX = 4096  # a context -c does not set: the trained one, up to this
+
+
+def context_size(n_ctx: int | None, n_ctx_train: int, max_positions: int | None) -> int:
+    """The context an engine is built with: `n_ctx` (-c), else the model's trained context
+    up to DEFAULT_CTX; never past a learned position table (bert: `max_positions`)."""
+    n = n_ctx or min(DEFAULT_CTX, n_ctx_train)
+    return min(n, max_positions) if max_positions else n
+
+
+def planned_context(gf: GGUFFile, n_ctx: int | None) -> int:
+    """`context_size` for a file not loaded (the server's /api/show): its configuration read
+    from the metadata alone; a learned position table has the trained context's rows (bert's
+    `position_embd.weight`)."""
+    cfg = model_config(gf)
+    table = cfg.n_ctx_train if "position_embd.weight" in gf.tensors else None
+    return context_size(n_ctx, cfg.n_ctx_train, table)
 
 
 def set_threads(n: int | None) -> int:
@@ -117,9 +135,7 @@ class Engine:
         else:
             model, cache_class = load_model(self.gf), KVCache
         cfg = model.cfg
-        n_ctx = n_ctx or min(4096, cfg.n_ctx_train)
-        if getattr(model, "max_positions", None):  # learned positions (bert): no further
-            n_ctx = min(n_ctx, model.max_positions)
+        n_ctx = context_size(n_ctx, cfg.n_ctx_train, getattr(model, "max_positions", None))
         if n_ctx <= 0:
             raise InvalidValueError(f"context size must be positive, got {n_ctx}")
         if getattr(model, "is_encoder", False):

@@ -227,7 +227,7 @@ def test_recommendation_read_from_the_model_file_and_shown(tmp_path) -> None:
 def test_api_show_parameters_are_the_models_advice_under_ollamas_names() -> None:
     """/api/show's `parameters` (Ollama clients print them): the file's recommendation, with
     what /api/create set for the name over it."""
-    from localllm.server.ollama import _parameters
+    from localllm.server.show import show_parameters as _parameters
 
     created = {"parameters": {"temperature": 0.2, "stop": ["x"]}}
     assert _parameters(_RECOMMENDS, created) == {

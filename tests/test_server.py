@@ -284,6 +284,34 @@ def test_disconnects_free_their_slots(server) -> None:
     assert state.scheduler.status()["cancelled"] == before + 2
 
 
+def test_a_long_generation_does_not_starve_a_new_request(server) -> None:
+    """Continuous batching through HTTP: while one stream generates hundreds of tokens, a
+    request that arrives later gets its first token before the long one ends, and the long
+    one goes on beside it (each engine step takes both rows). Order of events, from the
+    server's own timestamps on the lines (created_at): no timing threshold."""
+    base, state = server
+    m = _model(server)
+    # counting to the end of num_predict (no end-of-text), greedy: deterministic
+    long_body = {"model": m, "prompt": "1, 2, 3, 4, 5, 6, 7,", "raw": True,
+                 "options": {"num_predict": 400, "temperature": 0, "repeat_penalty": 1.0}}
+    short_body = {"model": m, "prompt": "The sky is", "raw": True,
+                  "options": {"num_predict": 3, "temperature": 0}}
+    _wait_idle(state)
+    with httpx.stream("POST", base + "/api/generate", json=long_body, timeout=120) as long_r:
+        long_lines = long_r.iter_lines()
+        assert json.loads(next(long_lines))["done"] is False  # the long one is generating
+        with httpx.stream("POST", base + "/api/generate", json=short_body,
+                          timeout=120) as short_r:
+            short = [json.loads(x) for x in short_r.iter_lines()]
+        rest = [json.loads(x) for x in long_lines]
+    assert short[-1]["done"] and rest[-1]["done"]
+    assert rest[-1]["eval_count"] == 400  # the long one ran to its end, not cut short
+    first_token = short[0]["created_at"]  # RFC 3339, microseconds, UTC: ordered as text
+    assert first_token < rest[-1]["created_at"]
+    assert any(x["created_at"] > short[-1]["created_at"] for x in rest[:-1])  # beside it
+    _wait_idle(state)
+
+
 def test_load_with_disconnects_and_garbage(server) -> None:
     """A short loopback load test (bench/serve_load.py is the long one): 8 clients x 2
     requests, some leave mid-stream, some send garbage; no 5xx, every finished stream is

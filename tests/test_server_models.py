@@ -33,6 +33,8 @@ class CountingLoader:
     """The server's loader (small engines, one thread) counting its loads per path; `gate`
     holds a load until set (a load in progress, for the tests that need one)."""
 
+    n_ctx = 128  # the context it loads with: the manager's `ctx` (what -c is to serve)
+
     def __init__(self) -> None:
         self.loads: dict[str, int] = {}
         self.gate = threading.Event()
@@ -44,7 +46,7 @@ class CountingLoader:
 
         self.loads[path.name] = self.loads.get(path.name, 0) + 1
         self.gate.wait(60)
-        engine = Engine(path, n_ctx=128, n_slots=2, n_batch=32, n_threads=1)
+        engine = Engine(path, n_ctx=self.n_ctx, n_slots=2, n_batch=32, n_threads=1)
         sched = Scheduler(engine, max_queue=8)
         sched.call(engine.warmup)
         return engine, sched
@@ -74,7 +76,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
 @pytest.fixture(scope="module")
 def served(store: dict[str, Path]) -> Iterator[tuple[str, ModelManager, CountingLoader]]:
     loader = CountingLoader()
-    m = ModelManager(loader, max_loaded=1, keep_alive=300.0)
+    m = ModelManager(loader, ctx=loader.n_ctx, max_loaded=1, keep_alive=300.0)
     for url in serve_state(m):
         yield url, m, loader
     m.close()
@@ -91,10 +93,10 @@ def test_every_store_model_is_listed_and_served_by_name(served) -> None:
     assert {"tiny-a:latest", "tiny-b:q8"} <= names
     ai = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
     assert {"tiny-a:latest", "tiny-b:q8"} <= {x.id for x in ai.models.list().data}
-    assert ai.models.retrieve("tiny-a").id == "tiny-a:latest"
+    assert ai.models.retrieve("tiny-a").id == "tiny-a"  # the name as asked, as Ollama's
 
     r = oc.generate(model="tiny-a", prompt="hello", options=OPTS)
-    assert r.done and r.model == "tiny-a:latest"
+    assert r.done and r.model == "tiny-a"
     assert 0 < r.load_duration < r.total_duration  # this request loaded the model
     assert oc.generate(model="tiny-a", prompt="hello", options=OPTS).load_duration == 0
     ps = _ps(url)
@@ -297,10 +299,10 @@ def test_health_is_503_while_the_startup_model_loads(store) -> None:
                 break
             time.sleep(0.05)
         assert httpx.get(url + "/health").json() == {"status": "ok"}
-        # the startup model answers by its store name, and stays loaded
+        # the startup model answers (by the name asked), and stays loaded
         r = httpx.post(url + "/v1/completions", timeout=120,
                        json={"model": "tiny-a", "prompt": "x", "max_tokens": 2}).json()
-        assert r["model"] == "tiny-a:latest"
+        assert r["model"] == "tiny-a"
         assert _ps(url)["tiny-a:latest"]["expires_at"].startswith("2318")
         # unloaded later (keep_alive 0), the server is still ready
         httpx.post(url + "/api/generate", json={"model": "tiny-a", "keep_alive": 0})
@@ -382,3 +384,147 @@ def test_startup_model_is_named_as_the_store_names_it(store) -> None:
     m = make_manager(parse(["serve", "--max-loaded", "2", "--keep-alive", "-1", "--max-memory",
                             "1GiB", "--allow-paths"]))
     assert (m.max_loaded, m.keep_alive, m.max_memory, m.allow_paths) == (2, None, 1 << 30, True)
+
+
+def test_show_reads_the_file_and_loads_nothing(served) -> None:
+    """/api/show of a model not loaded answers from its file (header, template, created
+    settings, the context it would be served with) while a load could not even start: the
+    loader is held, /api/ps stays without it. Once loaded, the same answer from the engine."""
+    url, m, loader = served
+    oc = ollama.Client(host=url, timeout=20)
+    assert oc.create(model="tiny-show", from_="tiny-b:q8", system="Be brief.",
+                     parameters={"num_predict": 5}, stream=False).status == "success"
+    loads = dict(loader.loads)
+    loader.gate.clear()  # a load would wait here (60 s), past the client's timeout (20 s)
+    try:
+        cold = oc.show("tiny-show")
+        raw = httpx.post(url + "/api/show", json={"name": "tiny-show:latest"}).json()
+    finally:
+        loader.gate.set()
+    assert "tiny-show:latest" not in _ps(url) and loader.loads == loads
+    assert raw["system"] == "Be brief." and "num_predict 5" in cold.parameters
+    assert cold.details.family == "qwen2" and cold.modelinfo["general.architecture"] == "qwen2"
+    assert "completion" in cold.capabilities and cold.template
+    assert raw["context_length"] == CountingLoader.n_ctx  # the manager's -c, not the file's
+    oc.generate(model="tiny-show", prompt="x", options=OPTS)  # loaded now
+    hot = httpx.post(url + "/api/show", json={"model": "tiny-show"}).json()
+    assert hot == raw
+    for body, status in (({"model": "tiny-nope"}, 404), ({}, 400), ({"model": 3}, 400)):
+        assert httpx.post(url + "/api/show", json=body).status_code == status
+    oc.delete("tiny-show")
+
+
+def test_responses_carry_the_model_name_as_asked(served) -> None:
+    """Ollama echoes the request's model name (`req.Model`) in every answer, streamed lines
+    included, and so does its OpenAI layer: `tiny-a`, not the store's `tiny-a:latest`."""
+    url, _, _ = served
+    oc = ollama.Client(host=url, timeout=120)
+    ai = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    for asked in ("tiny-a", "TINY-A:latest"):
+        assert oc.generate(model=asked, prompt="hi", options=OPTS).model == asked
+        assert {c.model for c in oc.generate(model=asked, prompt="hi", options=OPTS,
+                                              stream=True)} == {asked}
+        msgs = [{"role": "user", "content": "hi"}]
+        assert oc.chat(model=asked, messages=msgs, options=OPTS).model == asked
+        assert {c.model for c in oc.chat(model=asked, messages=msgs, options=OPTS,
+                                          stream=True)} == {asked}
+        assert oc.embed(model=asked, input="hi").model == asked
+        assert oc.generate(model=asked).model == asked  # the load probe
+        assert ai.chat.completions.create(model=asked, messages=msgs, max_tokens=2).model \
+            == asked
+        assert {c.model for c in ai.chat.completions.create(
+            model=asked, messages=msgs, max_tokens=2, stream=True)} == {asked}
+        assert ai.completions.create(model=asked, prompt="x", max_tokens=2).model == asked
+        assert {c.model for c in ai.completions.create(model=asked, prompt="x", max_tokens=2,
+                                                        stream=True)} == {asked}
+        assert ai.embeddings.create(model=asked, input="hi").model == asked
+        assert ai.responses.create(model=asked, input="hi", max_output_tokens=2).model == asked
+        assert ai.models.retrieve(asked).id == asked
+    r = oc.generate(model="tiny-a", keep_alive=0)  # the unload probe
+    assert r.done_reason == "unload" and r.model == "tiny-a"
+    # a name the store completes with another tag (tiny-b's only one, q8) is served as asked
+    assert oc.generate(model="tiny-b", prompt="hi", options=OPTS).model == "tiny-b"
+    assert ai.completions.create(model="tiny-b", prompt="x", max_tokens=2).model == "tiny-b"
+
+
+def test_blob_upload_and_create_from_files(served, store, tmp_path: Path) -> None:
+    """`create_blob` then `create(files=...)` through the ollama client: the file streamed
+    into our blobs/ under its checked sha256, a GGUF check before it is kept, the created
+    model served. A wrong digest, a file that is not GGUF, a body past --max-blob and a
+    hostile Origin are refused; HEAD says whether the blob is here; push is a clear 501."""
+    import hashlib
+    import os
+
+    from localllm.store.local import blob_path
+
+    url, m, _ = served
+    oc = ollama.Client(host=url, timeout=120)
+    f = tmp_path / "upload.gguf"
+    write_tiny_model(f, "llama", seed=7)
+    sha = hashlib.sha256(f.read_bytes()).hexdigest()
+    assert httpx.head(f"{url}/api/blobs/sha256:{sha}").status_code == 404
+    assert oc.create_blob(f) == f"sha256:{sha}"
+    assert blob_path(sha).read_bytes() == f.read_bytes()
+    assert httpx.head(f"{url}/api/blobs/sha256:{sha}").status_code == 200
+    assert oc.create_blob(f) == f"sha256:{sha}"  # already here: accepted again
+    r = oc.create(model="tiny-up", files={"upload.gguf": f"sha256:{sha}"}, system="Hi.",
+                  stream=False)
+    assert r.status == "success"
+    g = oc.generate(model="tiny-up", prompt="x", options=OPTS)
+    assert g.done and g.model == "tiny-up"
+    assert httpx.post(url + "/api/show", json={"model": "tiny-up"}).json()["system"] == "Hi."
+    assert m.loaded["tiny-up:latest"].state.path == blob_path(sha)
+
+    def post(body: bytes, digest: str, **headers: str) -> httpx.Response:
+        return httpx.post(f"{url}/api/blobs/{digest}", content=body, headers=headers)
+
+    junk = os.urandom(4096)
+    junk_sha = "sha256:" + hashlib.sha256(junk).hexdigest()
+    r = post(junk, "sha256:" + "0" * 64)
+    assert r.status_code == 400 and "digest mismatch" in r.json()["error"]
+    r = post(junk, junk_sha)
+    assert r.status_code == 400 and "not a GGUF" in r.json()["error"]
+    assert httpx.head(f"{url}/api/blobs/{junk_sha}").status_code == 404  # nothing kept
+    assert post(junk, "md5:abc").status_code == 400
+    r = post(junk, junk_sha, origin="https://evil.example")
+    assert r.status_code == 403
+    assert httpx.head(f"{url}/api/blobs/{junk_sha}", headers={"host": "evil.example"}
+                      ).status_code == 403
+    assert not list((blob_path(sha).parent.parent / "partial").glob("upload-*"))
+    from dataclasses import replace
+
+    m._limits = replace(m.limits, blob_bytes=1024, body_bytes=512)
+    try:  # a small --max-blob refuses the body; --max-body does not apply to blobs
+        assert post(junk, junk_sha).status_code == 413
+        m._limits = replace(m.limits, blob_bytes=1 << 30)
+        assert post(junk, junk_sha).status_code == 400  # read whole: checked as a GGUF
+    finally:
+        m._limits = replace(m.limits, blob_bytes=1 << 40, body_bytes=8 << 20)
+    for files, needle in (({"a.safetensors": f"sha256:{sha}"}, ".gguf"),
+                          ({"a.gguf": "sha256:" + "1" * 64}, "upload it first"),
+                          ({"a.gguf": "nope"}, "digest")):
+        r = httpx.post(url + "/api/create", json={"model": "tiny-bad", "files": files})
+        assert r.status_code in (400, 404) and needle in r.json()["error"], r.text
+    r = httpx.post(url + "/api/push", json={"model": "tiny-up"})
+    assert r.status_code == 501 and "no registry" in r.json()["error"]
+    oc.delete("tiny-up")
+
+
+@pytest.mark.parametrize("n_ctx", [None, 64, 100000])
+def test_planned_context_is_the_engines(tmp_path: Path, n_ctx: int | None) -> None:
+    """What /api/show reports for a model not loaded (engine.planned_context) is the context
+    an Engine is then built with: -c, else the trained one up to 4096, never past a learned
+    position table (bert)."""
+    from tiny_bert import write_tiny_encoder
+
+    from localllm.engine import Engine, planned_context
+    from localllm.formats import read_gguf
+
+    files = [tmp_path / "llama.gguf", tmp_path / "bert.gguf", tmp_path / "nomic.gguf"]
+    write_tiny_model(files[0], "llama", context_length=8192)  # above 4096: capped
+    write_tiny_encoder(files[1], "bert")
+    write_tiny_encoder(files[2], "nomic-bert")
+    for f in files:
+        with read_gguf(f) as gf:
+            planned = planned_context(gf, n_ctx)
+        assert planned == Engine(f, n_ctx=n_ctx, n_threads=1).n_ctx, f.name

@@ -55,6 +55,15 @@ def body(rec: Record, data: Any) -> None:
         log.debug("%s %s body: %s", rec.method, rec.path, text)
 
 
+def note_body(data: Any, model: str) -> None:
+    """For a route that reads its own body (a route about models, which the wrapper does
+    not parse): the body's debug line, and the model named for the access line."""
+    rec = _current.get()
+    if rec is not None:
+        body(rec, data)
+        rec.model = model
+
+
 def note_tokens(prompt: int, cached: int, output: int) -> None:
     """The current request's token counts (the generation bridge calls this)."""
     rec = _current.get()

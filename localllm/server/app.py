@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from localllm.errors import InvalidValueError, LocalLLMError, PromptTooLongError
-from localllm.server import embeddings, ollama, openai_api, responses
+from localllm.server import blobs, embeddings, ollama, openai_api, responses
 from localllm.server.common import ApiError, ClientGone, ServerState
 from localllm.server.limits import (
     TimeoutMiddleware,
@@ -101,8 +101,9 @@ def error_response_for(e: Exception, openai: bool) -> Response:
 # Routes about the models rather than with one: their handlers get the ModelManager. Every
 # other route's body names a model: the wrapper loads it (or waits for its load) and hands
 # the handler that model's ServerState.
-MANAGER_ROUTES = {"/", "/api/version", "/api/tags", "/api/ps", "/api/pull", "/api/copy",
-                  "/api/delete", "/api/create", "/api/push", "/v1/models",
+MANAGER_ROUTES = {"/", "/api/version", "/api/tags", "/api/show", "/api/ps", "/api/pull",
+                  "/api/copy", "/api/delete", "/api/create", "/api/push",
+                  "/api/blobs/{digest}", "/v1/models",
                   "/v1/models/{model:path}", "/metrics", "/health", "/slots"}
 # where a model-loading route's empty request only loads or unloads (Ollama's probe)
 _PROBE = {"/api/generate": "prompt", "/api/chat": "messages"}
@@ -128,7 +129,7 @@ def _wrap(fn: Handler, manager: ModelManager, path: str,
                 return access.finish(rec, response)
             body = await read_json(request, manager.body_limit)
             access.body(rec, body)
-            model = body.get("model", body.get("name") if path == "/api/show" else None)
+            model = body.get("model")
             rec.model = model if isinstance(model, str) else ""
             if "keep_alive" in body and body["keep_alive"] is not None:
                 keep_alive = parse_keep_alive(body["keep_alive"])
@@ -159,14 +160,14 @@ def _wrap(fn: Handler, manager: ModelManager, path: str,
 
 async def _unload_now(manager: ModelManager, model: object, path: str) -> Response:
     """keep_alive 0 with nothing to answer: unload the model now (never load it for this),
-    as Ollama does, with done_reason "unload"."""
+    as Ollama does, with done_reason "unload" and the name as the client sent it."""
     from localllm.server.common import rfc3339
 
     if not isinstance(model, str) or not model:
         raise ApiError(400, "model is required")
     name, _ = manager.lookup(model)  # a name that reaches nothing is still a 404
     await manager.unload(name)
-    out: dict[str, object] = {"model": name, "created_at": rfc3339()}
+    out: dict[str, object] = {"model": model, "created_at": rfc3339()}
     out.update({"response": ""} if path == "/api/generate"
                else {"message": {"role": "assistant", "content": ""}})
     out.update(done=True, done_reason="unload")
@@ -220,6 +221,7 @@ def build_app(state: ServerState | ModelManager, origins: list[str] | None = Non
     """The app serving a manager's models, or one fixed model (a `ServerState`: tests);
     `origins`: browser origins allowed beyond the local ones (security.py)."""
     from localllm.server import model_routes as mr
+    from localllm.server import show
 
     manager = state if isinstance(state, ModelManager) else ModelManager.single(state)
     o, oa = ollama, openai_api
@@ -229,7 +231,7 @@ def build_app(state: ServerState | ModelManager, origins: list[str] | None = Non
         ("/api/generate", o.generate, ["POST"]),
         ("/api/chat", o.chat, ["POST"]),
         ("/api/tags", mr.tags, ["GET"]),
-        ("/api/show", o.show, ["POST"]),
+        ("/api/show", show.show, ["POST"]),
         ("/api/ps", mr.ps, ["GET"]),
         ("/api/pull", mr.pull, ["POST"]),
         ("/api/embed", embeddings.api_embed, ["POST"]),
@@ -237,7 +239,8 @@ def build_app(state: ServerState | ModelManager, origins: list[str] | None = Non
         ("/api/create", mr.create, ["POST"]),
         ("/api/copy", mr.copy, ["POST"]),
         ("/api/delete", mr.delete, ["DELETE"]),
-        ("/api/push", o.not_supported, ["POST"]),
+        ("/api/blobs/{digest}", blobs.blob, ["HEAD", "POST"]),
+        ("/api/push", o.push, ["POST"]),
         ("/v1/chat/completions", oa.chat_completions, ["POST"]),
         ("/v1/completions", oa.completions, ["POST"]),
         ("/v1/responses", responses.responses, ["POST"]),
@@ -391,7 +394,7 @@ def make_manager(ns: argparse.Namespace) -> ModelManager:
 
         max_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     limits = limits_from_args(ns)
-    return ModelManager(loader(ns), max_loaded=ns.max_loaded, max_memory=max_memory,
+    return ModelManager(loader(ns), ctx=ns.ctx, max_loaded=ns.max_loaded, max_memory=max_memory,
                         keep_alive=keep, allow_paths=ns.allow_paths,
                         load_timeout=ns.load_timeout, api_key=ns.api_key,
                         body_limit=limits.body_bytes, limits=limits)

@@ -72,18 +72,19 @@ class ServerState:
     def path(self) -> Path:
         return self.engine.path
 
-    def resolve(self, model: Any, required: bool = True) -> str:
-        """The served name for a client's model name, or 404 as Ollama answers. A name is
-        only ever compared with ours, never turned into a path."""
+    def reply_name(self, model: Any, required: bool = True) -> str:
+        """The model name a response carries: the one the client sent, as Ollama echoes
+        `req.Model` (`smollm2` stays `smollm2`, not the store's `smollm2:135m-q4_1`); with
+        no name (where `required` is False), ours. The route wrapper has already found this
+        model by that name (`ModelManager.lookup`: 404 for a name that reaches nothing), so
+        only its presence and type are checked here."""
         if model is None or model == "":
             if required:
                 raise ApiError(400, "model is required")
             return self.name
         if not isinstance(model, str):
             raise ApiError(400, "model must be a string")
-        if model == self.name or same_name(model, self.name):
-            return self.name
-        raise ApiError(404, f"model '{model}' not found")
+        return model
 
     @property
     def digest(self) -> str:
@@ -94,9 +95,6 @@ class ServerState:
                     h.update(chunk)
             self._digest = h.hexdigest()
         return self._digest
-
-    def modified_at(self) -> str:
-        return rfc3339(self.path.stat().st_mtime)
 
     def details(self) -> dict[str, Any]:
         return gguf_details(self.engine.metadata, self.engine.gf.tensors.values())

@@ -104,7 +104,7 @@ def _texts(v: Any, key: str) -> list[str]:
 
 
 def _ollama_common(body: dict[str, Any], state: ServerState) -> str:
-    model = state.resolve(body.get("model"))
+    model = state.reply_name(body.get("model"))
     get(body, "keep_alive", (int, float, str))
     parse_options(body.get("options"), ollama_defaults(), state.engine.n_ctx)  # types only
     return model
@@ -167,7 +167,7 @@ def _openai_input(v: Any, n_vocab: int) -> list[str] | list[list[int]]:
 
 async def v1_embeddings(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
-    model = state.resolve(body.get("model"))
+    model = state.reply_name(body.get("model"))
     fmt = get(body, "encoding_format", str, "float")
     if fmt.lower() not in ("float", "base64"):
         raise ApiError(400, f"Invalid value for 'encoding_format' = {fmt}. Supported values: "

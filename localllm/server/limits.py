@@ -19,7 +19,10 @@ from localllm.server.security import ASGIApp, Message, Receive, Scope, Send
 
 @dataclass(frozen=True)
 class Limits:
-    body_bytes: int = 8 << 20  # a request body (413 past it)
+    body_bytes: int = 8 << 20  # a JSON request body (413 past it)
+    # an uploaded model file (/api/blobs: streamed to disk, never held in memory; GGUF
+    # files are gigabytes); the disk's free space is checked as well
+    blob_bytes: int = 1 << 40
     messages: int = 1024  # chat messages per request
     tools: int = 128  # tool definitions per request (OpenAI's own cap)
     stop: int = 16  # stop strings per request
@@ -30,7 +33,8 @@ class Limits:
 
 
 _FLAGS = {  # field -> (flag, help)
-    "body_bytes": ("--max-body", "largest request body in bytes"),
+    "body_bytes": ("--max-body", "largest JSON request body in bytes"),
+    "blob_bytes": ("--max-blob", "largest model file uploaded to /api/blobs, in bytes"),
     "messages": ("--max-messages", "chat messages per request"),
     "tools": ("--max-tools", "tools per request"),
     "stop": ("--max-stop", "stop strings per request"),

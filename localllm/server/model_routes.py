@@ -1,5 +1,6 @@
 """Routes about models rather than with one: /api/tags, /api/ps, /api/pull, /api/copy,
-/api/delete, /health, /slots. Handlers take the `ModelManager`.
+/api/delete, /api/create, /health, /slots (/api/show is show.py, /api/blobs blobs.py).
+Handlers take the `ModelManager`.
 
 Names are the store's (`localllm list`); pull, copy and delete change only localllm's own
 store, never the files of Ollama, the Hugging Face cache or LM Studio.
@@ -12,6 +13,7 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -283,10 +285,9 @@ async def delete(request: HttpRequest, m: ModelManager) -> Response:
     return Response(status_code=200)
 
 
-# /api/create fields that need what we do not have: uploaded blobs, LoRA adapters, a
-# quantizer, preset messages
+# /api/create fields that need what we do not have: LoRA adapters, a quantizer, preset
+# messages
 _CREATE_UNSUPPORTED = {
-    "files": "creating from uploaded files is not supported: give `from` a model or .gguf here",
     "adapters": "adapters (LoRA) are not supported",
     "quantize": "quantizing is not supported: pull or import the quantization you want",
     "messages": "preset messages are not supported",
@@ -329,12 +330,14 @@ def create_config(body: dict[str, Any]) -> dict[str, Any]:
 
 
 async def create(request: HttpRequest, m: ModelManager) -> Response:
-    """Ollama's create from a model already here (`from`: a name, or a path with
-    --allow-paths) with a system prompt, a Jinja template and parameters: a new name in our
-    store for the same file (another tool's file is copied in), served with those defaults.
+    """Ollama's create, from a model already here (`from`: a name, or a path with
+    --allow-paths) or from an uploaded file (`files`: {"x.gguf": "sha256:..."}, sent to
+    /api/blobs first), with a system prompt, a Jinja template and parameters: a new name in
+    our store for that file (another tool's file is copied in), served with those defaults.
     Progress as `{"status": ...}` lines ending in success."""
     from localllm.errors import LocalLLMError
-    from localllm.store.local import copy_model
+    from localllm.server.blobs import files_blob
+    from localllm.store.local import copy_model, name_blob
 
     body = await read_json(request, m.body_limit)
     name = _name(body, "model", "name")
@@ -342,19 +345,28 @@ async def create(request: HttpRequest, m: ModelManager) -> Response:
     for key, why in _CREATE_UNSUPPORTED.items():
         if body.get(key):
             raise ApiError(400, why)
-    if not body.get("from"):
+    files = body.get("files")
+    if files and body.get("from"):
+        raise ApiError(400, "give either 'from' (a model here) or 'files' (an uploaded .gguf), "
+                            "not both")
+    if not files and not body.get("from"):
         raise ApiError(400, "'from' is required: the model (or, with --allow-paths, the .gguf) "
-                            "to create from")
-    src = _name(body, "from")
+                            "to create from; or 'files' naming an uploaded .gguf")
     cfg = create_config(body)
-    _, path = m.lookup(src)  # 404 for a name that reaches nothing
-    if path is None:
-        raise ApiError(400, f"'{src}' has no file to create from")
+    if files:
+        sha, fname = files_blob(files)
+        make = partial(name_blob, name, sha, f"upload:{fname}", cfg)
+    else:
+        src = _name(body, "from")
+        _, path = m.lookup(src)  # 404 for a name that reaches nothing
+        if path is None:
+            raise ApiError(400, f"'{src}' has no file to create from")
+        make = partial(copy_model, src, path, name, cfg)
     served = m.loaded_for(name)
     if served is not None:
         await m.unload(served.name, "re-created")  # its next request loads the new settings
     try:
-        e = await asyncio.to_thread(copy_model, src, path, name, cfg)
+        e = await asyncio.to_thread(make)
     except LocalLLMError as err:
         raise _store_error(err) from None
     m.configs.pop(e.ref, None)

@@ -108,9 +108,12 @@ def model_size(state: ServerState) -> int:
 
 class ModelManager:
     """The served models. `loader` (None: only the models registered with `add` are served,
-    as a test's single fixed model) builds an engine and its scheduler for a path."""
+    as a test's single fixed model) builds an engine and its scheduler for a path; `ctx` is
+    the context it builds them with (-c, None for the file's), which /api/show reports for a
+    model not loaded."""
 
-    def __init__(self, loader: Loader | None = None, *, max_loaded: int = DEFAULT_MAX_LOADED,
+    def __init__(self, loader: Loader | None = None, *, ctx: int | None = None,
+                 max_loaded: int = DEFAULT_MAX_LOADED,
                  max_memory: int | None = None, keep_alive: float | None = DEFAULT_KEEP_ALIVE,
                  allow_paths: bool = False, load_timeout: float = 300.0,
                  api_key: str | None = None, body_limit: int | None = None,
@@ -118,6 +121,7 @@ class ModelManager:
         from localllm.server.common import DEFAULT_BODY_LIMIT
 
         self.loader = loader
+        self.ctx = ctx  # the context the loader builds engines with (-c; None: the file's)
         self.max_loaded, self.max_memory = max_loaded, max_memory
         self.keep_alive, self.allow_paths, self.load_timeout = keep_alive, allow_paths, load_timeout
         self.api_key = api_key

@@ -1,4 +1,5 @@
-"""Ollama's native API (/api/*): generate and chat (NDJSON streams by default), model info.
+"""Ollama's native API (/api/*): generate and chat (NDJSON streams by default); /api/show is
+show.py, the routes about the store model_routes.py.
 
 Field names, nanosecond durations, `done_reason` and the final chunk's metrics follow
 Ollama's `api/types.go`; intermediate chunks carry no metric keys (Go's omitempty). An error
@@ -20,7 +21,6 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 
 from localllm.generation.generate import Event
 from localllm.generation.repeat_guard import DEFAULT_MIN_TOKENS
-from localllm.generation.sampler_settings import door_settings, recommended
 from localllm.generation.scheduler import Request
 from localllm.server import access
 from localllm.server.common import (
@@ -50,7 +50,6 @@ from localllm.server.common import (
 )
 from localllm.server.logprobs import chat_content
 from localllm.server.logprobs import chat_setting as chat_logprobs
-from localllm.text.chat_caps import model_capabilities, ollama_capabilities
 from localllm.text.harmony import is_harmony_template
 
 NDJSON = "application/x-ndjson"
@@ -72,7 +71,7 @@ def _common(body: dict[str, Any], state: ServerState
             ) -> tuple[str, Any, bool, bool | str | None]:
     """(model, options, stream, think): think is None for a model that cannot think, else
     whether its reasoning is split out, or the level asked for (see `think_setting`)."""
-    model = state.resolve(body.get("model"))
+    model = state.reply_name(body.get("model"))
     stream = get(body, "stream", bool, True)
     get(body, "keep_alive", (int, float, str))
     unsupported(body, "images", "suffix")
@@ -220,7 +219,7 @@ async def _generate_prompt(state: ServerState, body: dict[str, Any], g: _Generat
 
 async def generate(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
-    state.resolve(body.get("model"))
+    state.reply_name(body.get("model"))
     require_generation(state, "generate")
     model, options, stream, think = _common(body, state)
     g = _GenerateInput.read(body)
@@ -265,7 +264,7 @@ def _chat_message(text: str, thinking: str, calls: list[dict[str, Any]] | None =
 
 async def chat(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
-    state.resolve(body.get("model"))
+    state.reply_name(body.get("model"))
     require_generation(state, "chat")
     model, options, stream, think = _common(body, state)
     messages = check_messages(body.get("messages", []))
@@ -311,64 +310,6 @@ def _line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
 
 
-def _parameters(md: Any, cfg: dict[str, Any]) -> dict[str, Any]:
-    """The `parameters` /api/show lists, under Ollama's option names: the sampling the model
-    file recommends (general.sampling.*, what every request starts from), then what
-    /api/create set for this name over it."""
-    names = {s.name: name for name, s in door_settings("ollama")}
-    advice = {names[k]: v for k, v in recommended(md).items() if k in names}
-    return {**advice, **(cfg.get("parameters") or {})}
-
-
-async def show(request: HttpRequest, state: ServerState) -> Response:
-    body = await read_json(request, state.body_limit)
-    state.resolve(body.get("model", body.get("name")))
-    verbose = get(body, "verbose", bool, False)
-    md = state.engine.metadata
-    info: dict[str, Any] = {}
-    for k, v in md.items():
-        if k == "tokenizer.chat_template":
-            continue
-        v = _jsonable(v)
-        if isinstance(v, list) and len(v) > 16 and not verbose:
-            v = []
-        info[k] = v
-    tmpl = md.get("tokenizer.chat_template")
-    if isinstance(tmpl, (bytes, bytearray)):
-        tmpl = bytes(tmpl).decode("utf-8", "replace")
-    cfg = state.config  # what /api/create set for this name
-    params = "\n".join(f"{k} {json.dumps(x) if isinstance(x, str) else x}"
-                       for k, v in _parameters(md, cfg).items()
-                       for x in (v if isinstance(v, list) else [v]))
-    return JSONResponse({
-        "modelfile": f"FROM {state.path.name}\n", "parameters": params,
-        "template": cfg.get("template") or tmpl or "", "system": cfg.get("system") or "",
-        "license": cfg.get("license") or str(md.get("general.license", "")),
-        "details": state.details(),
-        # what `localllm show` lists, from the template this server renders with
-        "model_info": info, "capabilities": ollama_capabilities(
-            model_capabilities(md, state.engine.template.caps)),
-        "modified_at": state.modified_at(),
-        "context_length": state.engine.n_ctx,  # served per slot (-c), as /api/ps says
-    })
-
-
-def _jsonable(v: Any) -> Any:
-    import numpy as np
-
-    from localllm.formats.strings import StringArray
-
-    if isinstance(v, (np.ndarray, StringArray)):  # a packed vocabulary too
-        return v.tolist()
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, (bytes, bytearray)):
-        return bytes(v).decode("utf-8", "replace")
-    if isinstance(v, list):
-        return [_jsonable(x) for x in v]
-    return v
-
-
 async def version(request: HttpRequest, state: ServerState) -> Response:
     return JSONResponse({"version": OLLAMA_VERSION})
 
@@ -377,5 +318,6 @@ async def root(request: HttpRequest, state: ServerState) -> Response:
     return PlainTextResponse("Ollama is running")
 
 
-async def not_supported(request: HttpRequest, state: ServerState) -> Response:
-    raise ApiError(501, f"{request.url.path} is not supported by this server yet")
+async def push(request: HttpRequest, state: ServerState) -> Response:
+    raise ApiError(501, "push is not supported: this server has no registry to push to (its "
+                        "models are files; copy the .gguf, or `localllm pull` it elsewhere)")

@@ -370,7 +370,7 @@ async def _chat_choice_events(chat: _Chat, i: int, s: Stream, finals: list[Event
 
 async def chat_completions(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
-    model = state.resolve(body.get("model"))
+    model = state.reply_name(body.get("model"))
     require_generation(state, "chat")
     chat = await _chat_start(request, state, body, model)
     if not get(body, "stream", bool, False):
@@ -470,7 +470,7 @@ async def _completion_choice_events(c: _Completion, i: int, s: Stream,
 
 async def completions(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
-    model = state.resolve(body.get("model"))
+    model = state.reply_name(body.get("model"))
     require_generation(state, "completions")
     c = await _completion_start(request, state, body, model)
     if not get(body, "stream", bool, False):
@@ -501,6 +501,9 @@ async def models(request: HttpRequest, state: ModelManager) -> Response:
 
 
 async def model(request: HttpRequest, state: ModelManager) -> Response:
-    name, path = state.lookup(request.path_params["model"])
+    """One model by name; its `id` is the name as asked, as Ollama's answers (the listing
+    gives the store's names)."""
+    asked = request.path_params["model"]
+    name, path = state.lookup(asked)
     lo = state.loaded_for(name)
-    return JSONResponse(_model_obj(name, lo.state.path if lo else path))
+    return JSONResponse(_model_obj(asked, lo.state.path if lo else path))

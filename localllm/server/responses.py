@@ -349,7 +349,7 @@ async def _collected(request: HttpRequest, state: ServerState, turn: _Turn) -> R
 
 async def responses(request: HttpRequest, state: ServerState) -> Response:
     body = await read_json(request, state.body_limit)
-    model = state.resolve(body.get("model"))
+    model = state.reply_name(body.get("model"))
     require_generation(state, "responses")
     turn = await _start(body, state, model)
     if not get(body, "stream", bool, False):

@@ -6,7 +6,8 @@ Layout under `store_dir()` (`LOCALLLM_MODELS`, default the user's data directory
                                                   sha256, source, added)
     blobs/sha256-<hex>.gguf                       the files, content-addressed: two names of
                                                   one file share it; `rm` frees it with its
-                                                  last name
+                                                  last name; the server's /api/blobs uploads
+                                                  land here too, named by /api/create
     partial/                                      downloads in progress (resumable); a file
                                                   here is never a model
     locks/                                        one lock per name: two pulls of one model
@@ -248,11 +249,16 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def blob_path(sha256: str) -> Path:
+    """Where the file of this sha256 (64 lower-case hex digits) lives in blobs/."""
+    return store_dir() / "blobs" / f"sha256-{sha256}.gguf"
+
+
 def add_blob(src: Path, sha256: str, move: bool = True) -> Path:
     """Put a verified file into blobs/ (renamed when on the same disk, else copied)."""
-    blobs = store_dir() / "blobs"
+    dst = blob_path(sha256)
+    blobs = dst.parent
     blobs.mkdir(parents=True, exist_ok=True)
-    dst = blobs / f"sha256-{sha256}.gguf"
     if dst.is_file() and dst.stat().st_size == src.stat().st_size:
         if move:
             src.unlink()
@@ -329,6 +335,21 @@ def import_file(src: Path, name_text: str, copy: bool = True) -> ModelEntry:
     with name_lock(name):
         blob = add_blob(src, sha, move=not copy)
         return write_manifest(name, name.tag or "latest", blob, sha, f"file:{src.name}")
+
+
+def name_blob(name_text: str, sha256: str, source: str,
+              config: dict | None = None) -> ModelEntry:
+    """A name for a file already in blobs/ (uploaded to the server's /api/blobs, then named
+    by /api/create's `files`). config: as `write_manifest`'s."""
+    name = parse_name(name_text)
+    if name.is_hf:
+        raise BadModelName("hf.co/... names are for `pull`; create a plain NAME[:TAG]")
+    blob = blob_path(sha256)
+    if not blob.is_file():
+        raise StoreError(f"no blob sha256:{sha256} in the store: upload it first "
+                         "(POST /api/blobs/sha256:...)")
+    with name_lock(name):
+        return write_manifest(name, name.tag or "latest", blob, sha256, source, config)
 
 
 def copy_model(src_text: str, src_path: Path, dst_text: str,
