@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("localllm.kernels",),
     ("localllm.kv",),
     ("localllm.models", "localllm.text", "localllm.store"),
-    ("localllm.engine",),
+    ("localllm.engine", "localllm.threads"),
     ("localllm.generation",),
     ("localllm.commands", "localllm.server", "localllm.tui", "localllm.cli",  # front doors
      "localllm.__main__"),
