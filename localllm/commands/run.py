@@ -405,4 +405,4 @@ def _line_chat(path: Path, ns: argparse.Namespace, cfg: SamplerConfig, spec: Spe
     conversation = Conversation(system=ns.system or "", config=cfg, max_tokens=ns.num_predict)
     return line_chat(ChatBackend(path, spec=spec, think=getattr(ns, "think", None),
                                  repeat_guard=repeat_guard(ns), **engine_options(ns)),
-                     conversation)
+                     conversation, verbose=ns.verbose)  # --verbose: each reply's figures
