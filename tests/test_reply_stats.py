@@ -6,6 +6,7 @@ and rates are checked against what was spent, not against themselves."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -136,3 +137,46 @@ def test_rate_rules_on_plain_figures() -> None:
     assert st.prompt_tps is None
     st.eval_s = 0.0
     assert st.eval_tps is None and status_speeds(st) is None and status_speeds(None) is None
+
+
+def test_the_app_forgets_old_speeds_on_model_load_and_new_chat(tmp_path: Path) -> None:
+    """The status bar's speeds are the last reply's of this model and this conversation:
+    /model, /load and Ctrl+N take them away (until the next reply brings its own)."""
+    import asyncio
+
+    from test_tui import SIZE, greedy, send, wait_for
+    from tiny_models import write_tiny_model
+
+    from localllm.tui.app import ChatApp
+    from localllm.tui.widgets import StatusBar
+
+    model = tmp_path / "tiny-qwen2-chat.gguf"
+    write_tiny_model(model, "qwen2", seed=7, name="tiny-chat")
+    saved = tmp_path / "saved.json"
+
+    async def scenario() -> None:
+        app = ChatApp(model, conversation=greedy(8), engine_opts={"n_ctx": 256})
+        async with app.run_test(size=SIZE) as pilot:
+            status = lambda: str(app.query_one(StatusBar).render())  # noqa: E731
+
+            async def reply_then(line: str) -> None:
+                await send(pilot, app, "Hello there, how are you today?")
+                assert " tok/s" in status()  # a prompt of more than 8 tokens: pp at least
+                app.input.load_text(line)
+                await pilot.press("enter")
+                await pilot.pause()
+
+            await wait_for(pilot, lambda: app.info is not None, "the model")
+            await reply_then(f"/save {saved}")
+            assert " tok/s" in status()  # saving changes nothing
+            await reply_then(f"/model {model}")
+            await wait_for(pilot, lambda: app.info is not None, "the model again")
+            assert " tok/s" not in status() and "ctx 0/256" in status()
+            await reply_then(f"/load {saved}")
+            assert " tok/s" not in status()
+            await reply_then("")
+            await pilot.press("ctrl+n")
+            await pilot.pause()
+            assert " tok/s" not in status()
+
+    asyncio.run(scenario())

@@ -625,6 +625,7 @@ class ChatApp(App[int]):
             conv.model = self.info.name
         await self._show_conversation()
         self.input.sent = [m["content"] for m in conv.messages if m["role"] == "user"]
+        self.update_status()
 
     async def _show_conversation(self) -> None:
         conv = self.conversation
