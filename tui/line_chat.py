@@ -282,7 +282,7 @@ class LineChat:
     def send(self, text: str) -> None:
         self.conv.messages.append({"role": "user", "content": text})
         final = _reply(self.backend, self.conv, self.out)
-        if final is None:
+        if final is None or final.stats is None:  # no reply, or stopped before it began
             return
         self.last = (final.stats, final.done_reason)
         if self.verbose:
