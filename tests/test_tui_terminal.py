@@ -158,3 +158,19 @@ def test_line_chat_in_a_dumb_terminal(smollm2_path: Path, tmp_path: Path) -> Non
         assert "What is the capital of France?" in history and "half a thought" not in history
     finally:
         term.close()
+
+
+@pytest.mark.parametrize("key", ["C-d", "C-c"])
+def test_line_chat_quits_on_a_key_at_an_empty_prompt(smollm2_path: Path, tmp_path: Path,
+                                                     key: str) -> None:
+    """Ctrl+D on an empty line (end of input) and Ctrl+C at an empty prompt end the line
+    chat with exit code 0."""
+    term = Tmux(["env", "TERM=dumb", f"XDG_DATA_HOME={tmp_path}", sys.executable, "-m",
+                 "localllm", "chat", str(smollm2_path), "-c", "256"])
+    try:
+        term.wait_for(lambda s: s.rstrip().endswith(">>>"), "the prompt", limit=600)
+        term.send(key)
+        term.wait_for(lambda s: "exit code " in s, f"the chat to end on {key}", limit=30)
+        assert "exit code 0" in term.screen()
+    finally:
+        term.close()
