@@ -11,6 +11,7 @@ tmux server the user already runs. Skipped where tmux is not installed.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shlex
 import shutil
@@ -28,9 +29,14 @@ pytestmark = [
 ]
 
 
+_SOCKETS = itertools.count()
+
+
 class Tmux:
     def __init__(self, command: list[str], size: tuple[int, int] = (80, 24)) -> None:
-        self.socket = f"localllm-test-{os.getpid()}"
+        # one server per terminal: a new one on the name of a server still shutting down
+        # (the previous test's) can fail to start
+        self.socket = f"localllm-test-{os.getpid()}-{next(_SOCKETS)}"
         env = {**os.environ, "TERM": "xterm-256color"}
         env.pop("TMUX", None)
         shell_cmd = " ".join(shlex.quote(c) for c in command)
