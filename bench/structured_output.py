@@ -59,7 +59,8 @@ def main() -> None:
                 for ev in generate(eng, ids, sampler, max_tokens=ns.tokens, spec=off,
                                    constraint=c, ignore_eos=not constrained):
                     final = ev
-                (con_tps if constrained else free_tps).append(final.stats.eval_tps)
+                if final.stats.eval_tps is not None:  # None: a one-token reply, no rate
+                    (con_tps if constrained else free_tps).append(final.stats.eval_tps)
                 if c is not None:
                     masks += c.n_masks
                     checks += c.n_checks

@@ -102,8 +102,8 @@ def test_line_chat_shows_thinking_on_stderr(models, tmp_path, capsys, monkeypatc
     out, err = capsys.readouterr()
     # the prompt opened <think> and the random reply never closes it: all thinking
     assert out == "\n\n" and Conversation.load(saved).messages[-1]["content"] == ""
-    thinking = err.split("\n")[0]
-    assert thinking.strip()
+    note, thinking = err.split("\n")[:2]  # the note: a pipe, not a terminal, so no app
+    assert note.startswith("note: stdin is not a terminal") and thinking.strip()
     monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
     assert main([*args, "--no-think"]) == 0
     out, err = capsys.readouterr()

@@ -418,10 +418,12 @@ def test_text_merging_stats_line_and_code_blocks() -> None:
     assert [e.text for e in merge_text(evs)] == ["ab", "", "c"]
     from localllm.generation.generate import GenerationStats
 
-    st = GenerationStats(prompt_tokens=30, prompt_eval_tokens=5, prompt_eval_s=0.5,
-                         eval_tokens=10, eval_s=2.0, draft_tokens=6, draft_accepted=4)
+    st = GenerationStats(prompt_tokens=30, prompt_eval_tokens=10, prompt_cached=20,
+                         prompt_eval_s=0.5, eval_tokens=10, eval_s=2.0, draft_tokens=6,
+                         draft_accepted=4)
     line = format_reply_stats(st, "cancelled")
-    assert line == ("10 tokens, 5.0 tok/s · prompt 5 evaluated + 25 cached, 10 tok/s · "
+    # 9 tokens decoded in the 2 s after the first (which came with the prompt's last step)
+    assert line == ("10 tokens, 4.5 tok/s · prompt 10 evaluated + 20 cached, 20 tok/s · "
                     "drafted 6, accepted 4 · stopped")
     from localllm.tui.widgets import StatusBar as Bar
 
@@ -679,12 +681,12 @@ def test_stats_of_a_reply_stopped_while_its_prompt_is_read() -> None:
     were never read, and are not called cached."""
     from localllm.generation.generate import GenerationStats
 
-    st = GenerationStats(prompt_tokens=850, prompt_eval_tokens=128, prompt_eval_s=1.0)
-    assert format_reply_stats(st, "cancelled", to_evaluate=838) == \
+    st = GenerationStats(prompt_tokens=850, prompt_eval_tokens=128, prompt_cached=12,
+                         prompt_eval_s=1.0)
+    assert format_reply_stats(st, "cancelled") == \
         "0 tokens · prompt 128 of 838 evaluated + 12 cached, 128 tok/s · stopped"
     st.prompt_eval_tokens = 838
-    assert format_reply_stats(st, "stop", False, to_evaluate=838) == \
-        "0 tokens · prompt 838 evaluated + 12 cached"
+    assert format_reply_stats(st, "stop", False) == "0 tokens · prompt 838 evaluated + 12 cached"
 
 
 def test_command_palette_lists_every_command_and_key(tiny_chat: Path) -> None:

@@ -50,6 +50,7 @@ from localllm.tui.backend import (
     is_final,
 )
 from localllm.tui.conversation import Conversation, ConversationFileError, resolve_chat_path
+from localllm.tui.reply_stats import format_reply_stats, stats_record, status_speeds
 from localllm.tui.widgets import (
     AssistantMessage,
     ChatInput,
@@ -146,53 +147,6 @@ def merge_counted(events: list[BackendEvent]) -> list[tuple[BackendEvent, int]]:
 
 def merge_text(events: list[BackendEvent]) -> list[BackendEvent]:
     return [ev for ev, _ in merge_counted(events)]
-
-
-def format_reply_stats(stats: Any, reason: str | None, show_rates: bool = True,
-                       to_evaluate: int | None = None) -> str:
-    """'42 tokens, 70.1 tok/s · prompt 25 evaluated + 312 cached · drafted 20, accepted 12'.
-
-    to_evaluate: the prompt tokens the cache did not hold (from the prompt-reading progress,
-    long prompts only). A reply stopped while its prompt was read evaluated fewer: the rest
-    was never read, and is not counted as cached ('prompt 128 of 838 evaluated + 0 cached')."""
-    if stats is None:
-        return ""
-    parts = [f"{stats.eval_tokens} tokens" + (f", {stats.eval_tps:.1f} tok/s" if show_rates
-                                               and stats.eval_tokens else "")]
-    evaluated = f"{stats.prompt_eval_tokens}"
-    cached = stats.prompt_tokens - stats.prompt_eval_tokens
-    if to_evaluate is not None and stats.prompt_eval_tokens < to_evaluate:
-        evaluated = f"{stats.prompt_eval_tokens} of {to_evaluate}"
-        cached = stats.prompt_tokens - to_evaluate
-    parts.append(f"prompt {evaluated} evaluated + {cached} cached"
-                 + (f", {stats.prompt_tps:.0f} tok/s" if show_rates and stats.prompt_eval_s
-                    else ""))
-    drafted = getattr(stats, "draft_tokens", 0)
-    if drafted:
-        parts.append(f"drafted {drafted}, accepted {getattr(stats, 'draft_accepted', 0)}")
-    if reason == "cancelled":
-        parts.append("stopped")
-    elif reason == "length":
-        parts.append("cut at the length limit")
-    elif reason == "repeat":  # the loop guard (generation/repeat_guard.py)
-        parts.append("cut: it was repeating itself")
-    return " · ".join(parts)
-
-
-def stats_record(stats: Any, reason: str | None) -> dict:
-    """The stats kept with a reply in a saved conversation."""
-    if stats is None:
-        return {"done_reason": reason}
-    return {
-        "done_reason": reason,
-        "tokens": stats.eval_tokens,
-        "tokens_per_s": round(stats.eval_tps, 2),
-        "prompt_tokens": stats.prompt_tokens,
-        "prompt_evaluated": stats.prompt_eval_tokens,
-        "prompt_tokens_per_s": round(stats.prompt_tps, 2),
-        "drafted": getattr(stats, "draft_tokens", 0),
-        "accepted": getattr(stats, "draft_accepted", 0),
-    }
 
 
 class ChatApp(App[int]):
@@ -411,10 +365,9 @@ class ChatApp(App[int]):
         reason = "cancelled" if turn.stopped else ev.done_reason
         if not turn.finished:
             await self._record(turn, reason)
-        to_evaluate = turn.progress.total if turn.progress else None
         turn.message["stats"] = stats_record(ev.stats, reason)
-        turn.widget.set_stats(format_reply_stats(ev.stats, reason, self.show_rates,
-                                                 to_evaluate), stopped=reason == "cancelled")
+        turn.widget.set_stats(format_reply_stats(ev.stats, reason, self.show_rates),
+                              stopped=reason == "cancelled")
         turn.done = True
         self.last_stats = ev.stats
         self.update_status()
@@ -662,6 +615,7 @@ class ChatApp(App[int]):
         await self._drop_turn()
         previous = conv.model
         self.conversation = conv
+        self.last_stats = None  # the speeds of a reply that is no longer on screen
         await self.view.remove_children()
         await self.say(f"Loaded {path} ({len(conv.messages)} messages).")
         if self.info is not None:
@@ -671,6 +625,7 @@ class ChatApp(App[int]):
             conv.model = self.info.name
         await self._show_conversation()
         self.input.sent = [m["content"] for m in conv.messages if m["role"] == "user"]
+        self.update_status()
 
     async def _show_conversation(self) -> None:
         conv = self.conversation
@@ -732,11 +687,11 @@ class ChatApp(App[int]):
         if turn is not None and not turn.done and not turn.stopped:
             return info.name, facts + turn.live_facts(self.show_rates)
         st = self.last_stats
-        if st is not None and self.show_rates:
-            facts.append(f"pp {st.prompt_tps:.0f} tg {st.eval_tps:.1f} tok/s")
-        drafted = getattr(st, "draft_tokens", 0) if st is not None else 0
-        if drafted:
-            facts.append(f"spec {100 * getattr(st, 'draft_accepted', 0) / drafted:.0f}%")
+        speeds = status_speeds(st) if self.show_rates else None
+        if speeds:
+            facts.append(speeds)
+        if st is not None and st.draft_tokens:
+            facts.append(f"spec {100 * st.acceptance:.0f}%")
         return info.name, facts
 
 

@@ -1,13 +1,15 @@
 """`localllm chat [MODEL]`: its options and entry point.
 
 Kept apart from tui/app.py so that building the command line never imports Textual: the
-entry chooses the model, then starts the app, or the line chat with --no-tui or when stdin
-or stdout is not a terminal (a pipe, a file).
+entry chooses the model, then starts the app, or the line chat (tui/line_chat.py) with
+--no-tui, or by itself where the app cannot run (`app_unavailable`: stdin or stdout not a
+terminal, or TERM=dumb), saying so in one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from localllm.commands.options import (
@@ -33,7 +35,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("-n", "--num-predict", type=int, default=-1, help="max tokens per reply (-1: until the end of the turn)")
     p.add_argument("--load", default=None, metavar="FILE", help="resume a saved conversation (JSON)")
-    p.add_argument("--no-tui", action="store_true", help="plain line chat instead of the app (also when stdin or stdout is not a terminal)")
+    p.add_argument("--no-tui", action="store_true", help="the line chat (readline, like `ollama run`) instead of the app; also chosen when stdin or stdout is not a terminal, or TERM=dumb")
+    p.add_argument("--verbose", action="store_true", help="line chat: the figures (tokens, speeds, cache) after each reply (/set verbose)")
     add_think_opt(p)
     add_model_opts(p)
     add_sampling_opts(p)
@@ -75,13 +78,28 @@ def cmd_chat(ns: argparse.Namespace) -> int:
         spec.draft_model = str(resolve_model(spec.draft_model))
     backend = ChatBackend(choice.path, spec=spec, think=ns.think, repeat_guard=repeat_guard(ns),
                           **engine_options(ns))
-    if ns.no_tui or not tty:
-        return line_chat(backend, conversation, choice.note)
+    why = app_unavailable()
+    if ns.no_tui or why:
+        if why and not ns.no_tui:
+            print(f"note: {why}: the line chat (/? lists its commands)", file=sys.stderr)
+        return line_chat(backend, conversation, choice.note, verbose=ns.verbose)
     from localllm.tui.app import ChatApp
 
     app = ChatApp(choice.path, conversation=conversation, note=choice.note, backend=backend)
     app.run()
     return app.return_code or 0
+
+
+def app_unavailable() -> str | None:
+    """Why the app cannot run here (None: it can). It needs a terminal on stdin and stdout,
+    one that can move the cursor: TERM=dumb (Emacs' shell, some CI consoles) cannot."""
+    if not sys.stdin.isatty():
+        return "stdin is not a terminal"
+    if not sys.stdout.isatty():
+        return "stdout is not a terminal"
+    if os.environ.get("TERM", "") == "dumb":
+        return "TERM=dumb"
+    return None
 
 
 def _ask_pull() -> bool:

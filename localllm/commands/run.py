@@ -78,6 +78,11 @@ def _fmt_s(s: float) -> str:
     return f"{s * 1000:.2f}ms" if s < 1 else f"{s:.3f}s"
 
 
+def _fmt_rate(tps: float | None) -> str:
+    # None: too few tokens to time (GenerationStats.prompt_tps / eval_tps say why)
+    return f"{tps:.2f} tokens/s" if tps is not None else "- (too few tokens for a rate)"
+
+
 def output_format(ns: argparse.Namespace) -> object | None:
     """--format / --json-schema as make_constraint's ``fmt``, checked before the model loads
     (a bad schema is one error line, not a failure mid-generation)."""
@@ -357,17 +362,17 @@ def verbose_report(engine: Engine, final: Event, load_s: float, total_s: float,
                    speculating: bool) -> list[str]:
     """`run --verbose`: Ollama's timing lines, then the cache, memory and threads."""
     st, kv = final.stats, engine.kv
-    cached = st.prompt_tokens - st.prompt_eval_tokens
+    cached = st.prompt_cached
     lines = [
         f"total duration:       {_fmt_s(total_s)}",
         f"load duration:        {_fmt_s(load_s)}",
         f"prompt eval count:    {st.prompt_eval_tokens} token(s)"
         + (f" ({cached} from cache)" if cached else ""),
         f"prompt eval duration: {_fmt_s(st.prompt_eval_s)}",
-        f"prompt eval rate:     {st.prompt_tps:.2f} tokens/s",
+        f"prompt eval rate:     {_fmt_rate(st.prompt_tps)}",
         f"eval count:           {st.eval_tokens} token(s)",
         f"eval duration:        {_fmt_s(st.eval_s)}",
-        f"eval rate:            {st.eval_tps:.2f} tokens/s",
+        f"eval rate:            {_fmt_rate(st.eval_tps)}",
     ]
     if st.draft_tokens:
         lines.append(f"draft tokens:         {st.draft_tokens} drafted, {st.draft_accepted} "
@@ -400,4 +405,4 @@ def _line_chat(path: Path, ns: argparse.Namespace, cfg: SamplerConfig, spec: Spe
     conversation = Conversation(system=ns.system or "", config=cfg, max_tokens=ns.num_predict)
     return line_chat(ChatBackend(path, spec=spec, think=getattr(ns, "think", None),
                                  repeat_guard=repeat_guard(ns), **engine_options(ns)),
-                     conversation)
+                     conversation, verbose=ns.verbose)  # --verbose: each reply's figures

@@ -41,13 +41,27 @@ if TYPE_CHECKING:
     from localllm.generation.request import Handle, Request
 
 
+# The fewest prompt tokens read whose time makes a reading speed: a few tokens cost about one
+# step's latency (a decode step's: the weights are read once either way), so "1 token in
+# 17 ms" reported as a prompt rate would be the decode speed under another name.
+MIN_PROMPT_RATE_TOKENS = 8
+
+
 @dataclass
 class GenerationStats:
+    """A reply's figures; every front door shows these (the chat's stats line and status
+    bar, `run --verbose` and --json, the server's counts), so their rules live here.
+
+    prompt_tokens = prompt_cached + prompt_eval_tokens, plus any the request never read
+    (cancelled while its prompt was evaluated). Rates are None where there is nothing
+    honest to divide (see prompt_tps, eval_tps)."""
+
     prompt_tokens: int = 0  # tokens in the prompt
-    prompt_eval_tokens: int = 0  # of those, evaluated (the rest came from the cache)
-    prompt_eval_s: float = 0.0
+    prompt_eval_tokens: int = 0  # of those, evaluated (read) by this request
+    prompt_cached: int = 0  # of those, already in the KV cache (never evaluated)
+    prompt_eval_s: float = 0.0  # time of the steps that read prompt tokens (not recomputation)
     eval_tokens: int = 0  # generated tokens
-    eval_s: float = 0.0
+    eval_s: float = 0.0  # from the first generated token to the end
     total_s: float = 0.0
     context_shifts: int = 0
     draft_tokens: int = 0  # tokens proposed by the drafter and verified
@@ -56,12 +70,26 @@ class GenerationStats:
     reuse_note: str | None = None  # why less of the cached prefix was reused than shared
 
     @property
-    def prompt_tps(self) -> float:
-        return self.prompt_eval_tokens / self.prompt_eval_s if self.prompt_eval_s > 0 else 0.0
+    def prompt_unread(self) -> int:
+        """Prompt tokens neither cached nor evaluated: the request ended (cancelled) first."""
+        return max(0, self.prompt_tokens - self.prompt_cached - self.prompt_eval_tokens)
 
     @property
-    def eval_tps(self) -> float:
-        return self.eval_tokens / self.eval_s if self.eval_s > 0 else 0.0
+    def prompt_tps(self) -> float | None:
+        """Prompt tokens read per second of reading them; None below MIN_PROMPT_RATE_TOKENS
+        (a prompt all cached but its last token has no reading speed to show)."""
+        if self.prompt_eval_tokens < MIN_PROMPT_RATE_TOKENS or self.prompt_eval_s <= 0:
+            return None
+        return self.prompt_eval_tokens / self.prompt_eval_s
+
+    @property
+    def eval_tps(self) -> float | None:
+        """Generated tokens per second of decoding. The first token comes from the prompt's
+        last step (its time is the prompt's), so eval_s covers the other eval_tokens - 1:
+        None for a reply of one token (no decode step was timed)."""
+        if self.eval_tokens < 2 or self.eval_s <= 0:
+            return None
+        return (self.eval_tokens - 1) / self.eval_s
 
     @property
     def acceptance(self) -> float:
@@ -156,6 +184,7 @@ class Sequence:
         self.slot, self.pos, self.pending = slot, keep, self.prompt[keep:]
         self.status = Status.PREFILLING
         self.stats.reuse_note = note
+        self.stats.prompt_cached = keep
         self._progress_total = self._prompt_left = len(self.pending)
 
     def cached_tokens(self) -> list[int]:
@@ -201,10 +230,12 @@ class Sequence:
             self._prompt_entries(rows)
         self.pos += n
         self.pending = self.pending[n:]
-        self.stats.prompt_eval_s += dt
         counted = min(n, self._prompt_left)
         self._prompt_left -= counted
         self.stats.prompt_eval_tokens += counted
+        # the step's time goes to the prompt for the prompt tokens it read; re-evaluating
+        # what preemption or a context shift dropped is not reading the prompt
+        self.stats.prompt_eval_s += dt * counted / n
         if self.req.progress and counted:
             done = self._progress_total - self._prompt_left
             self.handle.emit(Event(progress=(done, self._progress_total)))

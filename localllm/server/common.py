@@ -570,7 +570,7 @@ class Stream:
                 raise ApiError(500, f"generation failed: {ev}")
             if ev.done:
                 st = ev.stats
-                access.note_tokens(st.prompt_tokens, st.prompt_tokens - st.prompt_eval_tokens,
+                access.note_tokens(st.prompt_tokens, st.prompt_cached,
                                    st.eval_tokens)
             return ev
 

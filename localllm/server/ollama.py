@@ -62,7 +62,7 @@ def _metrics(ev: Event, t0: float) -> dict[str, Any]:
             # the whole prompt, as Ollama counts it; the part the prefix cache held is in
             # prompt_cache_count (ours: Ollama has no such field)
             "prompt_eval_count": st.prompt_tokens,
-            "prompt_cache_count": st.prompt_tokens - st.prompt_eval_tokens,
+            "prompt_cache_count": st.prompt_cached,
             "prompt_eval_duration": ns(st.prompt_eval_s),
             "eval_count": st.eval_tokens, "eval_duration": ns(st.eval_s)}
 

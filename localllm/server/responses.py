@@ -203,7 +203,7 @@ class _Reply:
         if ev is not None and ev.stats is not None:
             p, c = ev.stats.prompt_tokens, ev.stats.eval_tokens
             usage = {"input_tokens": p, "output_tokens": c, "total_tokens": p + c,
-                     "input_tokens_details": {"cached_tokens": p - ev.stats.prompt_eval_tokens},
+                     "input_tokens_details": {"cached_tokens": ev.stats.prompt_cached},
                      "output_tokens_details": {"reasoning_tokens": 0}}
         incomplete = {"reason": "max_output_tokens"} \
             if ev is not None and ev.done_reason == "length" else None
