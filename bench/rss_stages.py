@@ -133,6 +133,9 @@ def main() -> int:
     eng.path, eng.n_threads, eng.gf, eng.metadata = Path(path), set_threads(None), gf, gf.metadata
     eng.model, eng.cfg, eng.tokenizer, eng._template = model, model.cfg, tok, None
     eng.n_ctx, eng.n_batch = a.ctx, 512
+    from localllm.threads import ThreadTuner
+
+    eng.threads_requested, eng.threads = None, ThreadTuner(eng.n_threads)
     from localllm.kv.cache import KVCache
 
     cfg = model.cfg
