@@ -50,6 +50,7 @@ from numba.extending import intrinsic, overload
 
 from localllm.formats.qtypes import Q4_0_BYTES, Q8_0_BYTES, QK
 from localllm.kernels.cpu import poison
+from localllm.kernels.cpu.claim import MAX_WORKERS, new_counter, next_task
 from localllm.kernels.cpu.halfbits import f32_to_f16_bits as _f2h
 from localllm.kernels.cpu.halfbits import u32_as_f32 as _u32_as_f32
 from localllm.kernels.cpu.simd import F32x8, fma_f, hsumf, ld_f32x8, mulf, splatf, zerof
@@ -883,13 +884,18 @@ def _attention_kernel(
     n_items = (tiles.shape[0] - 1) * n_hkv * n_chunks
     # one work item per iteration, compiled as its own function: Numba's parallel passes then
     # see a loop of one call instead of the whole body (most of the compile time before)
-    for it in prange(n_items):
-        # (prange's index is unsigned inside the parallel region: int64 keeps it to one
-        # compiled signature of the item)
-        _attention_item(np.int64(it), q, ks, vs, (q_pos, row_slot), (kv_pos, table, blk),
-                        (window, scale, softcap, sinks), (tiles, rows_per_tile, n_hkv, c_lo, n_chunks),
-                        (out, part_m, part_l, part_acc),
-                        _item_buffers(q, out, rows_per_tile, n_hkv))
+    # items are taken as threads come free (kernels/cpu/claim.py): a late thread holds back
+    # only the item it has
+    counter = new_counter()
+    for _ in prange(min(MAX_WORKERS, n_items)):
+        it = next_task(counter)
+        while it < n_items:
+            _attention_item(it, q, ks, vs, (q_pos, row_slot), (kv_pos, table, blk),
+                            (window, scale, softcap, sinks),
+                            (tiles, rows_per_tile, n_hkv, c_lo, n_chunks),
+                            (out, part_m, part_l, part_acc),
+                            _item_buffers(q, out, rows_per_tile, n_hkv))
+            it = next_task(counter)
     if n_chunks == 1:
         return
     for rh in prange(q.shape[0] * q.shape[1]):

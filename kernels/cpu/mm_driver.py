@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
 from llvmlite import ir
 from numba import carray, cfunc, njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from localllm.kernels.cpu import dequant
+from localllm.kernels.cpu.claim import MAX_WORKERS, new_counter, next_task
 from localllm.kernels.cpu.cpu_features import FEATURES
 from localllm.kernels.cpu.mm_b32 import (
     _b32_mode,
@@ -104,25 +104,6 @@ def _call_kernel(typingctx, fn, a):
         return context.get_dummy_value()
 
     return types.void(types.int64, a), codegen
-
-
-@intrinsic
-def _claim(typingctx, addr):
-    """Atomically add 1 to the int64 at address `addr` and return its old value: the next
-    task index of a parallel region whose threads take tasks as they come free."""
-    if addr != types.int64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
-        return builder.atomic_rmw("add", ptr, ir.Constant(ir.IntType(64), 1), "monotonic")
-
-    return types.int64(types.int64), codegen
-
-
-# prange iterations of the claiming drivers: at least the thread count (each thread runs one
-# or more and each claims until no task is left; numba.get_num_threads() would stop caching)
-_MAX_WORKERS = 256
 
 
 _DOT1 = {Q2_K: _dot1_k23, Q3_K: _dot1_k23, Q4_K: _dot1_k45, Q5_K: _dot1_k45, Q6_K: _dot1_q6k,
@@ -482,16 +463,15 @@ def _mm_simd(fn, kind, w, x, out, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, grou
     # each thread takes the next group as it comes free (not a fixed share), so a thread
     # that starts late or is descheduled holds back only the group it has: any group gets
     # the same bits whichever thread computes it
-    claims = np.zeros(8, np.int64)  # the claim counter, alone on its cache line
-    ca = _addr(claims)
-    for _ in prange(min(_MAX_WORKERS, n_groups)):  # a worker that finds none left ends
-        g = _claim(ca)
+    counter = new_counter()
+    for _ in prange(min(MAX_WORKERS, n_groups)):  # a worker that finds none left ends
+        g = next_task(counter)
         while g < n_groups:
             r0 = g * group
             r1 = min(rows, r0 + group)
             _call_kernel(fn, (wp, rows, rb, r0, r1, nb, k, a_xq, a_xd, a_xs, a_xbs, a_xb2,
                               a_xf, op, ldo, n_act))
-            g = _claim(ca)
+            g = next_task(counter)
 
 
 
@@ -525,10 +505,9 @@ def _mm_multi(tab, kind, x, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, par, quantized
             _call_kernel(t[T_FN], (t[T_W], t[T_ROWS], t[T_RB], 0, t[T_ROWS], t[T_NB], k, a_xq,
                                    a_xd, a_xs, a_xbs, a_xb2, a_xf, t[T_OUT], t[T_LDO], n_act))
         return
-    claims = np.zeros(8, np.int64)  # tasks taken as threads come free, as in _mm_simd
-    ca = _addr(claims)
-    for _ in prange(min(_MAX_WORKERS, n_tasks)):
-        task = _claim(ca)
+    counter = new_counter()  # tasks taken as threads come free, as in _mm_simd
+    for _ in prange(min(MAX_WORKERS, n_tasks)):
+        task = next_task(counter)
         while task < n_tasks:
             m = 0
             while m + 1 < m_w and tab[m + 1, T_TASK0] <= task:
@@ -538,4 +517,4 @@ def _mm_multi(tab, kind, x, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, par, quantized
             r1 = min(t[T_ROWS], r0 + t[T_GROUP])
             _call_kernel(t[T_FN], (t[T_W], t[T_ROWS], t[T_RB], r0, r1, t[T_NB], k, a_xq,
                                    a_xd, a_xs, a_xbs, a_xb2, a_xf, t[T_OUT], t[T_LDO], n_act))
-            task = _claim(ca)
+            task = next_task(counter)
