@@ -14,6 +14,7 @@ happened (`prefill` -> `Prefill`) instead of leaving notes on itself.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,15 +60,22 @@ class Engine:
         v_type: str | None = None,
         kv_memory: int | None = None,
         device: str = "cpu",
+        stage: Callable[[str], None] | None = None,
     ) -> None:
+        """stage: told what the load does next ("mapping the file", "reading the
+        tokenizer", "loading the weights", "allocating the KV cache"), for a front door
+        that shows the load's progress (the chat's loading screen)."""
+        say = stage or (lambda _what: None)
         if device not in ("cpu", "cuda", "auto"):
             raise InvalidValueError(f"unknown device {device!r} (cpu, cuda or auto)")
         self.path = Path(model_path)
         self.n_threads = set_threads(n_threads)
+        say("mapping the file")
         self.gf: GGUFFile = read_gguf(self.path)
         self.metadata = self.gf.metadata
         from localllm.text.tokenizer import Tokenizer
 
+        say("reading the tokenizer")
         self.tokenizer = Tokenizer.from_metadata(self.metadata)
         self.n_batch = max(1, n_batch)
         kv_opts = dict(n_slots=n_slots, k_type=kv_type, v_type=v_type, n_batch=self.n_batch,
@@ -81,21 +89,23 @@ class Engine:
 
             if resolve_device("auto") == "cuda":
                 try:
-                    self._build("cuda", n_ctx, kv_opts)
+                    self._build("cuda", n_ctx, kv_opts, say)
                     on_gpu = True
                 except Exception as e:  # noqa: BLE001 - GPU too small, model it cannot run
                     self.device_note = (f"the GPU could not take this model "
                                         f"({e.__class__.__name__}: {e}); running on the CPU")
             device = "cpu"
         if not on_gpu:
-            self._build(device, n_ctx, kv_opts)
+            self._build(device, n_ctx, kv_opts, say)
         self._template = None
 
-    def _build(self, device: str, n_ctx: int | None, kv_opts: dict) -> None:
+    def _build(self, device: str, n_ctx: int | None, kv_opts: dict,
+               say: Callable[[str], None]) -> None:
         """The model and its KV cache on `device` (sets model, cfg, n_ctx, kv, device)."""
         if device == "cuda" and is_encoder_arch(str(self.metadata.get("general.architecture"))):
             raise ModelError("embedding models (bert, nomic-bert) run on the CPU only: "
                              "use --device cpu")
+        say("loading the weights")
         if device == "cuda":
             # the same model, its raw blocks uploaded once (models/cuda_model.py); the
             # cache's books stay here and its storage goes to the GPU (localllm/kv/cuda.py)
@@ -114,6 +124,7 @@ class Engine:
             n_ctx = min(n_ctx, model.max_positions)
         if n_ctx <= 0:
             raise InvalidValueError(f"context size must be positive, got {n_ctx}")
+        say("allocating the KV cache")
         if getattr(model, "is_encoder", False):
             # an encoder keeps no K/V (embeddings run whole inputs through Engine.encode):
             # a token-sized placeholder, so the engine's shape stays the same for its callers

@@ -26,9 +26,18 @@ from localllm.tui import commands
 from localllm.tui.app import ChatApp, code_blocks, format_reply_stats, merge_text
 from localllm.tui.backend import ChatBackend, Handle, drop_oldest_turns, split_turns
 from localllm.tui.conversation import Conversation, ConversationFileError
+from localllm.tui.model_picker import ModelPickerScreen
 from localllm.tui.widgets import AssistantMessage, ConfirmScreen, StatusBar, UserMessage
 
 SIZE = (80, 24)  # the smallest terminal the app promises to work in
+
+
+@pytest.fixture(autouse=True)
+def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The chat saves itself after every reply (tui/chat_store.py): into a folder of the
+    test's own, never the user's."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    return tmp_path / "data"
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +140,11 @@ def test_three_turns_commands_save_and_load(tiny_chat: Path, tmp_path: Path) -> 
             await pilot.press("ctrl+n")
             await pilot.pause()
             assert app.conversation.messages == [] and not app.view.query(AssistantMessage)
+            # a new chat clears the context too: the cache keeps the system prompt only
+            first_prompt = records[0]["stats"]["prompt_tokens"]
+            await wait_for(pilot, lambda: 0 < app.backend.context_used() < first_prompt - 1,
+                           "the context trimmed to the system prompt")
+            assert f"ctx {app.backend.context_used()}/512" in str(app.query_one(StatusBar).render())
 
             await command(pilot, app, f"/load {saved}")
             assert any("Loaded" in str(n.render()) for n in app.view.query(".note"))
@@ -138,17 +152,20 @@ def test_three_turns_commands_save_and_load(tiny_chat: Path, tmp_path: Path) -> 
                 [m["content"] for m in msgs]
             assert app.conversation.system == "You are terse."
             assert len(app.view.query(AssistantMessage)) == 3
-            # the same model and prefix: the cache still holds the loaded conversation (the
-            # third turn's prompt at least; a reply's text may tokenize differently than the
-            # tokens that were sampled, so its end can be evaluated again)
+            # the new chat cleared the context: the loaded turns are read again, all but the
+            # system prompt the cache kept
             fourth = (await send(pilot, app, "Thanks"))["stats"]
-            assert fourth["prompt_evaluated"] < \
-                fourth["prompt_tokens"] - records[-1]["stats"]["prompt_tokens"]
+            assert fourth["prompt_tokens"] - first_prompt < fourth["prompt_evaluated"] < \
+                fourth["prompt_tokens"]
+            # and with the turns in the cache, a fifth evaluates only its own
+            fifth = (await send(pilot, app, "Again"))["stats"]
+            assert fifth["prompt_evaluated"] <= fifth["prompt_tokens"] - fourth["prompt_tokens"]
 
     asyncio.run(scenario())
     data = json.loads(saved.read_text())
     assert data["format"] == "localllm-chat" and data["system"] == "You are terse."
-    assert data["settings"]["temperature"] == 0.0 and len(data["messages"]) == 6
+    # /load FILE makes FILE this chat's: its later replies were saved there
+    assert data["settings"]["temperature"] == 0.0 and len(data["messages"]) == 10
 
 
 class GatedBackend(ChatBackend):
@@ -239,7 +256,7 @@ def test_context_full_offers_to_drop_the_oldest_turns(tiny_chat: Path) -> None:
 def test_long_prompt_progress_cancel_and_resume(tiny_chat: Path) -> None:
     """A long prompt is evaluated in chunks with Progress events; cancelling between chunks
     ends the job at once, and asking again re-uses the chunks already evaluated."""
-    from localllm.tui.backend import PREFILL_CHUNK, Loaded, Progress
+    from localllm.tui.backend import PREFILL_CHUNK, Loaded, LoadStage, Progress
 
     class CancelOnProgress(ChatBackend):
         def _submit(self, kind: str, **args) -> Handle:
@@ -256,7 +273,14 @@ def test_long_prompt_progress_cancel_and_resume(tiny_chat: Path) -> None:
 
     backend = CancelOnProgress(tiny_chat, n_ctx=2048)
     backend.cancel_at_progress = True
-    assert isinstance(next(iter(backend.start())), Loaded)
+    # the load's stages, as the loading screen shows them, then Loaded
+    *stages, loaded = backend.start(stages=True)
+    assert isinstance(loaded, Loaded) and all(isinstance(e, LoadStage) for e in stages)
+    assert [e.what for e in stages[:4]] == ["mapping the file", "reading the tokenizer",
+                                            "loading the weights", "allocating the KV cache"]
+    # the kernels: loaded from the disk cache (counted), or compiled on a first run
+    assert all("kernels" in e.what for e in stages[4:]) and stages[4:]
+    assert stages[-1].total > 0 or "compiling" in stages[-1].what
     msgs = [{"role": "user", "content": " ".join(f"item {i}," for i in range(120))}]
     try:
         events = list(backend.submit(msgs, SamplerConfig(temperature=0.0), 4))
@@ -507,7 +531,8 @@ def test_copy_gives_clean_text_and_model_errors_stay_in_the_chat(tiny_chat: Path
             assert said.startswith("/model: ") and "nope.gguf" in said
             assert app.info is not None and app.info.name == "tiny-qwen2-chat"
             # another model: loaded on the engine thread, the conversation goes on with it
-            await command(pilot, app, f"/model {other}")
+            # (kept: a switch starts a new chat otherwise)
+            await command(pilot, app, f"/model {other} --keep")
             await wait_for(pilot, lambda: app.info is not None and app.info.name == "other",
                            "the other model")
             rec = await send(pilot, app, "still there?")
@@ -699,18 +724,26 @@ def test_command_palette_lists_every_command_and_key(tiny_chat: Path) -> None:
         assert {u for u, _, _ in commands.PALETTE.values()} <= set(entries)
         assert "Theme" not in entries and "Ctrl+J" in entries["New line"]
         for key in ("Esc", "PageUp", "PageDown", "Home", "End", "Ctrl+N", "Ctrl+L", "Ctrl+Q",
-                    "Ctrl+D"):
+                    "Ctrl+D", "Ctrl+R", "Ctrl+E", "Ctrl+O", "Ctrl+G"):
             assert any(key in h for h in entries.values()), key
         await pilot.press("ctrl+p")
         await pilot.pause()
         assert isinstance(app.screen, CommandPalette)
-        for c in "/model":
+        for c in "/load":
             await pilot.press(c)
         await pilot.pause(0.3)
         await pilot.press("enter")
         await pilot.pause()
         assert not isinstance(app.screen, CommandPalette)
-        assert app.input.text == "/model " and app.focused is app.input
+        assert app.input.text == "/load " and app.focused is app.input
+        # /model needs no argument: it opens the picker
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        for c in "/model":
+            await pilot.press(c)
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelPickerScreen), "the picker")
 
     run_app(tiny_chat, script)
 

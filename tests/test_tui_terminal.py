@@ -27,9 +27,12 @@ pytestmark = [
 
 
 class Tmux:
-    def __init__(self, command: list[str], size: tuple[int, int] = (80, 24)) -> None:
+    def __init__(self, command: list[str], size: tuple[int, int] = (80, 24),
+                 data_home: Path | None = None) -> None:
         self.socket = f"localllm-test-{os.getpid()}"
         env = {**os.environ, "TERM": "xterm-256color"}
+        if data_home is not None:  # the chat saves itself after each reply: not in $HOME
+            env["XDG_DATA_HOME"] = str(data_home)
         env.pop("TMUX", None)
         shell_cmd = " ".join(shlex.quote(c) for c in command)
         self._tmux("new-session", "-d", "-s", "chat", "-x", str(size[0]), "-y", str(size[1]),
@@ -67,9 +70,9 @@ def status_line(screen: str) -> str:
     return screen.rstrip("\n").splitlines()[-2]  # above the key hints
 
 
-def test_chat_in_a_real_terminal(smollm2_path: Path) -> None:
+def test_chat_in_a_real_terminal(smollm2_path: Path, tmp_path: Path) -> None:
     term = Tmux([sys.executable, "-m", "localllm", "chat", str(smollm2_path), "-c", "1024",
-                 "-n", "24", "--seed", "1"])
+                 "-n", "24", "--seed", "1"], data_home=tmp_path)
     try:
         name = smollm2_path.name.removesuffix(".gguf")
         term.wait_for(lambda s: f"{name} ready" in s, "the model", limit=600)
