@@ -89,12 +89,13 @@ class LoadingScreen(ModalScreen[None]):
         return out
 
     def _refresh(self) -> None:
-        if not self.is_mounted:
+        stages, clock = self.query("#loading-stages"), self.query("#loading-elapsed")
+        if not stages or not clock:  # not composed yet, or already being taken down
             return
         lines = self.lines()
         if lines:
-            self.query_one("#loading-stages", Static).update("\n".join(lines))
+            stages.first(Static).update("\n".join(lines))
         elapsed = (f"{time.monotonic() - self.started:.1f} s elapsed" if self.show_times
                    else "")
-        self.query_one("#loading-elapsed", Static).update(
+        clock.first(Static).update(
             " · ".join(x for x in (elapsed, "Esc hides this · Ctrl+Q quits") if x))
