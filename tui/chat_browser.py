@@ -55,9 +55,10 @@ class ChatBrowserScreen(ModalScreen[Browsed]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="browser"):
-            yield Static(f"Saved chats ({self.folder})", markup=False, id="browser-title")
+            yield Static("Saved chats", markup=False, id="browser-title")
             table: DataTable = DataTable(cursor_type="row", zebra_stripes=True)
-            table.add_columns("NAME", "MODEL", "DATE", "TURNS", "FIRST MESSAGE")
+            # the model last: a long name is what an 80-column screen cuts
+            table.add_columns("NAME", "TURNS", "DATE", "MODEL")
             yield table
             yield Input(placeholder="new name, Enter renames, Esc cancels", id="browser-rename")
             yield Static("", markup=False, id="browser-said")
@@ -74,7 +75,7 @@ class ChatBrowserScreen(ModalScreen[Browsed]):
         row = table.cursor_row
         table.clear()
         for c in self.chats:
-            table.add_row(c.name, c.model or "?", c.date(), str(c.turns), c.title[:40])
+            table.add_row(c.name, str(c.turns), c.date(), c.model or "?")
         if self.chats:
             table.move_cursor(row=min(row, len(self.chats) - 1))
         if not self.chats:

@@ -62,7 +62,6 @@ class SavedChat:
     model: str
     saved: float  # when last written (the file's own record; its mtime if it has none)
     turns: int  # user messages
-    title: str  # the first user message, one line
 
     @property
     def name(self) -> str:
@@ -82,8 +81,7 @@ def read_summary(path: Path) -> SavedChat | None:
     users = [m["content"] for m in conv.messages if m["role"] == "user"]
     saved = d.get("saved")
     when = float(saved) if isinstance(saved, (int, float)) else path.stat().st_mtime
-    title = users[0].split("\n", 1)[0] if users else ""
-    return SavedChat(path, conv.model, when, len(users), title)
+    return SavedChat(path, conv.model, when, len(users))
 
 
 def list_chats(folder: Path) -> list[SavedChat]:
