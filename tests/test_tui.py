@@ -13,6 +13,7 @@ import asyncio
 import io
 import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -926,6 +927,12 @@ def test_model_picker_switches_with_the_new_models_sampling(tiny_chat: Path, oth
         assert [r.name for r in picker.rows] == ["tiny-chat:latest", "advised:latest",
                                                   "tiny-base:latest"]
         assert all(r.quant == "F32" and r.size.endswith("KB") for r in picker.rows)
+        # a file no store lists (opened by its path) is listed too, first
+        mine = other_models["advised"].with_name("mine.gguf")
+        shutil.copy(tiny_chat, mine)
+        rows = ModelPickerScreen(mine).rows
+        assert [(r.name, r.where) for r in rows[:2]] == [("mine.gguf", "file"),
+                                                          ("tiny-chat:latest", "localllm")]
         await pilot.press("escape")  # nothing changes
         await pilot.pause()
         assert app.screen is app.screen_stack[0] and len(app.conversation.messages) == 2

@@ -1,6 +1,7 @@
 """The model picker (Ctrl+O, `/model` with no argument): the installed models, as
 `localllm list` finds them (localllm's store, the built-in model, Ollama's, the Hugging Face
-cache's, LM Studio's: localllm/store/), with size, quant and where they live. Enter
+cache's, LM Studio's: localllm/store/), with size, quant and where they live (and the file
+in use when no store lists it). Enter
 switches to the highlighted one; switching starts a new chat unless "keep this
 conversation" is ticked (k toggles it). The screen returns a Pick, or None (Esc).
 """
@@ -45,6 +46,14 @@ def installed_models() -> list[ModelRow]:
     return rows
 
 
+def file_row(path: Path) -> ModelRow:
+    """The row of a model file no store lists (the one `localllm chat FILE` opened)."""
+    from localllm.commands.models import _header_facts, _size
+
+    _, quant = _header_facts(path)
+    return ModelRow(path.name, _size(path.stat().st_size), quant, "file", path)
+
+
 class ModelPickerScreen(ModalScreen[Pick | None]):
     DEFAULT_CSS = """
     ModelPickerScreen { align: center middle; }
@@ -64,6 +73,9 @@ class ModelPickerScreen(ModalScreen[Pick | None]):
         super().__init__()
         self.current = current.resolve() if current else None
         self.rows = installed_models()
+        if current is not None and current.is_file() and not any(
+                r.path.resolve() == self.current for r in self.rows):
+            self.rows.insert(0, file_row(current))  # a file given by path: listed too
         self.keep = keep
 
     def compose(self) -> ComposeResult:
