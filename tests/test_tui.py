@@ -1077,6 +1077,19 @@ def test_chats_are_saved_named_and_browsed(tiny_chat: Path, data_home: Path, tmp
         await wait_for(pilot, lambda: len(app.conversation.messages) == 4, "the opened chat")
         assert app.chat_path == chats / "trip.json"
 
+        # "yes" writes this chat over the other one (and its automatic name goes)
+        await pilot.press("ctrl+n")
+        await send(pilot, app, "Something else")
+        assert (chats / "something-else.json").exists()
+        app.input.load_text("/save trip")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), "overwrite?")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: app.chat_path == chats / "trip.json", "the save")
+        assert [m["content"] for m in Conversation.load(chats / "trip.json").messages][::2] == \
+            ["Something else"]
+        assert not (chats / "something-else.json").exists()
+
     run_app(tiny_chat, script, n_ctx=512, conversation=greedy(4))
 
 
