@@ -599,7 +599,7 @@ class ChatApp(App[int]):
         return self.screen is self.screen_stack[0]
 
     def _busy(self) -> bool:
-        """A reply is being written (then Ctrl+R, Ctrl+E and a switch wait)."""
+        """True (and says so) while a reply is being written: Ctrl+R and Ctrl+E wait."""
         if self.turn is not None and not self.turn.finished:
             self.notify("A reply is being written: Esc stops it.", severity="warning")
             return True
@@ -672,7 +672,7 @@ class ChatApp(App[int]):
             raise SkipAction()
         if self._busy():
             return
-        if self.input.text.strip() and not self.input.text.startswith("/edit"):
+        if self.input.text.strip():  # (/edit itself was cleared from it before it ran)
             self.notify("The input has text: send or clear it first.", severity="warning")
             return
         msgs = self.conversation.messages
