@@ -1004,6 +1004,11 @@ def test_regenerate_and_edit_the_last_message(tiny_chat: Path) -> None:
         assert "No reply to regenerate" not in await command(pilot, app, "/regen")
         await wait_for(pilot, lambda: reply_done(app), "the reply of /regen")
         assert len(msgs) == 4
+        # Ctrl+L: a new chat, not a screen cleared over a conversation still in the context
+        await pilot.press("ctrl+l")
+        await wait_for(pilot, lambda: app.backend.context_used() == 0, "the context cleared")
+        assert app.conversation.messages == [] and not app.view.query(".msg")
+        assert "ctx 0/512" in str(app.query_one(StatusBar).render())
 
     run_app(tiny_chat, script, n_ctx=512, conversation=greedy(6))
 
