@@ -851,7 +851,8 @@ class HeldLoad(ChatBackend):
         return h
 
 
-def test_loading_screen_shows_the_stages_and_elapsed_time(tiny_chat: Path) -> None:
+def test_loading_screen_shows_the_stages_and_elapsed_time(tiny_chat: Path,
+                                                          tmp_path: Path) -> None:
     """On start and on /model: a screen with the load's stages as the engine reports them
     (done ones ticked), the running time; it goes when the model is ready (the input has the
     focus), and Esc puts it away while the load goes on."""
@@ -887,6 +888,16 @@ def test_loading_screen_shows_the_stages_and_elapsed_time(tiny_chat: Path) -> No
             backend.gate.set()
             await wait_for(pilot, lambda: app.info is not None, "the model again")
             assert app.screen is app.screen_stack[0]
+
+            # a file that does not load: the screen goes, the reason is one line
+            junk = tmp_path / "junk.gguf"
+            junk.write_bytes(b"GGUF" + bytes(60))
+            await command(pilot, app, f"/model {junk}")
+            await wait_for(pilot, lambda: app.loading is None, "the failed load")
+            await pilot.pause()
+            assert app.screen is app.screen_stack[0] and app.info is None
+            said = str(app.view.query(".note.error").last().render())
+            assert said.startswith("error: cannot load the model: ") and "\n" not in said
 
     asyncio.run(scenario())
 
