@@ -13,8 +13,10 @@ happened (`prefill` -> `Prefill`) instead of leaving notes on itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +51,10 @@ def planned_context(gf: GGUFFile, n_ctx: int | None) -> int:
     return context_size(n_ctx, cfg.n_ctx_train, table)
 
 
+def _quiet(what: str, done: int, total: int) -> None:
+    """The stage callback of a load nobody watches."""
+
+
 def set_threads(n: int | None) -> int:
     """Set the Numba thread count (all cores by default) and return it."""
     limit = numba.config.NUMBA_NUM_THREADS
@@ -79,7 +85,13 @@ class Engine:
         v_type: str | None = None,
         kv_memory: int | None = None,
         device: str = "cpu",
+        stage: Callable[[str, int, int], None] | None = None,
     ) -> None:
+        """stage: told (what, done, total) as the load goes: "mapping the file", "reading
+        the tokenizer", "loading the weights" (with tensors taken of the file's, one call
+        each), "allocating the KV cache" (total 0 where nothing is counted); for a front door
+        that shows the load's progress (the chat's loading screen)."""
+        say = stage or _quiet
         if device not in ("cpu", "cuda", "auto"):
             raise InvalidValueError(f"unknown device {device!r} (cpu, cuda or auto)")
         self.path = Path(model_path)
@@ -88,10 +100,12 @@ class Engine:
         # threads per step: -t fixes it; else chosen from step times (localllm/threads.py)
         self.threads = ThreadTuner(self.n_threads, fixed=self.threads_requested,
                                    probe=region_seconds)
+        say("mapping the file", 0, 0)
         self.gf: GGUFFile = read_gguf(self.path)
         self.metadata = self.gf.metadata
         from localllm.text.tokenizer import Tokenizer
 
+        say("reading the tokenizer", 0, 0)
         self.tokenizer = Tokenizer.from_metadata(self.metadata)
         self.n_batch = max(1, n_batch)
         kv_opts = dict(n_slots=n_slots, k_type=kv_type, v_type=v_type, n_batch=self.n_batch,
@@ -105,23 +119,29 @@ class Engine:
 
             if resolve_device("auto") == "cuda":
                 try:
-                    self._build("cuda", n_ctx, kv_opts)
+                    self._build("cuda", n_ctx, kv_opts, say)
                     on_gpu = True
                 except Exception as e:  # noqa: BLE001 - GPU too small, model it cannot run
                     self.device_note = (f"the GPU could not take this model "
                                         f"({e.__class__.__name__}: {e}); running on the CPU")
             device = "cpu"
         if not on_gpu:
-            self._build(device, n_ctx, kv_opts)
+            self._build(device, n_ctx, kv_opts, say)
         if self.device == "cuda":  # the GPU does the work: host threads only launch it
             self.threads = ThreadTuner(self.n_threads, fixed=self.n_threads)
         self._template = None
 
-    def _build(self, device: str, n_ctx: int | None, kv_opts: dict) -> None:
+    def _build(self, device: str, n_ctx: int | None, kv_opts: dict,
+               say: Callable[[str, int, int], None]) -> None:
         """The model and its KV cache on `device` (sets model, cfg, n_ctx, kv, device)."""
         if device == "cuda" and is_encoder_arch(str(self.metadata.get("general.architecture"))):
             raise ModelError("embedding models (bert, nomic-bert) run on the CPU only: "
                              "use --device cpu")
+        from localllm.models.base import tensor_progress
+
+        say("loading the weights", 0, len(self.gf.tensors))
+        weights = (tensor_progress(lambda done, total: say("loading the weights", done, total))
+                   if say is not _quiet else contextlib.nullcontext())
         if device == "cuda":
             # the same model, its raw blocks uploaded once (models/cuda_model.py); the
             # cache's books stay here and its storage goes to the GPU (localllm/kv/cuda.py)
@@ -129,15 +149,18 @@ class Engine:
             from localllm.models.base import raw_layout
             from localllm.models.cuda_model import CudaModel
 
-            with raw_layout():
+            with raw_layout(), weights:
                 model = CudaModel(load_model(self.gf))
             cache_class: type[KVCache] = CudaKVCache
         else:
-            model, cache_class = load_model(self.gf), KVCache
+            with weights:
+                model = load_model(self.gf)
+            cache_class = KVCache
         cfg = model.cfg
         n_ctx = context_size(n_ctx, cfg.n_ctx_train, getattr(model, "max_positions", None))
         if n_ctx <= 0:
             raise InvalidValueError(f"context size must be positive, got {n_ctx}")
+        say("allocating the KV cache", 0, 0)
         if getattr(model, "is_encoder", False):
             # an encoder keeps no K/V (embeddings run whole inputs through Engine.encode):
             # a token-sized placeholder, so the engine's shape stays the same for its callers

@@ -57,6 +57,22 @@ def raw_layout() -> Iterator[None]:
         _RAW_LAYOUT.reset(token)
 
 
+# Set while a front door wants to show a load's progress: told (tensors read, tensors in the
+# file) as WeightLoader takes each one (a large model's r16 repacking takes seconds).
+_ON_TENSOR: contextvars.ContextVar[Callable[[int, int], None] | None] = contextvars.ContextVar(
+    "on_tensor", default=None)
+
+
+@contextlib.contextmanager
+def tensor_progress(report: Callable[[int, int], None]) -> Iterator[None]:
+    """Within: every WeightLoader calls report(tensors taken so far, tensors in the file)."""
+    token = _ON_TENSOR.set(report)
+    try:
+        yield
+    finally:
+        _ON_TENSOR.reset(token)
+
+
 def add_qkv_biases(L, q, k, v) -> None:
     """q/k/v [N, .] += the layer's biases, where it has them (Qwen2); in place, so numpy
     and CuPy arrays alike (L: LayerWeights, or the GPU's copy of it)."""
@@ -169,6 +185,8 @@ class WeightLoader:
 
     def __init__(self, gf: GGUFFile) -> None:
         self.gf = gf
+        self.taken = 0  # tensors looked up so far (for tensor_progress)
+        self._report = _ON_TENSOR.get()
         self.packed_bytes = 0  # bytes of repacked copies made for this model (but experts)
         self.expert_packed_bytes = 0  # bytes of repacked MoE experts (a budget of their own)
 
@@ -250,6 +268,9 @@ class WeightLoader:
         t = self.gf.tensors.get(name)
         if t is None:
             raise ModelError(f"{self.gf.path}: missing tensor {name!r}")
+        if self._report is not None:
+            self.taken += 1
+            self._report(self.taken, len(self.gf.tensors))
         return t
 
 

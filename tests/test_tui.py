@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -26,9 +28,19 @@ from localllm.tui import commands
 from localllm.tui.app import ChatApp, code_blocks, format_reply_stats, merge_text
 from localllm.tui.backend import ChatBackend, Handle, drop_oldest_turns, split_turns
 from localllm.tui.conversation import Conversation, ConversationFileError
+from localllm.tui.model_picker import ModelPickerScreen
 from localllm.tui.widgets import AssistantMessage, ConfirmScreen, StatusBar, UserMessage
 
 SIZE = (80, 24)  # the smallest terminal the app promises to work in
+WAIT_LIMIT = float(os.environ.get("LOCALLLM_TEST_WAIT", 600))  # seconds
+
+
+@pytest.fixture(autouse=True)
+def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The chat saves itself after every reply (tui/chat_store.py): into a folder of the
+    test's own, never the user's."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    return tmp_path / "data"
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +54,7 @@ def greedy(n: int = 12) -> Conversation:
     return Conversation(config=SamplerConfig(temperature=0.0), max_tokens=n)
 
 
-async def wait_for(pilot, cond: Callable[[], bool], what: str, limit: float = 600) -> None:
+async def wait_for(pilot, cond: Callable[[], bool], what: str, limit: float = WAIT_LIMIT) -> None:
     t0 = time.monotonic()
     while not cond():
         if time.monotonic() - t0 > limit:
@@ -131,6 +143,11 @@ def test_three_turns_commands_save_and_load(tiny_chat: Path, tmp_path: Path) -> 
             await pilot.press("ctrl+n")
             await pilot.pause()
             assert app.conversation.messages == [] and not app.view.query(AssistantMessage)
+            # a new chat clears the context too: the cache keeps the system prompt only
+            first_prompt = records[0]["stats"]["prompt_tokens"]
+            await wait_for(pilot, lambda: 0 < app.backend.context_used() < first_prompt - 1,
+                           "the context trimmed to the system prompt")
+            assert f"ctx {app.backend.context_used()}/512" in str(app.query_one(StatusBar).render())
 
             await command(pilot, app, f"/load {saved}")
             assert any("Loaded" in str(n.render()) for n in app.view.query(".note"))
@@ -138,17 +155,20 @@ def test_three_turns_commands_save_and_load(tiny_chat: Path, tmp_path: Path) -> 
                 [m["content"] for m in msgs]
             assert app.conversation.system == "You are terse."
             assert len(app.view.query(AssistantMessage)) == 3
-            # the same model and prefix: the cache still holds the loaded conversation (the
-            # third turn's prompt at least; a reply's text may tokenize differently than the
-            # tokens that were sampled, so its end can be evaluated again)
+            # the new chat cleared the context: the loaded turns are read again, all but the
+            # system prompt the cache kept
             fourth = (await send(pilot, app, "Thanks"))["stats"]
-            assert fourth["prompt_evaluated"] < \
-                fourth["prompt_tokens"] - records[-1]["stats"]["prompt_tokens"]
+            assert fourth["prompt_tokens"] - first_prompt < fourth["prompt_evaluated"] < \
+                fourth["prompt_tokens"]
+            # and with the turns in the cache, a fifth evaluates only its own
+            fifth = (await send(pilot, app, "Again"))["stats"]
+            assert fifth["prompt_evaluated"] <= fifth["prompt_tokens"] - fourth["prompt_tokens"]
 
     asyncio.run(scenario())
     data = json.loads(saved.read_text())
     assert data["format"] == "localllm-chat" and data["system"] == "You are terse."
-    assert data["settings"]["temperature"] == 0.0 and len(data["messages"]) == 6
+    # /load FILE makes FILE this chat's: its later replies were saved there
+    assert data["settings"]["temperature"] == 0.0 and len(data["messages"]) == 10
 
 
 class GatedBackend(ChatBackend):
@@ -239,7 +259,7 @@ def test_context_full_offers_to_drop_the_oldest_turns(tiny_chat: Path) -> None:
 def test_long_prompt_progress_cancel_and_resume(tiny_chat: Path) -> None:
     """A long prompt is evaluated in chunks with Progress events; cancelling between chunks
     ends the job at once, and asking again re-uses the chunks already evaluated."""
-    from localllm.tui.backend import PREFILL_CHUNK, Loaded, Progress
+    from localllm.tui.backend import PREFILL_CHUNK, Loaded, LoadStage, Progress
 
     class CancelOnProgress(ChatBackend):
         def _submit(self, kind: str, **args) -> Handle:
@@ -256,7 +276,19 @@ def test_long_prompt_progress_cancel_and_resume(tiny_chat: Path) -> None:
 
     backend = CancelOnProgress(tiny_chat, n_ctx=2048)
     backend.cancel_at_progress = True
-    assert isinstance(next(iter(backend.start())), Loaded)
+    # the load's stages, as the loading screen shows them, then Loaded
+    *stages, loaded = backend.start(stages=True)
+    assert isinstance(loaded, Loaded) and all(isinstance(e, LoadStage) for e in stages)
+    names = list(dict.fromkeys(e.what.partition(":")[0] for e in stages))
+    assert names[:4] == ["mapping the file", "reading the tokenizer", "loading the weights",
+                         "allocating the KV cache"]
+    # the weights counted one tensor at a time, of the file's
+    weights = [e for e in stages if e.what == "loading the weights"]
+    assert [e.done for e in weights] == list(range(len(weights)))
+    assert 10 < weights[-1].done <= weights[-1].total
+    # the kernels: loaded from the disk cache (counted), or compiled on a first run
+    assert names[4:] and all("kernels" in n for n in names[4:])
+    assert stages[-1].total > 0 or "compiling" in stages[-1].what
     msgs = [{"role": "user", "content": " ".join(f"item {i}," for i in range(120))}]
     try:
         events = list(backend.submit(msgs, SamplerConfig(temperature=0.0), 4))
@@ -509,7 +541,8 @@ def test_copy_gives_clean_text_and_model_errors_stay_in_the_chat(tiny_chat: Path
             assert said.startswith("/model: ") and "nope.gguf" in said
             assert app.info is not None and app.info.name == "tiny-qwen2-chat"
             # another model: loaded on the engine thread, the conversation goes on with it
-            await command(pilot, app, f"/model {other}")
+            # (kept: a switch starts a new chat otherwise)
+            await command(pilot, app, f"/model {other} --keep")
             await wait_for(pilot, lambda: app.info is not None and app.info.name == "other",
                            "the other model")
             rec = await send(pilot, app, "still there?")
@@ -701,18 +734,26 @@ def test_command_palette_lists_every_command_and_key(tiny_chat: Path) -> None:
         assert {u for u, _, _ in commands.PALETTE.values()} <= set(entries)
         assert "Theme" not in entries and "Ctrl+J" in entries["New line"]
         for key in ("Esc", "PageUp", "PageDown", "Home", "End", "Ctrl+N", "Ctrl+L", "Ctrl+Q",
-                    "Ctrl+D"):
+                    "Ctrl+D", "Ctrl+R", "Ctrl+E", "Ctrl+O", "Ctrl+G"):
             assert any(key in h for h in entries.values()), key
         await pilot.press("ctrl+p")
         await pilot.pause()
         assert isinstance(app.screen, CommandPalette)
-        for c in "/model":
+        for c in "/load":
             await pilot.press(c)
         await pilot.pause(0.3)
         await pilot.press("enter")
         await pilot.pause()
         assert not isinstance(app.screen, CommandPalette)
-        assert app.input.text == "/model " and app.focused is app.input
+        assert app.input.text == "/load " and app.focused is app.input
+        # /model needs no argument: it opens the picker
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        for c in "/model":
+            await pilot.press(c)
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelPickerScreen), "the picker")
 
     run_app(tiny_chat, script)
 
@@ -782,3 +823,375 @@ def test_command_results_are_shown_and_old_speeds_go(tiny_chat: Path) -> None:
         assert "pp " not in str(app.query_one(StatusBar).render())
 
     run_app(tiny_chat, script, n_ctx=2048, conversation=long_conversation())
+
+
+# --- the loading screen, the model picker, regenerate / edit, saved chats, long text ------
+
+
+class HeldLoad(ChatBackend):
+    """Holds each load after its KV cache stage until `gate` is set: the test sees the
+    loading screen mid-load."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def _submit(self, kind: str, **args) -> Handle:
+        from localllm.tui.backend import LoadStage
+
+        h = super()._submit(kind, **args)
+        if kind == "load":
+            put = h.put
+
+            def held(ev) -> None:
+                put(ev)
+                if isinstance(ev, LoadStage) and ev.what == "allocating the KV cache":
+                    self.gate.wait()
+
+            h.put = held  # type: ignore[method-assign]
+        return h
+
+
+def test_loading_screen_shows_the_stages_and_elapsed_time(tiny_chat: Path,
+                                                          tmp_path: Path) -> None:
+    """On start and on /model: a screen with the load's stages as the engine reports them
+    (done ones ticked), the running time; it goes when the model is ready (the input has the
+    focus), and Esc puts it away while the load goes on."""
+    from localllm.tui.loading import LoadingScreen
+
+    async def scenario() -> None:
+        backend = HeldLoad(tiny_chat, n_ctx=256)
+        backend.gate.clear()
+        app = ChatApp(tiny_chat, conversation=greedy(), backend=backend)
+        async with app.run_test(size=SIZE) as pilot:
+            screen = app.screen
+            assert isinstance(screen, LoadingScreen)
+            await wait_for(pilot, lambda: "allocating the KV cache" in screen.current, "stages")
+            await pilot.pause(0.6)  # the clock ticks with no event
+            text = "\n".join(str(w.render()) for w in screen.query("Static"))
+            assert "Loading tiny-qwen2-chat.gguf" in text
+            for done in ("✓ mapping the file", "✓ reading the tokenizer",
+                         "✓ loading the weights", "› allocating the KV cache"):
+                assert done in text, text
+            assert " s elapsed" in text and app.info is None
+            backend.gate.set()
+            await wait_for(pilot, lambda: app.info is not None, "the model")
+            assert not isinstance(app.screen, LoadingScreen) and app.focused is app.input
+            assert any("kernels" in s[0] for s in screen.stages)  # the kernel step reported
+
+            backend.gate.clear()
+            await command(pilot, app, f"/model {tiny_chat} --keep")
+            await wait_for(pilot, lambda: isinstance(app.screen, LoadingScreen), "the screen")
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not isinstance(app.screen, LoadingScreen) and app.info is None
+            assert "loading" in str(app.query_one(StatusBar).render())
+            backend.gate.set()
+            await wait_for(pilot, lambda: app.info is not None, "the model again")
+            assert app.screen is app.screen_stack[0]
+
+            # a file that does not load: the screen goes, the reason is one line
+            junk = tmp_path / "junk.gguf"
+            junk.write_bytes(b"GGUF" + bytes(60))
+            await command(pilot, app, f"/model {junk}")
+            await wait_for(pilot, lambda: app.loading is None, "the failed load")
+            await pilot.pause()
+            assert app.screen is app.screen_stack[0] and app.info is None
+            said = str(app.view.query(".note.error").last().render())
+            assert said.startswith("error: cannot load the model: ") and "\n" not in said
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module")
+def other_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A chat model whose file advises sampling, and a base model (no chat template)."""
+    d = tmp_path_factory.mktemp("others")
+    advised, base = d / "advised-chat.gguf", d / "tiny-base.gguf"
+    write_tiny_model(advised, "qwen2", seed=3, metadata={"general.sampling.temp": 0.25,
+                                                          "general.sampling.top_k": 7})
+    write_tiny_model(base, "llama", seed=2, chat_template=False)
+    return {"advised": advised, "base": base}
+
+
+def listed(monkeypatch, paths: dict[str, Path]) -> None:
+    """The store lists exactly these models (name -> file)."""
+    from localllm.store import local
+    from localllm.store.local import ModelEntry
+
+    entries = [ModelEntry(name=n, tag="latest", path=p, size=p.stat().st_size)
+               for n, p in paths.items()]
+    monkeypatch.setattr(local, "list_models", lambda include_external=True: list(entries))
+
+
+def test_model_picker_switches_with_the_new_models_sampling(tiny_chat: Path, other_models,
+                                                             monkeypatch) -> None:
+    """Ctrl+O lists the installed models (size, quant); Enter switches: a new chat, and the
+    sampling the old model advised gives way to the new model's (a /set value stays).
+    `/model NAME --keep` keeps the chat; a base model gets the start-up warning."""
+    from localllm.tui.widgets import Note
+
+    listed(monkeypatch, {"tiny-chat": tiny_chat, "advised": other_models["advised"],
+                         "tiny-base": other_models["base"]})
+    default = SamplerConfig()
+
+    async def script(pilot, app: ChatApp) -> None:
+        assert "top_p = 0.5" in await command(pilot, app, "/set top_p 0.5")
+        await send(pilot, app, "Hello")
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelPickerScreen), "the picker")
+        picker = app.screen
+        assert [r.name for r in picker.rows] == ["tiny-chat:latest", "advised:latest",
+                                                  "tiny-base:latest"]
+        assert all(r.quant == "F32" and r.size.endswith("KB") for r in picker.rows)
+        # a file no store lists (opened by its path) is listed too, first
+        mine = other_models["advised"].with_name("mine.gguf")
+        shutil.copy(tiny_chat, mine)
+        rows = ModelPickerScreen(mine).rows
+        assert [(r.name, r.where) for r in rows[:2]] == [("mine.gguf", "file"),
+                                                          ("tiny-chat:latest", "localllm")]
+        await pilot.press("escape")  # nothing changes
+        await pilot.pause()
+        assert app.screen is app.screen_stack[0] and len(app.conversation.messages) == 2
+
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelPickerScreen), "the picker")
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: app.info is not None and app.info.name == "advised:latest",
+                       "the advised model")
+        conv = app.conversation
+        assert conv.messages == [] and not app.view.query(UserMessage)  # a new chat
+        assert (conv.config.temperature, conv.config.top_k, conv.config.top_p) == (0.25, 7, 0.5)
+        notes = [str(n.render()) for n in app.view.query(Note)]
+        assert any("temperature = 0.25, top_k = 7" in n for n in notes), notes
+
+        await send(pilot, app, "Hi again")
+        await command(pilot, app, f"/model {other_models['base']} --keep")
+        await wait_for(pilot, lambda: app.info is not None, "the base model")
+        assert [m["content"] for m in conv.messages[::2]] == ["Hi again"]  # kept
+        # the advised model's values go back to ours; the user's top_p stays
+        assert (conv.config.temperature, conv.config.top_k, conv.config.top_p) == \
+            (default.temperature, default.top_k, 0.5)
+        assert "completion (base) model" in str(app.view.query(".note.warn").last().render())
+        rec = await send(pilot, app, "and now?")
+        assert rec["stats"]["tokens"] > 0
+
+    run_app(tiny_chat, script, conversation=Conversation(max_tokens=4))
+
+
+def test_regenerate_and_edit_the_last_message(tiny_chat: Path) -> None:
+    """Ctrl+R drops the last reply and samples it again from the same prompt (read from the
+    cache); Ctrl+E (/edit) puts the last message back in the input and takes it and its
+    reply out of the conversation, the screen and the context."""
+
+    async def script(pilot, app: ChatApp) -> None:
+        assert "No message to edit yet" in await command(pilot, app, "/edit")
+        first = await send(pilot, app, "Hello")
+        old_widget = app.turn.widget
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app.turn is not None and app.turn.widget is not old_widget
+                       and reply_done(app), "the regenerated reply")
+        again = app.turn.message
+        msgs = app.conversation.messages
+        assert [m["role"] for m in msgs] == ["user", "assistant"] and msgs[1] is again
+        assert len(app.view.query(AssistantMessage)) == 1 and not old_widget.is_attached
+        assert again["content"] == first["content"]  # greedy: the same reply again
+        st = again["stats"]
+        assert st["prompt_tokens"] == first["stats"]["prompt_tokens"]
+        assert st["prompt_evaluated"] < st["prompt_tokens"]  # the prompt came from the cache
+
+        second = await send(pilot, app, "Tell me more")
+        used = app.backend.context_used()
+        await pilot.press("ctrl+e")
+        await pilot.pause()
+        assert app.input.text == "Tell me more"
+        assert [m["content"] for m in msgs] == ["Hello", again["content"]]
+        assert len(app.view.query(UserMessage)) == 1 and len(app.view.query(AssistantMessage)) == 1
+        await wait_for(pilot, lambda: app.backend.context_used() < used, "the context trimmed")
+        assert app.backend.context_used() <= second["stats"]["prompt_tokens"] - 3
+        app.input.load_text("Tell me less")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: reply_done(app), "the edited message's reply")
+        assert [m["content"] for m in msgs[::2]] == ["Hello", "Tell me less"]
+        assert "No reply to regenerate" not in await command(pilot, app, "/regen")
+        await wait_for(pilot, lambda: reply_done(app), "the reply of /regen")
+        assert len(msgs) == 4
+        # Ctrl+L: a new chat, not a screen cleared over a conversation still in the context
+        await pilot.press("ctrl+l")
+        await wait_for(pilot, lambda: app.backend.context_used() == 0, "the context cleared")
+        assert app.conversation.messages == [] and not app.view.query(".msg")
+        assert "ctx 0/512" in str(app.query_one(StatusBar).render())
+
+    run_app(tiny_chat, script, n_ctx=512, conversation=greedy(6))
+
+
+def test_chats_are_saved_named_and_browsed(tiny_chat: Path, data_home: Path, tmp_path: Path,
+                                           monkeypatch) -> None:
+    """Each reply saves the chat under a name from its first message (never a timestamp);
+    /save NAME over another chat asks first; Ctrl+G lists the chats (name, model, date,
+    turns) and renames, deletes, exports to Markdown and opens them."""
+    from localllm.tui.chat_browser import ChatBrowserScreen
+
+    chats = data_home / "localllm" / "chats"
+    monkeypatch.chdir(tmp_path)
+    question = "How do I reverse a list in Python?"
+
+    async def script(pilot, app: ChatApp) -> None:
+        await send(pilot, app, question)
+        first = chats / "how-do-i-reverse-a-list-in-python.json"
+        assert Conversation.load(first).messages == app.conversation.messages
+        await send(pilot, app, "And a tuple?")
+        assert len(Conversation.load(first).messages) == 4  # saved after each reply
+        await pilot.press("ctrl+n")
+        await send(pilot, app, question)
+        second = chats / "how-do-i-reverse-a-list-in-python-2.json"
+        assert len(Conversation.load(second).messages) == 2
+
+        # /save over another chat's name asks; "no" leaves that chat alone
+        app.input.load_text("/save how-do-i-reverse-a-list-in-python")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+        await pilot.press("n")
+        await pilot.pause()
+        assert len(Conversation.load(first).messages) == 4
+        assert "Not saved" in str(app.view.query(".note").last().render())
+        # a free name: the chat moves there (its automatic name goes)
+        assert "Saved to" in await command(pilot, app, "/save mine")
+        assert (chats / "mine.json").exists() and not second.exists()
+
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatBrowserScreen), "the browser")
+        browser = app.screen
+        assert [(c.name, c.model, c.turns) for c in browser.chats] == \
+            [("mine", "tiny-qwen2-chat", 1),
+             ("how-do-i-reverse-a-list-in-python", "tiny-qwen2-chat", 2)]
+        await pilot.press("e")  # the cursor is on the newest: mine
+        await pilot.pause()
+        md = (tmp_path / "mine.md").read_text()
+        assert md.startswith("# mine") and f"> {question}" in md
+        assert app.conversation.messages[1]["content"].strip() in md
+        await pilot.press("r")
+        await pilot.pause()
+        await pilot.press("ctrl+u", *"trip", "enter")  # (the box starts with the old name)
+        await pilot.pause()
+        assert [c.name for c in browser.chats][0] == "trip" and not (chats / "mine.json").exists()
+        await pilot.press("down", "d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), "delete?")
+        await pilot.press("y")
+        await pilot.pause()
+        assert not first.exists() and [c.name for c in browser.chats] == ["trip"]
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is app.screen_stack[0]
+        assert app.chat_path == chats / "trip.json"  # this chat followed its rename
+        await send(pilot, app, "one more")
+        assert len(Conversation.load(chats / "trip.json").messages) == 4
+
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        await command(pilot, app, "/chats")
+        await pilot.press("enter")  # opens trip
+        await wait_for(pilot, lambda: len(app.conversation.messages) == 4, "the opened chat")
+        assert app.chat_path == chats / "trip.json"
+
+        # "yes" writes this chat over the other one (and its automatic name goes)
+        await pilot.press("ctrl+n")
+        await send(pilot, app, "Something else")
+        assert (chats / "something-else.json").exists()
+        app.input.load_text("/save trip")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), "overwrite?")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: app.chat_path == chats / "trip.json", "the save")
+        assert [m["content"] for m in Conversation.load(chats / "trip.json").messages][::2] == \
+            ["Something else"]
+        assert not (chats / "something-else.json").exists()
+
+    run_app(tiny_chat, script, n_ctx=512, conversation=greedy(4))
+
+
+def test_chat_names_from_the_first_message() -> None:
+    from localllm.tui import chat_store
+
+    assert chat_store.slug("How do I reverse a list in Python?") == \
+        "how-do-i-reverse-a-list-in-python"
+    assert chat_store.slug("  Ünïcode — résumé!  ") == "unicode-resume"
+    assert chat_store.slug("???") == chat_store.slug("") == "chat"
+    long = chat_store.slug("word " * 40)
+    assert len(long) <= chat_store.SLUG_CHARS and long.startswith("word-word")
+    with pytest.raises(chat_store.ChatNameTaken):
+        chat_store.check_name("../evil")
+
+
+def test_long_code_lines_and_long_pastes(tiny_chat: Path) -> None:
+    """A code line wider than the screen gets a scroll bar under its block (a short block
+    none); a 5,000-character paste is shown folded (a click shows it all) and sent whole."""
+    from textual.widgets.markdown import MarkdownFence
+
+    sent: list[list[dict]] = []
+
+    class Recording(ChatBackend):
+        def submit(self, messages, *args, **kwargs):
+            sent.append([dict(m) for m in messages])
+            return super().submit(messages, *args, **kwargs)
+
+    wide = "x = [" + ", ".join(str(i) for i in range(60)) + "]"
+    conv = greedy(2)
+    conv.messages = [{"role": "user", "content": "code?"},
+                     {"role": "assistant",
+                      "content": f"```python\nprint(1)\n```\n\n```python\n{wide}\n```\n"}]
+    paste = "\n".join(f"line {i:03d} " + "abcdefghij" * 5 for i in range(100))
+    assert len(paste) > 5000
+
+    async def scenario() -> None:
+        app = ChatApp(tiny_chat, conversation=conv, backend=Recording(tiny_chat, n_ctx=8192))
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.info is not None, "the model")
+            short, long = app.view.query(MarkdownFence)
+            assert len(wide) > SIZE[0]
+            assert long.max_scroll_x > 0 and long.show_horizontal_scrollbar
+            assert short.max_scroll_x == 0 and not short.show_horizontal_scrollbar
+
+            app.input.load_text(paste)
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: reply_done(app), "the reply")
+            msg = app.view.query(UserMessage).last()
+            shown = str(msg.query_one(".body").render())
+            assert shown.startswith("line 000") and "line 007" in shown
+            assert "line 008" not in shown
+            assert "... 92 more lines" in str(msg.query_one(".more").render())
+            assert sent[-1][-1] == {"role": "user", "content": paste}  # sent whole
+            assert app.conversation.messages[-2]["content"] == paste
+            msg.on_click()
+            await pilot.pause()
+            assert "line 099" in str(msg.query_one(".body").render())
+            msg.on_click()
+            await pilot.pause()
+            assert "line 099" not in str(msg.query_one(".body").render())
+
+    asyncio.run(scenario())
+
+
+def test_folding() -> None:
+    from localllm.tui.widgets import fold
+
+    assert fold("short\ntext") == ("short\ntext", "")
+    head, rest = fold("a" * 5000)
+    assert head == "a" * 640 and rest == "... 4360 more characters"
+    head, rest = fold("\n".join(str(i) for i in range(20)))
+    assert head == "\n".join(str(i) for i in range(8)) and rest == "... 12 more lines"
+
+
+def test_switching_keeps_what_the_user_set() -> None:
+    """The pure rule of a switch: a setting still at the old model's advice (or our default)
+    takes the new model's; one the user changed stays."""
+    old = {"temperature": 0.6, "top_k": 20}
+    new = {"temperature": 0.25}
+    cfg = SamplerConfig(temperature=0.6, top_k=20, top_p=0.5)
+    out, changed = commands.readvise(cfg, old, new)
+    base = SamplerConfig()
+    assert (out.temperature, out.top_k, out.top_p) == (0.25, base.top_k, 0.5)
+    assert changed == ["temperature = 0.25", f"top_k = {base.top_k}"]
+    assert commands.parse_model_arg("smollm2 --keep") == ("smollm2", True)
+    assert commands.parse_model_arg("my--keep.gguf") == ("my--keep.gguf", False)

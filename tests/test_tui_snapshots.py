@@ -1,8 +1,9 @@
 """Snapshots of the chat app's main screens at 80x24 (pytest-textual-snapshot).
 
 Only screens whose content does not depend on sampled text: a resumed conversation (with a
-code block, a stopped reply and their stats lines), the help, and the context-full
-question. Speeds are left out (show_rates=False) so the pictures are the same on any
+code block, a stopped reply and their stats lines), the help, the context-full question, and
+the screens over the chat: the loading screen (a load held mid-way), the model picker (a
+store listing set by the test) and the chat browser (files with fixed dates, in UTC). Speeds are left out (show_rates=False) so the pictures are the same on any
 machine. The SVGs are Textual's rendering, which changes between Textual releases: the tests
 run with the release that recorded them and are skipped with another (re-record with
 `pytest tests/test_tui_snapshots.py --snapshot-update` and look at the report).
@@ -100,3 +101,108 @@ def test_snapshot_context_full_question(snap_compare, tiny_chat: Path) -> None:
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=asked)
+
+
+# --- the screens over the chat: loading, the model picker, the chat browser ---------------
+
+
+@pytest.fixture(autouse=True)
+def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Chats are saved after each reply: into the test's folder. Dates in local time: UTC."""
+    import time
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield tmp_path / "data"
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_snapshot_loading_screen(snap_compare, tiny_chat: Path) -> None:
+    """The load held after its KV cache stage: the stages so far, no seconds."""
+    import threading
+
+    from localllm.tui.backend import ChatBackend, LoadStage
+    from localllm.tui.loading import LoadingScreen
+
+    gate = threading.Event()
+
+    class Held(ChatBackend):
+        def _submit(self, kind, **args):
+            h = super()._submit(kind, **args)
+            put = h.put
+
+            def held(ev) -> None:
+                put(ev)
+                if isinstance(ev, LoadStage) and ev.what == "allocating the KV cache":
+                    gate.wait()
+
+            h.put = held
+            return h
+
+    app = ChatApp(tiny_chat, engine_opts={}, show_rates=False,
+                  backend=Held(tiny_chat, n_ctx=512))
+
+    async def held(pilot) -> None:
+        while not (isinstance(app.screen, LoadingScreen)
+                   and "allocating" in app.screen.current):
+            await pilot.pause(0.02)
+        app.input.cursor_blink = False
+        await pilot.pause(0.6)  # a clock tick: the text does not change without seconds
+
+    try:
+        assert snap_compare(app, terminal_size=SIZE, run_before=held)
+    finally:
+        gate.set()
+
+
+def test_snapshot_model_picker(snap_compare, tiny_chat: Path, tmp_path: Path,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from localllm.store import local
+    from localllm.store.local import ModelEntry
+    from localllm.tui.model_picker import ModelPickerScreen
+
+    other = tmp_path / "other.gguf"
+    write_tiny_model(other, "llama", seed=2)
+    entries = [ModelEntry("smollm2", "135m-instruct-q4_1", tiny_chat, tiny_chat.stat().st_size),
+               ModelEntry("hf.co/someone/other", "latest", other, other.stat().st_size,
+                          where="huggingface")]
+    monkeypatch.setattr(local, "list_models", lambda include_external=True: list(entries))
+    app = ChatApp(tiny_chat, engine_opts={"n_ctx": 512}, show_rates=False)
+
+    async def picker(pilot) -> None:
+        await loaded(pilot)
+        await pilot.press("ctrl+o")
+        while not isinstance(app.screen, ModelPickerScreen):
+            await pilot.pause(0.02)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=picker)
+
+
+def test_snapshot_chat_browser(snap_compare, tiny_chat: Path, data_home: Path) -> None:
+    import json
+
+    from localllm.tui.chat_browser import ChatBrowserScreen
+
+    folder = data_home / "localllm" / "chats"
+    folder.mkdir(parents=True)
+    for i, (name, first) in enumerate([("how-do-i-reverse-a-list", "How do I reverse a list?"),
+                                       ("trip-to-lisbon", "Plan three days in Lisbon")]):
+        conv = resumed()
+        conv.model = "smollm2:135m-instruct-q4_1"
+        conv.messages[0] = {"role": "user", "content": first}
+        d = conv.to_json()
+        d["saved"] = 1_750_000_000 + 86400 * i
+        (folder / f"{name}.json").write_text(json.dumps(d))
+    app = ChatApp(tiny_chat, engine_opts={"n_ctx": 512}, show_rates=False)
+
+    async def browser(pilot) -> None:
+        await loaded(pilot)
+        await pilot.press("ctrl+g")
+        while not isinstance(app.screen, ChatBrowserScreen):
+            await pilot.pause(0.02)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=browser)

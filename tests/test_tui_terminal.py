@@ -33,11 +33,14 @@ _SOCKETS = itertools.count()
 
 
 class Tmux:
-    def __init__(self, command: list[str], size: tuple[int, int] = (80, 24)) -> None:
+    def __init__(self, command: list[str], size: tuple[int, int] = (80, 24),
+                 data_home: Path | None = None) -> None:
         # one server per terminal: a new one on the name of a server still shutting down
         # (the previous test's) can fail to start
         self.socket = f"localllm-test-{os.getpid()}-{next(_SOCKETS)}"
         env = {**os.environ, "TERM": "xterm-256color"}
+        if data_home is not None:  # the chat saves itself after each reply: not in $HOME
+            env["XDG_DATA_HOME"] = str(data_home)
         env.pop("TMUX", None)
         shell_cmd = " ".join(shlex.quote(c) for c in command)
         # the shell says how the command ended, then keeps the pane for capture-pane
@@ -77,9 +80,9 @@ def status_line(screen: str) -> str:
     return screen.rstrip("\n").splitlines()[-2]  # above the key hints
 
 
-def test_chat_in_a_real_terminal(smollm2_path: Path) -> None:
+def test_chat_in_a_real_terminal(smollm2_path: Path, tmp_path: Path) -> None:
     term = Tmux([sys.executable, "-m", "localllm", "chat", str(smollm2_path), "-c", "1024",
-                 "-n", "24", "--seed", "1"])
+                 "-n", "24", "--seed", "1"], data_home=tmp_path)
     try:
         name = smollm2_path.name.removesuffix(".gguf")
         term.wait_for(lambda s: f"{name} ready" in s, "the model", limit=600)

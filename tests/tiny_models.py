@@ -341,7 +341,7 @@ _COMMON_DEFAULTS: dict[str, Any] = dict(
     sliding_window=None, sliding_window_pattern=None, rope_freq_base_swa=None,
     final_logit_softcapping=None, attn_logit_softcapping=None, rope_scaling_factor=None, rope_freqs=False,
     rope_dims=None,
-    tensor_qtypes=None, name=None, chat_template=None,
+    tensor_qtypes=None, name=None, chat_template=None, metadata=None,
     n_expert=0, n_expert_used=0, n_ff_exp=None,
 )
 
@@ -554,7 +554,8 @@ def write_tiny_model(
     (writes linear rope scaling), rope_freqs (True: llama3-style rope_freqs.weight), rope_dims
     (rope.dimension_count, partial rotary below head_dim), tie_embeddings,
     tensor_qtypes ({'attn_q': GGMLQuantizationType.Q5_0, ...} by short tensor name), name,
-    chat_template (Jinja source; default: a plain one for the family; False: none).
+    chat_template (Jinja source; default: a plain one for the family; False: none), metadata
+    (more keys written as they are, e.g. general.sampling.temp).
     phi3 also: original_context_length (LongRoPE). granite also: embedding_scale,
     residual_scale, attention_scale, logit_scale. mixtral / qwen3moe also: n_expert,
     n_expert_used, n_ff_exp (experts, experts per token, expert width where the arch writes
@@ -662,6 +663,7 @@ def write_tiny_model(
                 "gemma3": "gemma", "phi3": "phi3"}.get(arch, "chatml")
     if cfg["chat_template"] is not False:
         meta["tokenizer.chat_template"] = cfg["chat_template"] or _CHAT_TEMPLATES[template]
+    meta.update(cfg["metadata"] or {})
 
     write_model_gguf(path, meta,
                      {name: _encode(arr, qtypes[name]) for name, arr in tensors.items()}, qtypes)

@@ -13,6 +13,15 @@ text deltas appended to a MarkdownStream -> the final event's stats under the re
 the status bar. Esc cancels: the partial reply is kept, marked "stopped", at once; the
 engine thread notices before its next step. A conversation that no longer fits is never
 truncated silently: the app asks to drop the oldest whole turns (the system prompt stays).
+
+The screens over the chat, each a module: the loading screen (tui/loading.py: the load's
+stages and elapsed time, on start and on every switch), the model picker
+(tui/model_picker.py, Ctrl+O or /model), the chat browser (tui/chat_browser.py, Ctrl+G or
+/chats). A switch starts a new chat unless kept, and moves the sampling the old model
+advised to the new model's advice (commands.readvise); settings the user changed stay.
+Every reply ends with the chat saved (tui/chat_store.py names it after its first message).
+Ctrl+R samples the last reply again; Ctrl+E (/edit) takes back the last message and its
+reply; a new chat (Ctrl+N, Ctrl+L) clears the screen and the context (backend.trim).
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from textual.widgets import Footer, Markdown, ProgressBar
 from textual.worker import get_current_worker
 
 from localllm.generation.generate import Event
-from localllm.tui import commands
+from localllm.tui import chat_store, commands
 from localllm.tui.backend import (
     BackendEvent,
     ChatBackend,
@@ -44,12 +53,22 @@ from localllm.tui.backend import (
     Failed,
     Handle,
     Loaded,
+    LoadStage,
     ModelInfo,
     Progress,
+    Trimmed,
     drop_oldest_turns,
     is_final,
 )
-from localllm.tui.conversation import Conversation, ConversationFileError, resolve_chat_path
+from localllm.tui.chat_browser import Browsed, ChatBrowserScreen
+from localllm.tui.conversation import (
+    Conversation,
+    ConversationFileError,
+    chats_dir,
+    resolve_chat_path,
+)
+from localllm.tui.loading import LoadingScreen
+from localllm.tui.model_picker import ModelPickerScreen, Pick
 from localllm.tui.reply_stats import format_reply_stats, stats_record, status_speeds
 from localllm.tui.widgets import (
     AssistantMessage,
@@ -67,12 +86,16 @@ Screen { layout: vertical; }
 .msg .who { text-style: bold; color: $accent; }
 .msg.user .who { color: $success; }
 .msg.user .body { padding: 0 0 0 2; }
+.msg.user .more { padding: 0 0 0 2; color: $text-muted; text-style: italic; }
 .msg.assistant Markdown { margin: 0; padding: 0 0 0 2; }
 .msg.assistant .stats { color: $text-muted; padding: 0 0 0 2; }
 .msg.assistant .typing { height: 1; width: 100%; content-align: left middle; color: $text-muted;
                          padding: 0 0 0 2; }
 .msg.assistant .thinking { border: none; padding: 0 0 0 1; margin: 0; background: $surface 0%; }
 .msg.assistant .thinking-text { color: $text-muted; text-style: italic; }
+/* a code line wider than the screen: a scroll bar under its block says it goes on (and
+   scrolls it: Shift+wheel, or drag); Textual hides that bar by default */
+.msg.assistant MarkdownFence { overflow-x: auto; scrollbar-size-horizontal: 1; }
 .msg.assistant.stopped .stats { color: $warning; }
 .msg.dropped { opacity: 60%; }
 .note { color: $text-muted; margin: 0 0 1 0; }
@@ -88,6 +111,14 @@ ConfirmScreen { align: center middle; }
 #question { column-span: 2; width: 100%; }
 #dialog Button { width: 100%; }
 """
+
+
+@dataclass
+class Switch:
+    """A model switch under way: what to do when the new model has loaded."""
+
+    keep: bool  # the conversation was kept (else it was cleared when the switch began)
+    old_sampling: dict[str, Any]  # the previous model's advice (general.sampling.*)
 
 
 @dataclass
@@ -162,12 +193,20 @@ class ChatApp(App[int]):
         Binding("ctrl+n", "new_chat", "New chat", priority=True),
         Binding("ctrl+l", "clear_screen", "Clear", priority=True),
         Binding("ctrl+q", "quit", "Quit", priority=True),
+        # not in the footer (80 columns hold the five above): /help and Ctrl+P list them
+        Binding("ctrl+o", "pick_model", "Model", show=False, priority=True),
+        Binding("ctrl+r", "regenerate", "Regenerate", show=False, priority=True),
+        Binding("ctrl+e", "edit_last", "Edit last", show=False, priority=True),
+        Binding("ctrl+g", "browse_chats", "Chats", show=False, priority=True),
     ]
 
     def __init__(self, model_path: str | Path, *, conversation: Conversation | None = None,
                  engine_opts: dict[str, Any] | None = None, note: str | None = None,
-                 show_rates: bool = True, backend: ChatBackend | None = None) -> None:
-        """show_rates=False leaves speeds (tok/s) out of the screen: for snapshot tests."""
+                 show_rates: bool = True, backend: ChatBackend | None = None,
+                 chat_path: Path | None = None) -> None:
+        """show_rates=False leaves speeds (tok/s) and seconds out of the screen: for
+        snapshot tests. chat_path: the file `conversation` was loaded from (its replies are
+        saved there)."""
         super().__init__()
         self.model_path = Path(model_path)
         self.backend = backend or ChatBackend(self.model_path, **(engine_opts or {}))
@@ -178,6 +217,12 @@ class ChatApp(App[int]):
         self.turn: Turn | None = None
         self.last_stats: Any = None
         self.loading: Handle | None = None
+        self.loading_screen: LoadingScreen | None = None
+        self.switching: Switch | None = None
+        # where the chat is saved after each reply (None: named at its first save);
+        # chat_auto: that name was made from the first message (a /save NAME replaces it)
+        self.chat_path = chat_path
+        self.chat_auto = False
         self._closing = False
 
     # --- layout --------------------------------------------------------------------------
@@ -209,7 +254,8 @@ class ChatApp(App[int]):
             await self._show_conversation()
         self.input.sent = [m["content"] for m in self.conversation.messages
                               if m["role"] == "user"]
-        self.loading = self.backend.start()
+        self.loading = self.backend.start(stages=True)
+        self._show_loading(self.model_path.name)
         self._pump(self.loading)
         self.update_status()
         # the elapsed time ticks while a long prompt is read (no events come between chunks)
@@ -259,6 +305,9 @@ class ChatApp(App[int]):
 
     async def on_backend_message(self, msg: BackendMessage) -> None:
         ev = msg.ev
+        if isinstance(ev, Trimmed):  # the context figure is true again
+            self.update_status()
+            return
         if msg.handle is self.loading:
             await self._on_load_event(ev)
             return
@@ -288,13 +337,30 @@ class ChatApp(App[int]):
         elif isinstance(ev, Failed):
             await self._turn_failed(turn, ev.message)
 
+    def _show_loading(self, name: str) -> None:
+        self.loading_screen = LoadingScreen(name, show_times=self.show_rates)
+        self.push_screen(self.loading_screen)
+
+    async def _hide_loading(self) -> None:
+        screen, self.loading_screen = self.loading_screen, None
+        if screen is not None and self.screen is screen:  # not put away with Esc already
+            await screen.dismiss(None)
+
     async def _on_load_event(self, ev: BackendEvent) -> None:
+        if isinstance(ev, LoadStage):
+            if self.loading_screen is not None:
+                self.loading_screen.stage(ev)
+            return
         self.loading = None
+        await self._hide_loading()
+        switch, self.switching = self.switching, None
         if isinstance(ev, Loaded):
             self.info = ev.info
             self.conversation.model = ev.info.name
             await self.say(f"{ev.info.name} ready ({ev.info.load_s:.1f} s)" if self.show_rates
                            else f"{ev.info.name} ready")
+            if switch is not None:
+                await self._after_switch(switch, ev.info)
             if self.backend.think and not ev.info.thinking:
                 await self.say(f"{ev.info.name} does not support thinking: --think has no "
                                "effect", "warn")
@@ -371,6 +437,7 @@ class ChatApp(App[int]):
         turn.done = True
         self.last_stats = ev.stats
         self.update_status()
+        await self._autosave()
         if reason == "length" and self.info and self.backend.context_used() >= self.info.n_ctx - 1:
             await self.say("The context is full: the reply was cut there. Your next message "
                            "will offer to drop the oldest turns.", "warn")
@@ -464,6 +531,12 @@ class ChatApp(App[int]):
         if isinstance(self.screen, ConfirmScreen):
             self.screen.dismiss(False)
             return
+        if not self._on_main():  # a picker, the browser, the loading screen: Esc closes it
+            close = getattr(self.screen, "action_close", None)
+            if close is None:
+                raise SkipAction()
+            close()
+            return
         turn = self.turn
         if turn is None or turn.finished:
             return
@@ -474,6 +547,16 @@ class ChatApp(App[int]):
         await self._record(turn, "cancelled")
         turn.widget.set_stats("stopped", stopped=True)
         self.update_status()  # the live figures go now, the final ones come with the end
+
+    def _on_main(self) -> bool:
+        return self.screen is self.screen_stack[0]
+
+    def _busy(self) -> bool:
+        """True (and says so) while a reply is being written: Ctrl+R and Ctrl+E wait."""
+        if self.turn is not None and not self.turn.finished:
+            self.notify("A reply is being written: Esc stops it.", severity="warning")
+            return True
+        return False
 
     def _idle_and_empty(self) -> bool:
         """Nothing streaming, no dialog open, nothing typed: Ctrl+C / Ctrl+D quit then."""
@@ -494,16 +577,103 @@ class ChatApp(App[int]):
         self.exit(0)
 
     async def action_new_chat(self) -> None:
+        """A new chat: screen, conversation and context cleared (the system prompt and the
+        settings stay); the old chat stays saved under its name, the new one gets its own."""
         await self._drop_turn()
         self.conversation.messages = []
+        self.conversation.created = time.time()
+        self.chat_path, self.chat_auto = None, False
         self.last_stats = None  # the previous chat's speeds are not this one's
         await self.view.remove_children()
         await self.say("New chat" + (" (system prompt kept)." if self.conversation.system
                                      else "."))
+        self._trim()
         self.update_status()
 
     async def action_clear_screen(self) -> None:
-        await self.view.remove_children()
+        """Ctrl+L, /clear: a new chat. (It once only cleared the screen and left the whole
+        conversation in the context, out of sight: what was shown and what the model read
+        differed.)"""
+        await self.action_new_chat()
+
+    def _trim(self) -> None:
+        """Drop from the KV cache what the conversation no longer holds."""
+        self._pump(self.backend.trim(self.conversation.prompt_messages()))
+
+    async def action_regenerate(self) -> None:
+        """Ctrl+R, /regen: the last reply dropped and sampled again from the same prompt
+        (its prefix comes from the cache). Greedy settings or a fixed seed give it again."""
+        if not self._on_main():
+            raise SkipAction()
+        if self._busy():
+            return
+        msgs = self.conversation.messages
+        if not msgs or msgs[-1]["role"] != "assistant":
+            await self.say("No reply to regenerate yet.", "warn")
+            return
+        last = msgs.pop()
+        for w in self.view.query(AssistantMessage):
+            if w.message is last:
+                await w.remove()
+        self.turn = None
+        await self._start_reply()
+
+    async def action_edit_last(self) -> None:
+        """Ctrl+E, /edit: your last message back in the input; it and its reply leave the
+        conversation, the screen and the context. Enter sends it again."""
+        if not self._on_main():
+            raise SkipAction()
+        if self._busy():
+            return
+        if self.input.text.strip():  # (/edit itself was cleared from it before it ran)
+            self.notify("The input has text: send or clear it first.", severity="warning")
+            return
+        msgs = self.conversation.messages
+        at = next((i for i in range(len(msgs) - 1, -1, -1) if msgs[i]["role"] == "user"), None)
+        if at is None:
+            await self.say("No message to edit yet.", "warn")
+            return
+        gone = {id(m) for m in msgs[at:]}
+        text = msgs[at]["content"]
+        del msgs[at:]
+        for w in list(self.view.query(".msg")):
+            if id(getattr(w, "message", None)) in gone:
+                await w.remove()
+        self.turn = None
+        self.last_stats = None
+        self.input.load_text(text)
+        self.input.move_cursor(self.input.document.end)
+        self.input.focus()
+        self._trim()
+        self.update_status()
+
+    async def action_pick_model(self) -> None:
+        if not self._on_main():
+            raise SkipAction()
+        current = self.info.path if self.info else self.model_path
+        self.push_screen(ModelPickerScreen(current), self._picked)
+
+    async def _picked(self, pick: Pick | None) -> None:
+        if pick is not None:
+            await self._begin_switch(pick.path, pick.keep)
+
+    async def action_browse_chats(self) -> None:
+        if not self._on_main():
+            raise SkipAction()
+        self.push_screen(ChatBrowserScreen(chats_dir()), self._browsed)
+
+    async def _browsed(self, result: Browsed | None) -> None:
+        if result is None:
+            return
+        if self.chat_path is not None:  # this chat's own file renamed or deleted there
+            self.chat_path = result.renamed.get(self.chat_path, self.chat_path)
+            if self.chat_path in result.deleted:
+                self.chat_path, self.chat_auto = None, False
+        if result.open is not None:
+            try:
+                await self.load_conversation(result.open)
+            except ConversationFileError as e:
+                await self.say(f"/chats: {e}", "error")
 
     async def _drop_turn(self) -> None:
         if self.turn is not None and not self.turn.finished:
@@ -532,8 +702,13 @@ class ChatApp(App[int]):
              lambda: self.post_message(scroll("home"))),
             ("Bottom of the conversation", "End on an empty input (follows the reply)",
              lambda: self.post_message(scroll("end"))),
-            ("New chat", "Ctrl+N", self.action_new_chat),
-            ("Clear the screen", "Ctrl+L", self.action_clear_screen),
+            ("New chat", "Ctrl+N, or Ctrl+L: screen and context cleared", self.action_new_chat),
+            ("Regenerate the last reply", "Ctrl+R", self.action_regenerate),
+            ("Edit your last message", "Ctrl+E: back in the input, it and its reply dropped",
+             self.action_edit_last),
+            ("Switch model", "Ctrl+O: the installed models", self.action_pick_model),
+            ("Saved chats", "Ctrl+G: open, rename, delete, export", self.action_browse_chats),
+            ("Show a folded message whole", "click it", lambda: None),
             ("Quit", "Ctrl+Q; Ctrl+D or Ctrl+C on an empty input", lambda: self.exit(0)),
         ]
         for title, key, callback in keys:
@@ -578,10 +753,14 @@ class ChatApp(App[int]):
                 await self.say(f"Set {what}.")
         elif cmd.name == "model":
             await self._switch_model(cmd.arg)
+        elif cmd.name == "regen":
+            await self.action_regenerate()
+        elif cmd.name == "edit":
+            await self.action_edit_last()
+        elif cmd.name == "chats":
+            await self.action_browse_chats()
         elif cmd.name == "save":
-            name = cmd.arg or f"chat-{int(conv.created)}"
-            path = conv.save(resolve_chat_path(name, for_writing=True))
-            await self.say(f"Saved to {path}")
+            await self._save(cmd.arg)
         elif cmd.name == "load":
             if not cmd.arg:
                 raise commands.CommandError("usage: /load FILE")
@@ -596,19 +775,86 @@ class ChatApp(App[int]):
     async def _switch_model(self, arg: str) -> None:
         from localllm.store.default import resolve_model
 
-        if not arg:
-            where = self.info.path if self.info else self.model_path
-            await self.say(f"Model: {where}. /model PATH loads another.")
+        name, keep = commands.parse_model_arg(arg)
+        if not name:
+            current = self.info.path if self.info else self.model_path
+            self.push_screen(ModelPickerScreen(current, keep), self._picked)
             return
-        path = resolve_model(arg)
+        await self._begin_switch(resolve_model(name), keep)
+
+    async def _begin_switch(self, path: Path, keep: bool) -> None:
+        """Load another model; the conversation goes now unless kept."""
         await self._drop_turn()
+        old = self.info.sampling if self.info else {}
+        if self.switching is not None:  # a switch before the last one loaded: its start
+            old = self.switching.old_sampling
+        self.switching = Switch(keep, old)
+        if not keep:
+            await self.action_new_chat()
         self.model_path = path
         self.info = None
         self.last_stats = None  # the old model's speeds
-        await self.say(f"Loading {path.name} ...")
-        self.loading = self.backend.load(path)
+        await self.say(f"Loading {path.name} ..." + ("" if keep else " (a new chat; "
+                       "`/model NAME --keep` or k in the picker keeps the conversation)"))
+        self.loading = self.backend.load(path, stages=True)
+        self._show_loading(path.name)
         self._pump(self.loading)
         self.update_status()
+
+    async def _after_switch(self, switch: Switch, info: ModelInfo) -> None:
+        from localllm.tui.model_choice import base_note
+
+        conv = self.conversation
+        conv.config, changed = commands.readvise(conv.config, switch.old_sampling, info.sampling)
+        if changed:
+            await self.say(f"Sampling from {info.name}'s advice: {', '.join(changed)} "
+                           "(/set changes it).")
+        if info.base:
+            await self.say(base_note(info.path), "warn")
+
+    async def _autosave(self) -> None:
+        """After each reply: the chat to its file (named after its first message)."""
+        conv = self.conversation
+        if not conv.messages:
+            return
+        if self.chat_path is None:
+            self.chat_path, self.chat_auto = chat_store.name_for(conv, chats_dir()), True
+        try:
+            conv.save(self.chat_path)
+        except OSError as e:
+            await self.say(f"the chat could not be saved to {self.chat_path}: "
+                           f"{e.strerror or e}", "warn")
+
+    async def _save(self, arg: str) -> None:
+        conv = self.conversation
+        if not conv.messages:
+            raise commands.CommandError("nothing to save yet")
+        if not arg:
+            path = self.chat_path or chat_store.name_for(conv, chats_dir())
+            self.chat_auto = self.chat_auto or self.chat_path is None
+            await self._save_as(path)
+            return
+        if not Path(arg).suffix and len(Path(arg).parts) == 1:
+            chat_store.check_name(arg)
+        path = resolve_chat_path(arg, for_writing=True)
+        if path.exists() and path != self.chat_path:
+            self.push_screen(
+                ConfirmScreen(f"A chat named {path.stem!r} exists ({path}). Write this chat "
+                              "over it?", "Overwrite", "Keep it"),
+                lambda yes: self._save_as(path, named=True) if yes else
+                self.say(f"Not saved: {path.stem!r} is another chat. /save OTHER-NAME.", "warn"))
+            return
+        await self._save_as(path, named=True)
+
+    async def _save_as(self, path: Path, named: bool = False) -> None:
+        old, was_auto = self.chat_path, self.chat_auto
+        self.conversation.save(path)
+        self.chat_path = path
+        if named:
+            self.chat_auto = False
+            if was_auto and old is not None and old != path:
+                old.unlink(missing_ok=True)  # the same chat, now under the name given
+        await self.say(f"Saved to {path}")
 
     async def load_conversation(self, path: Path) -> None:
         conv = Conversation.load(path)
@@ -616,6 +862,7 @@ class ChatApp(App[int]):
         previous = conv.model
         self.conversation = conv
         self.last_stats = None  # the speeds of a reply that is no longer on screen
+        self.chat_path, self.chat_auto = path, False  # its replies are saved back there
         await self.view.remove_children()
         await self.say(f"Loaded {path} ({len(conv.messages)} messages).")
         if self.info is not None:

@@ -4,8 +4,15 @@ Numba's workqueue threading layer must not be entered from two Python threads at
 one thread owns the Engine for its whole life: it loads the model, compiles the kernels,
 renders and tokenizes prompts, and runs the token loop (`localllm.generation.batcher`, the
 same loop as the CLI's and the server's). The UI thread only puts jobs on a queue and reads
-events from a per-job `Handle`; it never waits on a kernel. The app only sees `Loaded`,
-`Progress`, `ContextFull`, `Failed` and `localllm.generation.text_stream.Event` objects.
+events from a per-job `Handle`; it never waits on a kernel. The app only sees `LoadStage`,
+`Loaded`, `Progress`, `ContextFull`, `Failed`, `Trimmed` and
+`localllm.generation.text_stream.Event` objects.
+
+A load reports its stages as the engine and the kernel step go through them (`LoadStage`:
+mapping the file, reading the tokenizer, loading the weights (tensor by tensor: a large
+model's r16 repacking takes seconds), allocating the KV cache, then
+loading or, on a machine's first run, compiling the kernels with a count), so the app shows
+what the wait is for.
 
 Turn 2 does not re-evaluate turn 1: every chat job renders the whole conversation with the
 model's template and sends it to the same slot, and the KV cache keeps the longest common
@@ -22,7 +29,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +54,18 @@ class ModelInfo:
     template: str  # "gguf" (the file's own chat template) or a built-in one's name
     load_s: float
     thinking: bool = False  # the chat template can think (<think>, enable_thinking)
+    # the sampling the file recommends (general.sampling.*), by setting name
+    sampling: dict[str, Any] = field(default_factory=dict)
+    base: bool = False  # a completion (base) model: no chat template, no chat-like name
+
+
+@dataclass
+class LoadStage:
+    """What a load is doing now: `done` of `total` where it counts (kernels), else 0/0."""
+
+    what: str
+    done: int = 0
+    total: int = 0
 
 
 @dataclass
@@ -81,12 +100,19 @@ class Failed:
     message: str
 
 
-BackendEvent = Loaded | Progress | ContextFull | Failed | Event
+@dataclass
+class Trimmed:
+    """The conversation's slot now holds `kept` tokens (a trim job's one event)."""
+
+    kept: int
+
+
+BackendEvent = LoadStage | Loaded | Progress | ContextFull | Failed | Trimmed | Event
 
 
 def is_final(ev: BackendEvent) -> bool:
     """The job's last event? (Progress.done is a count, not a flag: test the type.)"""
-    if isinstance(ev, Progress):
+    if isinstance(ev, (Progress, LoadStage)):
         return False
     return not isinstance(ev, Event) or ev.done
 
@@ -143,7 +169,7 @@ class Handle:
 
 @dataclass
 class _Job:
-    kind: str  # "load" | "chat"
+    kind: str  # "load" | "chat" | "trim"
     handle: Handle
     args: dict[str, Any]
 
@@ -202,17 +228,20 @@ class ChatBackend:
 
     # --- UI side -------------------------------------------------------------------------
 
-    def start(self) -> Handle:
-        """Start the engine thread and load the model. The handle yields Loaded or Failed."""
+    def start(self, stages: bool = False) -> Handle:
+        """Start the engine thread and load the model. The handle yields Loaded or Failed
+        (after LoadStage events with `stages`)."""
         if self._thread is not None:
             raise RuntimeError("backend already started")
         self._thread = threading.Thread(target=self._run, name="localllm-engine", daemon=True)
         self._thread.start()
-        return self.load(self._first_path)
+        return self.load(self._first_path, stages)
 
-    def load(self, model_path: str | Path) -> Handle:
-        """Replace the model (the conversation's KV cache goes with it)."""
-        return self._submit("load", path=Path(model_path))
+    def load(self, model_path: str | Path, stages: bool = False) -> Handle:
+        """Replace the model (the conversation's KV cache goes with it). stages: LoadStage
+        events before the final Loaded or Failed (a reader of the first event only, the
+        line chat, leaves them off)."""
+        return self._submit("load", path=Path(model_path), stages=stages)
 
     def submit(self, messages: Sequence[dict], config: SamplerConfig, max_tokens: int = -1,
              stop: Sequence[str] = ()) -> Handle:
@@ -222,6 +251,13 @@ class ChatBackend:
         msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
         return self._submit("chat", messages=msgs, config=config, max_tokens=max_tokens,
                             stop=list(stop))
+
+    def trim(self, messages: Sequence[dict]) -> Handle:
+        """Keep in the slot only what `messages` (the conversation now: shorter after a new
+        chat, an edit, a regenerate) still share with it; yields Trimmed. The next reply
+        would re-use no more than that anyway: this makes the context figure true at once."""
+        msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
+        return self._submit("trim", messages=msgs)
 
     def context_used(self) -> int:
         """Tokens the conversation's slot holds now."""
@@ -253,6 +289,8 @@ class ChatBackend:
             try:
                 if job.kind == "load":
                     self._load(job)
+                elif job.kind == "trim":
+                    self._trim(job)
                 else:
                     self._chat(job)
             except Exception as e:  # noqa: BLE001 - any failure ends the job, not the thread
@@ -261,13 +299,21 @@ class ChatBackend:
     def _load(self, job: _Job) -> None:
         from localllm.engine import Engine
         from localllm.generation.batcher import Batcher
+        from localllm.generation.sampler_settings import recommended
         from localllm.generation.speculative import StepCosts, make_drafter
         from localllm.kernels.build.warmup import ensure_kernels_compiled
+        from localllm.tui.model_choice import is_base_model
+
+        def stage(what: str, done: int = 0, total: int = 0) -> None:
+            if job.args["stages"]:
+                job.handle.put(LoadStage(what, done, total))
 
         t0 = time.perf_counter()
         self.engine = self._loop = None  # drop the old model (and its cache) first
-        eng = Engine(job.args["path"], **self._engine_opts)
-        ensure_kernels_compiled(eng, progress=False)
+        eng = Engine(job.args["path"], stage=stage, **self._engine_opts)
+        ensure_kernels_compiled(eng, progress=False, report=stage)
+        if self._spec.draft_model:
+            stage("loading the draft model")
         drafter = make_drafter(self._spec, eng)  # None when speculation is off
         # the token loop, run on this thread; a long prompt is evaluated PREFILL_CHUNK rows
         # a step, so progress shows and Esc cancels between chunks
@@ -283,8 +329,19 @@ class ChatBackend:
             path=Path(job.args["path"]), name=name, n_ctx=eng.n_ctx, kv_bytes=eng.kv.nbytes(),
             k_type=eng.kv.k_type, v_type=eng.kv.v_type, template=template,
             load_s=time.perf_counter() - t0, thinking=eng.template.caps.thinking,
+            sampling=recommended(eng.metadata), base=is_base_model(eng.metadata, name),
         )
         job.handle.put(Loaded(self.info))
+
+    def _trim(self, job: _Job) -> None:
+        eng = self.engine
+        if eng is None:
+            job.handle.put(Trimmed(0))
+            return
+        msgs = job.args["messages"]
+        keep = eng.kv.common_prefix(SLOT, self._encode(msgs)) if msgs else 0
+        eng.kv.truncate(SLOT, keep)
+        job.handle.put(Trimmed(eng.kv.n_past(SLOT)))
 
     def _encode(self, messages: Sequence[dict]) -> list[int]:
         return self._render(messages)[0]

@@ -10,9 +10,12 @@ and the whole config validated before it is kept.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 import textwrap
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from localllm.errors import LocalLLMError
 from localllm.generation.sampler_settings import SamplerConfig, settings
@@ -26,10 +29,14 @@ HELP = f"""\
 - **Up** / **Down** on the first / last line: earlier / later messages
 - **PageUp** / **PageDown** scroll the conversation; so do **Home** / **End** while the
   input is empty (End follows the reply again)
-- a click (on a code block: copies it) leaves the typing in the input
+- a click (on a code block: copies it; on a folded long message: shows it all) leaves the
+  typing in the input; a code line too long for the screen shows a scroll bar under its block
 - **Esc** (or **Ctrl+C**) stop the reply now: what came so far stays, marked *stopped*
-- **Ctrl+N** new chat (system prompt and settings kept); **Ctrl+L** clear the screen
-  (the conversation stays in context)
+- **Ctrl+R** regenerate the last reply; **Ctrl+E** edit your last message (it goes back
+  in the input, and it and its reply leave the conversation)
+- **Ctrl+N** or **Ctrl+L** new chat: screen and context cleared (system prompt and
+  settings kept)
+- **Ctrl+O** switch model; **Ctrl+G** saved chats (open, rename, delete, export)
 - **Ctrl+P** every command and key, searchable
 - **Ctrl+Q** quit; so do **Ctrl+D** and **Ctrl+C** on an empty input (nothing streaming)
 
@@ -37,16 +44,21 @@ HELP = f"""\
 
 - `/system TEXT` set the system prompt (`/system` shows it, `/system -` removes it)
 - `/set KEY VALUE` {_SET_KEYS} (`/set` lists them)
-- `/model PATH` load another .gguf (the conversation stays)
-- `/save [FILE]`, `/load FILE` the conversation as JSON (bare names: the chats folder)
+- `/model [NAME] [--keep]` switch model (no NAME: the picker); a new chat unless --keep;
+  the new model's own sampling advice replaces the old one's (your /set values stay)
+- `/regen` regenerate the last reply; `/edit` edit your last message
+- `/chats` the saved chats; every chat is saved after each reply, named after its first
+  message
+- `/save [NAME]` save (NAME: under that name; a name another chat has asks first),
+  `/load NAME` open a saved chat (bare names: the chats folder; or a path)
 - `/copy [code] [FILE]` the last reply (or its last code block) to the clipboard, and
   to FILE if given; clicking a code block copies it too
-- `/new`, `/clear`, `/help`; `/quit` (or `/bye`, `/exit`) quits
+- `/new`, `/clear` (both a new chat), `/help`; `/quit` (or `/bye`, `/exit`) quits
 """
 
 QUIT_COMMANDS = ("quit", "bye", "exit")  # the spellings of ollama, llama.cpp and shells
-COMMANDS = ("system", "set", "model", "save", "load", "copy", "help", "new", "clear",
-            *QUIT_COMMANDS)
+COMMANDS = ("system", "set", "model", "regen", "edit", "chats", "save", "load", "copy", "help",
+            "new", "clear", *QUIT_COMMANDS)
 
 # The command palette's entries (Ctrl+P): usage, what it does, whether it needs an argument
 # typed (then choosing it puts "/name " in the input; otherwise it runs at once).
@@ -54,14 +66,20 @@ PALETTE: dict[str, tuple[str, str, bool]] = {
     "system": ("/system TEXT", "set the system prompt (/system shows it, /system - removes it)",
                True),
     "set": ("/set KEY VALUE", "change a sampler setting or max_tokens (/set lists them)", True),
-    "model": ("/model PATH", "load another .gguf; the conversation stays", True),
-    "save": ("/save [FILE]", "save the conversation as JSON (the chats folder by default)",
+    "model": ("/model [NAME] [--keep]", "switch model: the picker (a new chat unless kept)",
+              False),
+    "regen": ("/regen", "regenerate the last reply (Ctrl+R)", False),
+    "edit": ("/edit", "edit your last message: back in the input, it and its reply dropped "
+             "(Ctrl+E)", False),
+    "chats": ("/chats", "saved chats: open, rename, delete, export to Markdown (Ctrl+G)",
+              False),
+    "save": ("/save [NAME]", "save the chat (NAME: under that name; asks before overwriting)",
              False),
-    "load": ("/load FILE", "load a saved conversation", True),
+    "load": ("/load NAME", "open a saved chat (a name in the chats folder, or a path)", True),
     "copy": ("/copy [code] [FILE]", "copy the last reply (or its last code block)", False),
     "help": ("/help", "keys and commands", False),
     "new": ("/new", "new chat (system prompt and settings kept)", False),
-    "clear": ("/clear", "clear the screen (the conversation stays in context)", False),
+    "clear": ("/clear", "new chat: screen and context cleared (as /new)", False),
     "quit": ("/quit", "quit (also /bye, /exit)", False),
 }
 
@@ -131,3 +149,28 @@ def _parse_int(key: str, raw: str) -> int:
         return int(raw)
     except ValueError:
         raise CommandError(f"{key} takes a whole number, not {raw!r}") from None
+
+
+_KEEP = re.compile(r"(^|\s)--keep(?=\s|$)")
+
+
+def parse_model_arg(arg: str) -> tuple[str, bool]:
+    """'/model NAME --keep' -> ('NAME', True): the model and whether the chat is kept."""
+    keep = bool(_KEEP.search(arg))
+    return _KEEP.sub(" ", arg).strip(), keep
+
+
+def readvise(config: SamplerConfig, old: Mapping[str, Any],
+             new: Mapping[str, Any]) -> tuple[SamplerConfig, list[str]]:
+    """The settings after a model switch: each one still at the old model's advice (or at
+    our default where the old model advised nothing) takes the new model's advice (or our
+    default); one the user changed (a flag, /set) stays. Returns the config and what
+    changed ('temperature = 0.6')."""
+    base = SamplerConfig()
+    was, now = dataclasses.replace(base, **old), dataclasses.replace(base, **new)
+    changes = {}
+    for f in dataclasses.fields(SamplerConfig):
+        cur = getattr(config, f.name)
+        if cur == getattr(was, f.name) and cur != getattr(now, f.name):
+            changes[f.name] = getattr(now, f.name)
+    return dataclasses.replace(config, **changes), [f"{k} = {v}" for k, v in changes.items()]

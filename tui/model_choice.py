@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from localllm.errors import LocalLLMError
 from localllm.store import local as store
@@ -92,6 +94,12 @@ def fallback_to_base() -> ModelChoice:
 
     path = default_model_path()
     return ModelChoice(path, base_note(path))
+
+
+def is_base_model(metadata: Mapping[str, Any], name: str) -> bool:
+    """A completion (base) model: its file carries no chat template and its name does not
+    say instruct/chat/it (the embedded Gemma 3 270M; a chat model always ships a template)."""
+    return "tokenizer.chat_template" not in metadata and not looks_like_chat_model(name)
 
 
 def base_note(path: Path) -> str:

@@ -102,16 +102,49 @@ class ChatInput(TextArea):
         self.move_cursor(self.document.end if at_end else (0, len(self.document[0])))
 
 
+FOLD_LINES = 8  # a user message longer than this is shown folded (sent whole)
+FOLD_CHARS = 640  # ... or than this many characters (a paste with no line breaks)
+
+
+def fold(text: str, max_lines: int = FOLD_LINES, max_chars: int = FOLD_CHARS) -> tuple[str, str]:
+    """(the start of `text` to show, what is left out: '... 42 more lines'); the whole text
+    and '' when it is short."""
+    lines = text.split("\n")
+    head = "\n".join(lines[:max_lines])[:max_chars]
+    if head == text:
+        return text, ""
+    more = len(lines) - len(head.split("\n"))
+    if more > 0:
+        return head, f"... {more} more line{'s' if more > 1 else ''}"
+    return head, f"... {len(text) - len(head)} more characters"
+
+
 class UserMessage(Static):
-    """A user turn: the text exactly as typed (no markup)."""
+    """A user turn: the text exactly as typed (no markup). A long one (a pasted file) shows
+    its first lines and '... N more lines'; a click shows it all (and folds it again). The
+    conversation, and so the model, always gets the whole text."""
 
     def __init__(self, message: dict) -> None:
         super().__init__(classes="msg user")
         self.message = message
+        self.head, self.rest = fold(message["content"])
+        self.folded = bool(self.rest)
 
     def compose(self) -> ComposeResult:
         yield Label("You", classes="who")
-        yield Static(self.message["content"], markup=False, classes="body")
+        yield Static(self.head, markup=False, classes="body")
+        more = Static(f"{self.rest} (click to show all)", markup=False, classes="more")
+        more.display = self.folded
+        yield more
+
+    def on_click(self) -> None:
+        if not self.rest:
+            return
+        self.folded = not self.folded
+        self.query_one(".body", Static).update(self.head if self.folded
+                                               else self.message["content"])
+        more = self.query_one(".more", Static)
+        more.update(f"{self.rest} (click to show all)" if self.folded else "(click to fold)")
 
 
 class Note(Static):

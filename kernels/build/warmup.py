@@ -28,8 +28,14 @@ import json
 import os
 import pickle
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+# Told what the kernel step of a load is doing: (what, done, total); total 0 when not counted.
+# The chat's loading screen shows it (the CLI has its own status line, _CompileProgress).
+KernelReport = Callable[[str, int, int], None]
+COMPILING = "compiling the CPU kernels (first run on this machine, cached after)"
 
 # (module, attribute, argument types) of a Numba dispatcher, or ("@kernel", qtype, variant)
 # for a row kernel built by mm_driver.kernel()
@@ -248,8 +254,10 @@ class _CompileProgress:
     """A status line naming what Numba is compiling now (the numba:compile event), with a
     count of the kernels done when the list is known. Records each compile's duration."""
 
-    def __init__(self, show: bool) -> None:
+    def __init__(self, show: bool, report: KernelReport | None = None) -> None:
         self.show = show
+        self.report = report
+        self._name = ""
         self.seconds: dict[tuple[str, str], float] = {}
         self.nested: set[ManifestEntry] = set()  # compiled only as a callee
         self._top: set[ManifestEntry] = set()
@@ -309,6 +317,10 @@ class _CompileProgress:
         self._update()
 
     def _update(self, name: str = "") -> None:
+        self._name = name or self._name
+        if self.report is not None:
+            self.report(COMPILING + (f": {self._name}" if self._name else ""), self._done,
+                        self._total)
         if self._progress is not None:
             self._progress.update(self._task, description=self._text(name))
 
@@ -414,14 +426,18 @@ def start_compiling(model_path: str | os.PathLike,
 
 
 def ensure_kernels_compiled(engine, progress: bool = True,
-                            pending: PendingCompile | None = None) -> bool:
+                            pending: PendingCompile | None = None,
+                            report: KernelReport | None = None) -> bool:
     """Compile (or load from Numba's cache) the kernels this model needs, then let go of
     what only loading needed (kernels/build/lean.py). `pending`: workers start_compiling started
-    for this model. Returns True if this was a cold run that had to compile."""
+    for this model. `report`: told each step (and each compile of a cold run). Returns True
+    if this was a cold run that had to compile."""
     from localllm.kernels.build import lean
     from localllm.kernels.build.compile_workers import default_workers
 
+    say = report or (lambda _what, _done, _total: None)
     if getattr(engine, "device", "cpu") == "cuda":
+        say("warming up the GPU kernels", 0, 0)
         engine.warmup()  # CuPy compiles the .cu modules (NVRTC, cached on disk) at first use
         return False
     qtypes, arch = _model_kind(engine.gf)
@@ -436,12 +452,14 @@ def ensure_kernels_compiled(engine, progress: bool = True,
     if not cold and known is not None:
         todo = for_kv_types([e for e in known.entries if callable_from_python(e)], kv)
         if _kv_stamp(kv).exists():
+            say("loading the compiled kernels", 0, len(todo))
             load_kernels(todo)
         else:  # compiled for another cache type: this pair's kernels compile now, shown
-            with _CompileProgress(progress):
+            with _CompileProgress(progress, report):
                 load_kernels(todo)
             _kv_stamp(kv).write_text("{}")
     elif not cold:  # a stamp from before manifests: one warm-up pass records it
+        say("warm-up pass", 0, 0)
         engine.warmup()
         _write_manifest(manifest, Manifest(used_kernels()))
     else:
@@ -451,7 +469,8 @@ def ensure_kernels_compiled(engine, progress: bool = True,
             guess = _guess(manifest, arch, qtypes)
             pending = (None if guess is None
                        else PendingCompile(stamp, guess, default_workers(), kv))
-        with _CompileProgress(progress) as prog:
+        with _CompileProgress(progress, report) as prog:
+            prog.expect(0, "kernels")  # told at once: the list may take a moment
             if pending is not None:
                 pending.finish(prog)
             engine.warmup()  # loads what the workers compiled; compiles whatever is left

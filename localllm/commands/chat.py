@@ -70,8 +70,9 @@ def cmd_chat(ns: argparse.Namespace) -> int:
         config = model_sampler_config(ns, choice.path)  # the flags over the model's advice
         config.validate()
     conversation = Conversation(system=ns.system or "", config=config, max_tokens=ns.num_predict)
-    if ns.load:
-        conversation = Conversation.load(resolve_chat_path(ns.load, for_writing=False))
+    loaded = resolve_chat_path(ns.load, for_writing=False) if ns.load else None
+    if loaded is not None:
+        conversation = Conversation.load(loaded)
     if spec.draft_model:
         from localllm.store.default import resolve_model
 
@@ -85,7 +86,8 @@ def cmd_chat(ns: argparse.Namespace) -> int:
         return line_chat(backend, conversation, choice.note, verbose=ns.verbose)
     from localllm.tui.app import ChatApp
 
-    app = ChatApp(choice.path, conversation=conversation, note=choice.note, backend=backend)
+    app = ChatApp(choice.path, conversation=conversation, note=choice.note, backend=backend,
+                  chat_path=loaded)  # a resumed chat's replies are saved back to its file
     app.run()
     return app.return_code or 0
 
