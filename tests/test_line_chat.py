@@ -134,3 +134,16 @@ def test_the_app_or_the_line_chat(monkeypatch) -> None:
 def test_history_lives_beside_the_chats(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     assert history_path() == tmp_path / "localllm" / "chat-history"
+
+
+def test_save_without_a_name_names_the_chat_from_its_first_message(
+        tiny_chat: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    rc, _, err = _chat(monkeypatch, capsys, tiny_chat,
+                       "Where is Paris?\n/save\n/save\n/bye\n")
+    assert rc == 0, err
+    chats = tmp_path / "data" / "localllm" / "chats"
+    # the app's rule (tui/chat_store.py): a slug of the first message, then -2 when taken
+    assert sorted(p.name for p in chats.iterdir()) == ["where-is-paris-2.json",
+                                                       "where-is-paris.json"]
+    assert f"saved to {chats / 'where-is-paris.json'}" in err

@@ -38,6 +38,7 @@ from localllm.tui.backend import (
     ModelInfo,
     drop_oldest_turns,
 )
+from localllm.tui.chat_store import name_for
 from localllm.tui.conversation import (
     Conversation,
     ConversationFileError,
@@ -216,8 +217,10 @@ class LineChat:
             else:
                 self.say(commands.describe_settings(conv.config, conv.max_tokens))
         elif cmd.name == "save":
-            name = cmd.arg or f"chat-{int(conv.created)}"  # as the app names it
-            self.say(f"saved to {conv.save(resolve_chat_path(name, for_writing=True))}")
+            # no name: one from the first message, as the app's automatic saves are named
+            path = (resolve_chat_path(cmd.arg, for_writing=True) if cmd.arg
+                    else name_for(conv, chats_dir()))
+            self.say(f"saved to {conv.save(path)}")
         elif cmd.name == "load":
             if not cmd.arg:
                 raise commands.CommandError("usage: /load NAME")
