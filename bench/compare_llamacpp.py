@@ -12,7 +12,7 @@ localllm / llama.cpp. Timings on a 2-core machine swing 10-15%: run it on a quie
 
 --bandwidth adds the decode limit (measured read bandwidth with that thread count / bytes
 one token reads, from `localllm bench --bandwidth`) and each side's fraction of it.
---load adds, per model, process start to first token (`localllm run -n 1` against
+--load adds, per model, process start to first token (`localllm run --raw -n 1` against
 `llama-simple -n 1` from llama-bench's folder; medians over the pairs) and each side's
 peak RSS (the kernel's count for that process: os.wait4).
 --contend N keeps N cores busy with other processes while both sides run (issue 28's
@@ -80,7 +80,7 @@ def load_pair(llama_bench: str, model: str) -> dict[str, tuple[float, float]]:
     simple = str(Path(llama_bench).with_name("llama-simple"))
     return {
         "ours": timed_process([sys.executable, "-m", "localllm", "run", model, "-n", "1",
-                               "--speculate", "off", "Hello"]),
+                               "--speculate", "off", "--raw", "Hello"]),
         "theirs": timed_process([simple, "-m", model, "-n", "1", "Hello"]),
     }
 

@@ -224,3 +224,33 @@ def test_unbounded_generation_stops_at_the_context(tiny_server, path: str, body:
                        else (j["usage"]["prompt_tokens"], j["usage"]["completion_tokens"]))
     # the last token drawn is never evaluated, so it needs no room in the context
     assert n_prompt + n_gen <= state.engine.n_ctx + 1
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/api/generate", {"options": {"num_predict": -1, "temperature": 0}}),
+    ("/v1/completions", {"temperature": 0}),
+])
+def test_max_predict_caps_a_request_that_sets_no_length(tiny_server, path: str,
+                                                        body: dict) -> None:
+    import dataclasses
+
+    url, state = tiny_server
+    old = state.limits
+    state.limits = dataclasses.replace(old, predict=5)  # as `serve --max-predict 5` sets it
+
+    def generated(extra: dict) -> int:
+        r = httpx.post(url + path, json={"model": "tiny", "prompt": "hi", "stream": False,
+                                         **body, **extra}, timeout=120)
+        assert r.status_code == 200, r.text
+        j = r.json()
+        return j["eval_count"] if "eval_count" in j else j["usage"]["completion_tokens"]
+
+    try:
+        # greedy on this model runs until the context is full uncapped (the test above)
+        assert generated({}) == 5
+        # a length the client asks for is its own, past the cap too
+        asked = ({"options": {**body["options"], "num_predict": 9}} if "options" in body
+                 else {"max_tokens": 9})
+        assert generated(asked) == 9
+    finally:
+        state.limits = old

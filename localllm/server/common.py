@@ -11,6 +11,7 @@ sends may reach a 500: types are checked here before any value is used.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import sys
@@ -539,6 +540,9 @@ class Stream:
         self.queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         self.t0 = self._checked = time.perf_counter()
         self.ahead: list[Event] = []  # events already taken off the queue, returned first
+        cap = state.limits.predict
+        if req.max_tokens < 0 and cap > 0:  # no length asked for: the server's (limits.py)
+            req = dataclasses.replace(req, max_tokens=cap)
         try:
             self.handle: Handle = state.scheduler.submit(
                 req, sink=lambda ev: loop.call_soon_threadsafe(self.queue.put_nowait, ev))

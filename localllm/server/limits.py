@@ -2,8 +2,10 @@
 400 (413 for the body size) naming the cap and the flag that raises it, checked on the
 parsed body before any work; and a wall-clock limit per request (an ASGI middleware).
 
-A generation with no `num_predict`/`max_tokens`, or -1 (Ollama's "infinite"), is already
-bounded by the context: the sequence stops when its KV room is full (sequence.py)."""
+A generation with no `num_predict`/`max_tokens`, or -1 (Ollama's "infinite"), is bounded by
+the context (the sequence stops when its KV room is full: sequence.py) and, with
+`--max-predict N`, by N tokens: a server shared by many clients can keep one such request
+from holding a slot for a whole context."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ class Limits:
     inputs: int = 2048  # embedding inputs per request (OpenAI's own cap)
     input_tokens: int = 1 << 18  # their total tokens
     timeout: float = 1800.0  # seconds one request may take, 0: no limit
+    predict: int = 0  # tokens for a request that sets no num_predict/max_tokens, 0: context
 
 
 _FLAGS = {  # field -> (flag, help)
@@ -42,6 +45,8 @@ _FLAGS = {  # field -> (flag, help)
     "inputs": ("--max-inputs", "embedding inputs per request"),
     "input_tokens": ("--max-input-tokens", "total tokens of a request's embedding inputs"),
     "timeout": ("--request-timeout", "seconds a request may run, 0 for no limit"),
+    "predict": ("--max-predict", "tokens a request that sets no num_predict/max_tokens (or "
+                "-1) may generate, 0 for until the context is full"),
 }
 
 
@@ -60,7 +65,7 @@ def limits_from_args(ns: argparse.Namespace) -> Limits:
     values = {f.name: getattr(ns, f"limit_{f.name}", getattr(Limits(), f.name))
               for f in fields(Limits)}
     for name, v in values.items():
-        if v < 0 or (v == 0 and name != "timeout"):
+        if v < 0 or (v == 0 and name not in ("timeout", "predict")):
             raise InvalidValueError(f"{_FLAGS[name][0]} must be positive, got {v:g}")
     return Limits(**values)
 
