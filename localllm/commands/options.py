@@ -36,7 +36,8 @@ DEVICES = ("auto", "cpu", "cuda")
 def add_model_opts(p: argparse.ArgumentParser, ctx_help: str | None = None) -> None:
     """-t/--threads, -c/--ctx, --kv-type/-ctk, --kv-type-v/-ctv, --device."""
     p.add_argument("-t", "--threads", type=int, default=None,
-                   help="CPU threads (default: all cores)")
+                   help="CPU threads (default: up to all cores, fewer while other programs "
+                        "keep cores busy: chosen per step from measured step times)")
     p.add_argument("-c", "--ctx", type=int, default=None, help=ctx_help or (
         "context size in tokens (default: 4096 or the model's, if smaller)"))
     p.add_argument("--kv-type", "-ctk", choices=KV_TYPES, default="f16",
