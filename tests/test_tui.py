@@ -1195,3 +1195,29 @@ def test_switching_keeps_what_the_user_set() -> None:
     assert changed == ["temperature = 0.25", f"top_k = {base.top_k}"]
     assert commands.parse_model_arg("smollm2 --keep") == ("smollm2", True)
     assert commands.parse_model_arg("my--keep.gguf") == ("my--keep.gguf", False)
+
+
+def test_reply_tables_keep_their_column_alignment() -> None:
+    from textual.app import App
+
+    from localllm.tui.widgets import AssistantMessage
+
+    table = "| fruit | count | note |\n|:--|--:|:-:|\n| apples | 3 | ok |\n| kiwis | 12345 | x |\n"
+
+    class One(App):
+        def compose(self):
+            yield AssistantMessage("model", {"role": "assistant", "content": table})
+
+    async def run() -> list[list[str]]:
+        app = One()
+        async with app.run_test(size=(60, 14)) as pilot:
+            await pilot.pause()
+            await pilot.pause()
+            content = app.query_one("MarkdownTableContent")
+            cells = list(content.children)
+            return [[str(c.styles.text_align) for c in cells[i:i + 3]]
+                    for i in range(0, len(cells), 3)]
+
+    rows = asyncio.run(run())
+    assert len(rows) == 3  # the header and two rows
+    assert all(r == ["left", "right", "center"] for r in rows), rows

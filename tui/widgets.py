@@ -25,6 +25,11 @@ from textual.widgets import (
     Static,
     TextArea,
 )
+from textual.widgets._markdown import (  # the table blocks are not re-exported publicly
+    MarkdownTable,
+    MarkdownTableContent,
+    MarkdownTH,
+)
 from textual.widgets.markdown import MarkdownFence, MarkdownStream
 
 
@@ -154,6 +159,57 @@ class Note(Static):
         super().__init__(text, markup=False, classes=f"note {kind}")
 
 
+def column_aligns(table: MarkdownTable) -> list[str]:
+    """The text-align of each column as the Markdown asks (`:--` left, `:-:` center, `--:`
+    right; markdown-it puts it on the header cells' style)."""
+    out: list[str] = []
+
+    def walk(block) -> None:
+        for b in block._blocks:
+            if isinstance(b, MarkdownTH):
+                style = b._token.attrGet("style") or ""
+                out.append("right" if "right" in style else
+                           "center" if "center" in style else "left")
+            walk(b)
+
+    walk(table)
+    return out
+
+
+class AlignedTable(MarkdownTable):
+    """A table whose columns keep their Markdown alignment: Textual's own left-aligns every
+    cell, so a column of numbers marked `--:` came out ragged. Cells are the content's
+    children in order (headers, then rows), so cell i is in column i % columns; rows that
+    arrive while the reply streams are aligned as they are mounted."""
+
+    def compose(self) -> ComposeResult:
+        self.aligns = column_aligns(self)  # before compose: it empties _blocks
+        yield from super().compose()
+
+    def on_mount(self) -> None:
+        self.call_after_refresh(self.apply_aligns)
+
+    async def _update_from_block(self, block) -> None:
+        if isinstance(block, MarkdownTable):
+            self.aligns = column_aligns(block) or self.aligns
+        await super()._update_from_block(block)
+        self.call_after_refresh(self.apply_aligns)
+
+    def apply_aligns(self) -> None:
+        aligns = getattr(self, "aligns", [])
+        if all(a == "left" for a in aligns):  # Textual's own look
+            return
+        for content in self.query(MarkdownTableContent):
+            for i, cell in enumerate(content.children):
+                cell.styles.text_align = aligns[i % len(aligns)]
+
+
+class ReplyMarkdown(Markdown):
+    """A reply's Markdown: Textual's, with tables that keep their column alignment."""
+
+    BLOCKS = {**Markdown.BLOCKS, "table_open": AlignedTable}
+
+
 class AssistantMessage(Vertical):
     """A reply: a typing indicator until the first token (the prompt is being read), a
     reasoning model's thinking (dimmed, collapsed once the answer starts, hidden when there
@@ -176,7 +232,7 @@ class AssistantMessage(Vertical):
                           collapsed=False, classes="thinking")
         box.display = False
         yield box
-        yield Markdown(self.source or None, classes="body")
+        yield ReplyMarkdown(self.source or None, classes="body")
         yield Static("", markup=False, classes="stats")
 
     @property
