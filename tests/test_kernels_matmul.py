@@ -160,14 +160,15 @@ _VARIANTS = [(t, None) for t in ALL_TYPES] + (
                          else {None: "", False: "256", "r16": "r16"}[v])
 def test_matmul_all_shapes(qt: T, wide: bool | str | None) -> None:
     """Every type, every batch path, each row bit-identical whatever N: N = 1 (matvec), 3/4/8/16 (tiles of 4, padding), 33/70
-    (prefill sizes, parallel activation quantization); odd row counts (r16: a partial last
-    group of 16 rows); two K (the smaller with an odd number of blocks for the 32-weight types:
-    the 512-bit kernels' tail)."""
+    (prefill sizes, parallel activation quantization; r16: tiles of 8 activation rows, then
+    of 4, padded); odd row counts (r16: a partial last group of 16 rows, also at N = 19 in
+    parallel tasks under tiles of 8 and 4); two K (the smaller with an odd number of blocks
+    for the 32-weight types: the 512-bit kernels' tail)."""
     rng = np.random.default_rng(int(qt))
     be = max(block_elems(qt), 32)
     k_small, k_big = (5 * be, 8 * be) if be == 32 else (be, 3 * be)
     for rows, k, ns in [(37, k_small, (1, 3, 4, 8, 16, 33, 70)), (37, k_big, (1, 4, 33)),
-                        (301, k_big, (1, 5)), (16, k_small, (2, 9))]:
+                        (301, k_big, (1, 5, 19)), (16, k_small, (2, 9))]:
         w = random_weight(qt, rows, k, rng)
         packed = mm.repack_r16(w, int(qt)) if wide == "r16" else None
         xs = rng.standard_normal((max(ns), k)).astype(np.float32)
