@@ -563,6 +563,32 @@ def test_quantize_q8_0_matches_ggml() -> None:
     np.testing.assert_array_equal(xc, xd * xq.reshape(3, 8, 32).sum(-1).astype(np.float32))
 
 
+def test_quantize_q8_0_scale_rounding_at_the_fp16_edges() -> None:
+    """The stored scales are numpy's float16 rounding (ties to even) of d and d * sum(q) over
+    fp16's whole range: subnormal and zero scales, ties, 65504 and past it (inf), and -0."""
+    rng = np.random.default_rng(22)
+    amax = np.concatenate([
+        np.float32(127) * 2.0 ** rng.uniform(-27, -13, 400),  # d in the fp16 subnormals
+        np.float32(127) * 2.0 ** rng.uniform(-14, 17, 400),  # normals up to inf
+        np.float32(127) * np.array([2.0 ** -25, 1.5 * 2.0 ** -24, 65504, 65519, 65520, 1e5]),
+        127 * (1 + np.array([1, 3, 5]) * 2.0 ** -11),  # ties at 11 significant bits
+    ]).astype(np.float32)
+    nb = amax.size
+    x = (rng.uniform(-1, 1, (nb, 32)) * amax[:, None]).astype(np.float32)
+    x[np.arange(nb), rng.integers(0, 32, nb)] = amax * np.where(rng.random(nb) < 0.5, 1, -1)
+    x[0] = -0.0
+    x = x.reshape(1, nb * 32)
+    xq = np.empty((1, nb * 32), np.int8)
+    xd, xs, xc = (np.empty((1, nb), np.float32) for _ in range(3))
+    qa.quantize_q8_0(x, xq, xd, xs, xc)
+    d = np.abs(x.reshape(nb, 32)).max(-1) / np.float32(127)
+    sq = xq.reshape(nb, 32).sum(-1).astype(np.float32)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(xd[0], d.astype(np.float16).astype(np.float32))
+        np.testing.assert_array_equal(xs[0], (d * sq).astype(np.float16).astype(np.float32))
+    assert np.isinf(xd[0]).any() and (xd[0] == 0).sum() > 1 and (xd[0] < 2.0 ** -14).sum() > 50
+
+
 def test_quantize_q8_k_matches_ggml() -> None:
     rng = np.random.default_rng(21)
     x = (rng.standard_normal((2, 512)) * 3).astype(np.float32)
