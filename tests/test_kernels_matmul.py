@@ -591,17 +591,20 @@ def test_quantize_q8_0_scale_rounding_at_the_fp16_edges() -> None:
 
 def test_quantize_q8_k_matches_ggml() -> None:
     rng = np.random.default_rng(21)
-    x = (rng.standard_normal((2, 512)) * 3).astype(np.float32)
+    x = (rng.standard_normal((3, 512)) * 3).astype(np.float32)
     x[1, 256:] = 0.0
-    xq = np.empty((2, 512), np.int8)
-    xd = np.empty((2, 2), np.float32)
-    xbs = np.empty((2, 32), np.int16)
-    xb2 = np.empty((2, 16), np.int16)
+    # the largest |x| twice, both signs: the first one sets the sign of the quants
+    x[2, [10, 20, 300, 400]] = [-9.5, 9.5, 9.5, -9.5]
+    xq = np.empty((3, 512), np.int8)
+    xd = np.empty((3, 2), np.float32)
+    xbs = np.empty((3, 32), np.int16)
+    xb2 = np.empty((3, 16), np.int16)
     qa.quantize_q8_k(x, xq, xd, xbs, xb2)
     np.testing.assert_array_equal(xq.astype(np.float64) * np.repeat(xd, 256, axis=1),
                                   ref_q8_k(x))
-    np.testing.assert_array_equal(xbs, xq.reshape(2, 32, 16).sum(-1))
-    np.testing.assert_array_equal(xb2, xq.reshape(2, 16, 32).sum(-1))
+    assert (xq[2, [10, 20, 300, 400]] == [-127, 127, -127, 127]).all()
+    np.testing.assert_array_equal(xbs, xq.reshape(3, 32, 16).sum(-1))
+    np.testing.assert_array_equal(xb2, xq.reshape(3, 16, 32).sum(-1))
 
 
 def test_float_roundings_match_numpy_and_gguf() -> None:

@@ -123,15 +123,20 @@ def quantize_row_q8_k(x, xq, xd, xbs, xb2) -> None:
     x: [K] float32; xq: [K] int8; xd: [K/256] float32; xbs: [K/16] int16 (sums per 16);
     xb2: [K/32] int16 (sums per 32). K must be a multiple of 256.
     """
+    xb = x.view(np.uint32)
     for b in range(x.shape[0] // 256):
         o = b * 256
-        amax = _F0
+        # the first x with the largest |x|: that |x| as an integer max of the bits without
+        # the sign (vectorised, as in quantize_row_q8_0), then its first position
+        ab = np.uint32(0)
+        for j in range(256):
+            ab = max(ab, xb[o + j] & np.uint32(0x7FFFFFFF))
+        amax = _f32_from_bits(ab)
         mx = _F0
         for j in range(256):
-            ax = abs(x[o + j])
-            if ax > amax:
-                amax = ax
+            if xb[o + j] & np.uint32(0x7FFFFFFF) == ab:
                 mx = x[o + j]
+                break
         if amax == _F0:
             xd[b] = _F0
             for j in range(256):
