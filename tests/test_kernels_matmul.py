@@ -160,14 +160,15 @@ _VARIANTS = [(t, None) for t in ALL_TYPES] + (
                          else {None: "", False: "256", "r16": "r16"}[v])
 def test_matmul_all_shapes(qt: T, wide: bool | str | None) -> None:
     """Every type, every batch path, each row bit-identical whatever N: N = 1 (matvec), 3/4/8/16 (tiles of 4, padding), 33/70
-    (prefill sizes, parallel activation quantization); odd row counts (r16: a partial last
-    group of 16 rows); two K (the smaller with an odd number of blocks for the 32-weight types:
-    the 512-bit kernels' tail)."""
+    (prefill sizes, parallel activation quantization; r16: tiles of 8 activation rows, then
+    of 4, padded); odd row counts (r16: a partial last group of 16 rows, also at N = 19 in
+    parallel tasks under tiles of 8 and 4); two K (the smaller with an odd number of blocks
+    for the 32-weight types: the 512-bit kernels' tail)."""
     rng = np.random.default_rng(int(qt))
     be = max(block_elems(qt), 32)
     k_small, k_big = (5 * be, 8 * be) if be == 32 else (be, 3 * be)
     for rows, k, ns in [(37, k_small, (1, 3, 4, 8, 16, 33, 70)), (37, k_big, (1, 4, 33)),
-                        (301, k_big, (1, 5)), (16, k_small, (2, 9))]:
+                        (301, k_big, (1, 5, 19)), (16, k_small, (2, 9))]:
         w = random_weight(qt, rows, k, rng)
         packed = mm.repack_r16(w, int(qt)) if wide == "r16" else None
         xs = rng.standard_normal((max(ns), k)).astype(np.float32)
@@ -562,19 +563,48 @@ def test_quantize_q8_0_matches_ggml() -> None:
     np.testing.assert_array_equal(xc, xd * xq.reshape(3, 8, 32).sum(-1).astype(np.float32))
 
 
+def test_quantize_q8_0_scale_rounding_at_the_fp16_edges() -> None:
+    """The stored scales are numpy's float16 rounding (ties to even) of d and d * sum(q) over
+    fp16's whole range: subnormal and zero scales, ties, 65504 and past it (inf), and -0."""
+    rng = np.random.default_rng(22)
+    amax = np.concatenate([
+        np.float32(127) * 2.0 ** rng.uniform(-27, -13, 400),  # d in the fp16 subnormals
+        np.float32(127) * 2.0 ** rng.uniform(-14, 17, 400),  # normals up to inf
+        np.float32(127) * np.array([2.0 ** -25, 1.5 * 2.0 ** -24, 65504, 65519, 65520, 1e5]),
+        127 * (1 + np.array([1, 3, 5]) * 2.0 ** -11),  # ties at 11 significant bits
+    ]).astype(np.float32)
+    nb = amax.size
+    x = (rng.uniform(-1, 1, (nb, 32)) * amax[:, None]).astype(np.float32)
+    x[np.arange(nb), rng.integers(0, 32, nb)] = amax * np.where(rng.random(nb) < 0.5, 1, -1)
+    x[0] = -0.0
+    x = x.reshape(1, nb * 32)
+    xq = np.empty((1, nb * 32), np.int8)
+    xd, xs, xc = (np.empty((1, nb), np.float32) for _ in range(3))
+    qa.quantize_q8_0(x, xq, xd, xs, xc)
+    d = np.abs(x.reshape(nb, 32)).max(-1) / np.float32(127)
+    sq = xq.reshape(nb, 32).sum(-1).astype(np.float32)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(xd[0], d.astype(np.float16).astype(np.float32))
+        np.testing.assert_array_equal(xs[0], (d * sq).astype(np.float16).astype(np.float32))
+    assert np.isinf(xd[0]).any() and (xd[0] == 0).sum() > 1 and (xd[0] < 2.0 ** -14).sum() > 50
+
+
 def test_quantize_q8_k_matches_ggml() -> None:
     rng = np.random.default_rng(21)
-    x = (rng.standard_normal((2, 512)) * 3).astype(np.float32)
+    x = (rng.standard_normal((3, 512)) * 3).astype(np.float32)
     x[1, 256:] = 0.0
-    xq = np.empty((2, 512), np.int8)
-    xd = np.empty((2, 2), np.float32)
-    xbs = np.empty((2, 32), np.int16)
-    xb2 = np.empty((2, 16), np.int16)
+    # the largest |x| twice, both signs: the first one sets the sign of the quants
+    x[2, [10, 20, 300, 400]] = [-9.5, 9.5, 9.5, -9.5]
+    xq = np.empty((3, 512), np.int8)
+    xd = np.empty((3, 2), np.float32)
+    xbs = np.empty((3, 32), np.int16)
+    xb2 = np.empty((3, 16), np.int16)
     qa.quantize_q8_k(x, xq, xd, xbs, xb2)
     np.testing.assert_array_equal(xq.astype(np.float64) * np.repeat(xd, 256, axis=1),
                                   ref_q8_k(x))
-    np.testing.assert_array_equal(xbs, xq.reshape(2, 32, 16).sum(-1))
-    np.testing.assert_array_equal(xb2, xq.reshape(2, 16, 32).sum(-1))
+    assert (xq[2, [10, 20, 300, 400]] == [-127, 127, -127, 127]).all()
+    np.testing.assert_array_equal(xbs, xq.reshape(3, 32, 16).sum(-1))
+    np.testing.assert_array_equal(xb2, xq.reshape(3, 16, 32).sum(-1))
 
 
 def test_float_roundings_match_numpy_and_gguf() -> None:

@@ -65,6 +65,7 @@ from localllm.kernels.cpu.cpu_features import FEATURES
 from localllm.kernels.cpu.mm_common import (
     _GROUP_BYTES,
     _PORTABLE,
+    _R16_GROUP_BYTES,
     _SERIAL_BYTES,
     _SPECS,
     ACT_Q8_0,
@@ -270,7 +271,7 @@ def _group(n: int, rows: int, rb: int, r16: bool) -> int:
     if n == 1:
         group = max(1, rows // 64)  # ~64 tasks: fine-grained enough to balance 2..16 threads
     else:
-        group = max(1, min(_GROUP_BYTES // rb, rows // 16))
+        group = max(1, min((_R16_GROUP_BYTES if r16 else _GROUP_BYTES) // rb, rows // 16))
     return max(16, group // 16 * 16) if r16 else group  # r16: tasks of whole 16-row groups
 
 

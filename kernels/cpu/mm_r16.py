@@ -57,10 +57,19 @@ from localllm.kernels.cpu.simd import (
 # Decoded, vector J holds elements 4J..4J+3 of all 16 rows, so one vpdpbusd with the
 # activation's bytes 4J..4J+3 broadcast ({1to16} memory operand) adds to 16 per-row sums: no
 # horizontal sums and no per-row scale shuffles, ~5x fewer instructions per weight than the
-# row-major 4-row kernels (which are compute-bound at N = 4): at N >= 4 the kernels run at
-# about one 512-bit vpdpbusd per cycle (64 multiply-adds, the core's limit), and at N = 1 the
-# decode is ~1.6x cheaper than the row-major one (measured on Zen 5). Numerics are those of
-# the row-major kernels (same integer dots and scale products; float summation order differs).
+# row-major 4-row kernels (which are compute-bound at N = 4), and at N = 1 the decode is ~1.6x
+# cheaper than the row-major one (measured on Zen 5). Numerics are those of the row-major
+# kernels (same integer dots and scale products; float summation order differs).
+#
+# Prefill (N >= 8) takes tiles of 16 rows x 8 activation rows (_dot8_r16). Zen 5 issues two
+# 512-bit vpdpbusd a cycle (measured: ~8.2 G/s on one core) but on the same two pipes as the
+# FMAs, the float multiplies and (it fits the timings) the decode and conversions, so the
+# bound is the vector ops per vpdpbusd. Per 16 rows x column x block the float work is fixed
+# by the bits (convert, d * dx, fma, and the c term's fma: 4 ops per 8 vpdpbusd); what a
+# tile changes is the decode's share (8 columns: half that of 4) and the vpaddd of two
+# chains (one chain per column: the tile's 8 columns are the independent chains). Measured
+# alone the tile's loop makes ~5.6 G vpdpbusd/s (~710 GFLOP/s); a whole N = 512 product,
+# with its activation quantization, ~620 (was ~550 with 4-row tiles and 16-row tasks).
 
 # bytes of a record (16 blocks), by type: and the K-quants Q4_K / Q5_K / Q6_K (layout and
 # kernels: mm_r16k)
@@ -160,6 +169,101 @@ def _dot4_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act):
         _store16(out, n0 + 3, n_act, r, r1, fma16(a3, m3, cm))
 
 
+@njit(inline="always")  # inlined in Numba's IR: a call would return the sums through memory
+def _r16_step8(s, v, xq, o, k):
+    """s[c] + the dot of the decoded vector v with the 4 activation bytes at o + c*k, c < 8."""
+    return (dot_bcast64(s[0], v, xq, o), dot_bcast64(s[1], v, xq, o + k),
+            dot_bcast64(s[2], v, xq, o + 2 * k), dot_bcast64(s[3], v, xq, o + 3 * k),
+            dot_bcast64(s[4], v, xq, o + 4 * k), dot_bcast64(s[5], v, xq, o + 5 * k),
+            dot_bcast64(s[6], v, xq, o + 6 * k), dot_bcast64(s[7], v, xq, o + 7 * k))
+
+
+@njit(inline="always")
+def _r16_dot8(u, xq, xo, k):
+    """_r16_dot of the decoded vectors u for the 8 activation rows at xo, xo + k, ..., xo + 7k
+    (8 x 16 integer dots: exact, so the same integers in any order), issued vector by vector
+    across the 8 rows: eight independent vpdpbusd after each other (one chain per row)."""
+    z = zero32x16()
+    s = _r16_step8((z, z, z, z, z, z, z, z), u[0], xq, xo, k)
+    s = _r16_step8(s, u[1], xq, xo + 4, k)
+    s = _r16_step8(s, u[2], xq, xo + 8, k)
+    s = _r16_step8(s, u[3], xq, xo + 12, k)
+    s = _r16_step8(s, u[4], xq, xo + 16, k)
+    s = _r16_step8(s, u[5], xq, xo + 20, k)
+    s = _r16_step8(s, u[6], xq, xo + 24, k)
+    return _r16_step8(s, u[7], xq, xo + 28, k)
+
+
+@njit
+def _a_r16(a, s, dw, xd, n, b):
+    """One block's term of activation row n's accumulator, s its integer dots: the
+    operations of _dot4_r16."""
+    return fma16(a, cvtf16(s), mul16(dw, splatf16(xd[n, b])))
+
+
+@njit
+def _dot8_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act):
+    # The prefill tile (see the comment above _r16_dec): activation rows n0..n0+7, all
+    # < n_act, each decoded weight vector feeding 8 columns' vpdpbusd. Per (row, column) the
+    # float operations and their order are those of _dot4_r16 (the c terms m, which meet the
+    # a terms only in the final fma, are a second pass over the records' scales: 8 more
+    # accumulators in the main loop would spill), so a column's bits do not depend on the
+    # tile it falls in.
+    rec = 16 * _b32_bytes(qt)
+    k = nb * 32
+    cm = splatf16(_b32_cmul(qt))
+    for g in range(r0 // 16, (r1 + 15) // 16):
+        a0 = zerof16()
+        a1 = zerof16()
+        a2 = zerof16()
+        a3 = zerof16()
+        a4 = zerof16()
+        a5 = zerof16()
+        a6 = zerof16()
+        a7 = zerof16()
+        for b in range(nb):
+            p = (g * nb + b) * rec
+            u = _r16_dec(qt, w, p)
+            dw = ld_f16x16(w, p)
+            s0, s1, s2, s3, s4, s5, s6, s7 = _r16_dot8(u, xq, n0 * k + 32 * b, k)
+            a0 = _a_r16(a0, s0, dw, xd, n0, b)
+            a1 = _a_r16(a1, s1, dw, xd, n0 + 1, b)
+            a2 = _a_r16(a2, s2, dw, xd, n0 + 2, b)
+            a3 = _a_r16(a3, s3, dw, xd, n0 + 3, b)
+            a4 = _a_r16(a4, s4, dw, xd, n0 + 4, b)
+            a5 = _a_r16(a5, s5, dw, xd, n0 + 5, b)
+            a6 = _a_r16(a6, s6, dw, xd, n0 + 6, b)
+            a7 = _a_r16(a7, s7, dw, xd, n0 + 7, b)
+        m0 = zerof16()
+        m1 = zerof16()
+        m2 = zerof16()
+        m3 = zerof16()
+        m4 = zerof16()
+        m5 = zerof16()
+        m6 = zerof16()
+        m7 = zerof16()
+        for b in range(nb):
+            p = (g * nb + b) * rec
+            cw = _r16_c(qt, w, p, ld_f16x16(w, p))
+            m0 = fma16(m0, cw, splatf16(xc[n0, b]))
+            m1 = fma16(m1, cw, splatf16(xc[n0 + 1, b]))
+            m2 = fma16(m2, cw, splatf16(xc[n0 + 2, b]))
+            m3 = fma16(m3, cw, splatf16(xc[n0 + 3, b]))
+            m4 = fma16(m4, cw, splatf16(xc[n0 + 4, b]))
+            m5 = fma16(m5, cw, splatf16(xc[n0 + 5, b]))
+            m6 = fma16(m6, cw, splatf16(xc[n0 + 6, b]))
+            m7 = fma16(m7, cw, splatf16(xc[n0 + 7, b]))
+        r = 16 * g
+        _store16(out, n0, n_act, r, r1, fma16(a0, m0, cm))
+        _store16(out, n0 + 1, n_act, r, r1, fma16(a1, m1, cm))
+        _store16(out, n0 + 2, n_act, r, r1, fma16(a2, m2, cm))
+        _store16(out, n0 + 3, n_act, r, r1, fma16(a3, m3, cm))
+        _store16(out, n0 + 4, n_act, r, r1, fma16(a4, m4, cm))
+        _store16(out, n0 + 5, n_act, r, r1, fma16(a5, m5, cm))
+        _store16(out, n0 + 6, n_act, r, r1, fma16(a6, m6, cm))
+        _store16(out, n0 + 7, n_act, r, r1, fma16(a7, m7, cm))
+
+
 @njit
 def _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out):
     # N = 1: as _dot4_r16 for one activation row.
@@ -195,7 +299,10 @@ def _rows_r16(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xsp, outp, ldo, n_act):
     if n_act == 1:
         _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out)
         return
-    for n0 in range(0, n_act, 4):
+    n8 = n_act // 8 * 8  # tiles of 8 activation rows, then of 4 for the rest (padded)
+    for n0 in range(0, n8, 8):
+        _dot8_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act)
+    for n0 in range(n8, n_act, 4):
         _dot4_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act)
 
 

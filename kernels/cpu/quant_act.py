@@ -33,6 +33,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from localllm.kernels.cpu.halfbits import f32_bits
 from localllm.kernels.cpu.halfbits import u32_as_f32 as _f32_from_bits
 
 __all__ = [
@@ -67,6 +68,23 @@ def f16_round(v: float) -> np.float32:
     return np.float32(math.copysign(q, v))
 
 
+@njit(cache=True, inline="always")
+def _f16_round32(v: np.float32) -> np.float32:
+    """f16_round of a float32, on its bits (no frexp / ldexp library calls: the row quantizer
+    rounds two scales a block). The same values: ties to even at 11 significant bits, the
+    fp16 subnormals as multiples of 2**-24, inf from 65520 up, inf / NaN unchanged."""
+    b = f32_bits(v)
+    a = b & np.uint32(0x7FFFFFFF)
+    if a >= np.uint32(0x7F800000):
+        return v
+    if a >= np.uint32(0x477FF000):
+        return _f32_from_bits((b & np.uint32(0x80000000)) | np.uint32(0x7F800000))
+    if a < np.uint32(0x38800000):
+        return np.float32(np.rint(np.float64(v) * 16777216.0) / 16777216.0)
+    t = a + np.uint32(0x0FFF) + ((a >> np.uint32(13)) & np.uint32(1))
+    return _f32_from_bits((b & np.uint32(0x80000000)) | (t & np.uint32(0xFFFFE000)))
+
+
 @njit(cache=True, fastmath=False)
 def quantize_row_q8_0(x, xq, xd, xs, xc) -> None:
     """One row to Q8_0 / Q8_1 blocks of 32.
@@ -76,11 +94,16 @@ def quantize_row_q8_0(x, xq, xd, xs, xc) -> None:
     11-bit scale times a 13-bit sum), for kernels that offset signed weights to unsigned ones.
     K must be a multiple of 32.
     """
+    xb = x.view(np.uint32)
     for b in range(x.shape[0] // 32):
         o = b * 32
-        amax = _F0
+        # max |x| as the largest of the bit patterns without the sign: the same value for
+        # any x that is not NaN, and an integer max, which LLVM vectorises (a float max it
+        # may not reorder without fast-math)
+        ab = np.uint32(0)
         for j in range(32):
-            amax = max(amax, abs(x[o + j]))
+            ab = max(ab, xb[o + j] & np.uint32(0x7FFFFFFF))
+        amax = _f32_from_bits(ab)
         d = amax / _F127
         iscale = _F127 / amax if amax != _F0 else _F0
         s = 0
@@ -88,8 +111,8 @@ def quantize_row_q8_0(x, xq, xd, xs, xc) -> None:
             q = np.int32(np.rint(x[o + j] * iscale))
             xq[o + j] = q
             s += q
-        xd[b] = f16_round(d)
-        xs[b] = f16_round(d * np.float32(s))
+        xd[b] = _f16_round32(d)
+        xs[b] = _f16_round32(d * np.float32(s))
         xc[b] = xd[b] * np.float32(s)
 
 
@@ -100,15 +123,20 @@ def quantize_row_q8_k(x, xq, xd, xbs, xb2) -> None:
     x: [K] float32; xq: [K] int8; xd: [K/256] float32; xbs: [K/16] int16 (sums per 16);
     xb2: [K/32] int16 (sums per 32). K must be a multiple of 256.
     """
+    xb = x.view(np.uint32)
     for b in range(x.shape[0] // 256):
         o = b * 256
-        amax = _F0
+        # the first x with the largest |x|: that |x| as an integer max of the bits without
+        # the sign (vectorised, as in quantize_row_q8_0), then its first position
+        ab = np.uint32(0)
+        for j in range(256):
+            ab = max(ab, xb[o + j] & np.uint32(0x7FFFFFFF))
+        amax = _f32_from_bits(ab)
         mx = _F0
         for j in range(256):
-            ax = abs(x[o + j])
-            if ax > amax:
-                amax = ax
+            if xb[o + j] & np.uint32(0x7FFFFFFF) == ab:
                 mx = x[o + j]
+                break
         if amax == _F0:
             xd[b] = _F0
             for j in range(256):
