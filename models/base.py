@@ -23,11 +23,11 @@ from localllm.formats import GGUFFile, dequantize
 from localllm.kernels.cpu import ops, poison
 from localllm.kernels.cpu.dequant import get_rows
 from localllm.kernels.cpu.matmul import (
-    R16_MAX_TOTAL,
     MultiPlan,
     can_share_activations,
     matmul,
     plan_multi,
+    r16_budget,
     r16_wanted,
     repack_r16,
     run_multi,
@@ -179,6 +179,10 @@ class LayerWeights:
             self.down = WeightGroup(self.w_down)
 
 
+# the r16 budget of a model in bytes; None: r16_budget(), the memory free at load (tests set it)
+R16_MAX_TOTAL: int | None = None
+
+
 class WeightLoader:
     """Looks tensors up by GGUF name, checks their shapes, and wraps them in the layout the
     kernels want."""
@@ -188,17 +192,20 @@ class WeightLoader:
         self.taken = 0  # tensors looked up so far (for tensor_progress)
         self._report = _ON_TENSOR.get()
         self.packed_bytes = 0  # bytes of repacked copies made for this model (but experts)
+        # the r16 budget of this model (kernels/cpu/mm_r16.py): the memory free as it loads
+        self.r16_limit = R16_MAX_TOTAL if R16_MAX_TOTAL is not None else r16_budget()
         self.expert_packed_bytes = 0  # bytes of repacked MoE experts (a budget of their own)
 
     def has(self, name: str) -> bool:
         return name in self.gf.tensors
 
     def matrix(self, name: str, rows: int, cols: int, *, multiplied: bool = True,
-               file_shape: tuple[int, ...] | None = None) -> QWeight:
+               file_shape: tuple[int, ...] | None = None, head: bool = False) -> QWeight:
         """The weight `name` [rows, cols]. multiplied: it goes through matmul, so it takes the
         kernels' layout (laid_out); False for a table that is only read by rows (embeddings).
         file_shape: its shape in the file when that is not (rows, cols): a 3-D stack of
-        experts [E, R, cols] read as its E*R rows (models/moe.py)."""
+        experts [E, R, cols] read as its E*R rows (models/moe.py). head: the output head
+        (its own size cap for the r16 layout)."""
         t = self._get(name)
         want = file_shape or (rows, cols)
         if tuple(t.shape) != tuple(want):
@@ -209,21 +216,22 @@ class WeightLoader:
                 f"(supported: {', '.join(sorted(QT(q).name for q in _MATMUL_TYPES))})"
             )
         q = QWeight(name, t.data.reshape(rows, -1), int(t.type), rows, cols)
-        return self.laid_out(q) if multiplied else q
+        return self.laid_out(q, head=head) if multiplied else q
 
     def laid_out(self, q: QWeight, *, release: bool = True,
-                 expert_budget: int | None = None) -> QWeight:
+                 expert_budget: int | None = None, head: bool = False) -> QWeight:
         """q in the layout the kernels multiply fastest: with its r16 copy where this machine
-        has r16 kernels for the type, the weight is within their size cap and the model's
-        budget (R16_MAX_TOTAL, first come first served in load order) has room. The repacked
+        has r16 kernels for the type, an output head (head) is within their size cap for
+        heads and the model's budget (r16_limit, first come first served in load order) has
+        room. The repacked
         weight's row-major file pages are then given back to the OS (release): only a tied
         embedding's lookups still read them, a page at a time, and they would otherwise count
         twice in resident memory. q itself is left as it was.
         expert_budget: q is one expert of an MoE stack (models/moe.py), counted against this
-        budget of its own (expert_packed_bytes) instead of R16_MAX_TOTAL."""
-        used, limit = ((self.packed_bytes, R16_MAX_TOTAL) if expert_budget is None
+        budget of its own (expert_packed_bytes) instead of r16_limit."""
+        used, limit = ((self.packed_bytes, self.r16_limit) if expert_budget is None
                        else (self.expert_packed_bytes, expert_budget))
-        if not (not _RAW_LAYOUT.get() and r16_wanted(q.raw, q.qtype)
+        if not (not _RAW_LAYOUT.get() and r16_wanted(q.raw, q.qtype, head=head)
                 and used + q.raw.nbytes <= limit):
             return q
         packed = repack_r16(q.raw, q.qtype)
@@ -539,11 +547,11 @@ class DecoderModel:
 def output_head(w: WeightLoader, cfg: ModelConfig, token_embd: QWeight) -> QWeight:
     """A separate `output.weight`, or the token embedding when the two are tied."""
     if w.has("output.weight"):
-        return w.matrix("output.weight", cfg.n_vocab, cfg.n_embd)
+        return w.matrix("output.weight", cfg.n_vocab, cfg.n_embd, head=True)
     # Tied: the product reads the r16 copy (where made) and the embedding looks up a few raw
     # rows per step, so the raw pages are released too: the rows looked up fault back in
     # from the file, one page each, instead of the whole table staying resident twice.
-    return w.laid_out(token_embd)
+    return w.laid_out(token_embd, head=True)
 
 
 def build_standard(gf: GGUFFile, cfg: ModelConfig,

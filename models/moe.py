@@ -10,9 +10,10 @@ expert is a zero-copy view of the memory-mapped file (ExpertStack).
 Layout. Each expert takes the r16 repacked layout where the machine has r16 kernels for its
 type (WeightLoader.laid_out), under a budget of its own, MOE_R16_MAX_TOTAL (4 GiB), first
 come first served in load order; a stack whose experts were all repacked gives its file
-pages back, so resident memory does not double. Why not the dense weights' budget
-(R16_MAX_TOTAL, 256 MB): experts are most of an MoE model (Mixtral 8x7B: 45 of its 47 B
-parameters), so that budget would cover a layer or two. Why repack at all: measured on the
+pages back, so resident memory does not double. Why a budget of its own: experts are most
+of an MoE model (Mixtral 8x7B: 45 of its 47 B parameters), and each decode step reads only
+the experts chosen, so a cap keeps a huge file's anonymous memory bounded while the dense
+weights (r16_limit, the memory free at load) are repacked first. Why repack at all: measured on the
 4-layer Mixtral-shaped Q4_0 file (bench/make_moe_file.py), one thread, an expert product at
 N=1 runs 17 GB/s from r16 against 9 GB/s row-major (working set far above the caches), and
 decode is 2x faster (BENCHMARKS.md); llama.cpp repacks Q4_0 experts at load too (ggml-cpu

@@ -20,8 +20,8 @@ Shapes: one loop structure serves all batch sizes.
 
 * N == 1 (decode): a matrix-vector product is bound by memory bandwidth; a prange over groups
   of rows streams every weight byte exactly once.
-* Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weights up to R16_MAX_WEIGHT bytes (the
-  layer weights) are, with AVX-512 VNNI, repacked at load into groups of 16 interleaved rows
+* Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weights (the layer weights, and
+  output heads up to R16_MAX_HEAD bytes) are, with AVX-512 VNNI, repacked at load into groups of 16 interleaved rows
   (r16, see mm_r16 and, for the K-quants, mm_r16k) whose kernels keep 16 rows' dot products
   in the 16 lanes of a vector: no horizontal sums, ~5x fewer instructions than the row-major
   kernels below, for every N (the K-quants' r16 outputs are bit-identical to their row-major
@@ -82,8 +82,8 @@ from localllm.kernels.cpu.mm_portable import matmul_portable
 from localllm.kernels.cpu.mm_r16 import (
     _R16,
     _R16_BYTES,
-    R16_MAX_TOTAL,
-    R16_MAX_WEIGHT,
+    R16_MAX_HEAD,
+    r16_budget,
     r16_shape,
     r16_types,
     r16_wanted,
@@ -95,7 +95,7 @@ from localllm.kernels.cpu.scratch import Scratch, _get_scratch, make_scratch
 __all__ = [
     "matmul", "matmul_multi", "plan_multi", "run_multi", "MultiPlan", "can_share_activations", "matmul_portable", "supported_types", "simd_types", "kernel_path", "kernel",
     "kernel_asm", "Scratch", "make_scratch", "repack_r16", "r16_types", "r16_wanted",
-    "r16_shape", "R16_MAX_WEIGHT", "R16_MAX_TOTAL",
+    "r16_shape", "R16_MAX_HEAD", "r16_budget",
 ]
 
 _KADDR: dict[int, int] = {}  # qtype (-qtype: r16) -> address of its compiled row kernel

@@ -349,12 +349,45 @@ def _repack_r16(qt, w, dst) -> None:
 # kernels want in r16 is repacked then, its QWeight carries the records (matmul(..., packed=)),
 # and its row-major file pages are given back to the OS (nothing reads them any more, except
 # the rows of a tied embedding). Memory: the records are anonymous memory where the file's
-# pages were evictable cache, so the repacked bytes are bounded: weights over R16_MAX_WEIGHT
-# bytes (output heads / tied embeddings: 178 MB for Gemma 3's, where the row-major N = 4 product
-# streams from DRAM and costs ~1.1x N = 1) stay row-major, and so does everything past
-# R16_MAX_TOTAL bytes in one model. LOCALLLM_NO_REPACK=1 turns it off.
-R16_MAX_WEIGHT = 32 << 20
-R16_MAX_TOTAL = 256 << 20
+# pages were evictable cache; resident memory stays the file's size (the pages are
+# released as each weight is repacked), but those bytes can no longer be dropped and re-read
+# under memory pressure. So: output heads (a tied embedding included) over R16_MAX_HEAD bytes
+# stay row-major (178 MB for Gemma 3's, where the row-major N = 4 product streams from DRAM
+# at ~1.1x N = 1, and decode measured no faster from r16); every other weight is repacked
+# while the model's total stays within r16_budget(): the memory available when the model
+# loads less R16_HEADROOM (LOCALLLM_R16_BUDGET=bytes sets it). Issue 26 measured why: a
+# budget of 256 MiB left half of a 1B model's layers row-major, and those ran prefill at
+# 60-170 GFLOP/s against r16's ~560. LOCALLLM_NO_REPACK=1 turns r16 off.
+R16_MAX_HEAD = 32 << 20
+R16_HEADROOM = 1 << 30
+R16_MIN_BUDGET = 256 << 20  # what a machine short of memory still repacks
+
+
+def r16_budget() -> int:
+    """Bytes of r16 copies one model may make (see above)."""
+    env = os.environ.get("LOCALLLM_R16_BUDGET", "").strip()
+    if env:
+        return max(0, int(env))
+    avail = _mem_available()
+    if avail is None:
+        return R16_MIN_BUDGET
+    return max(R16_MIN_BUDGET, avail - R16_HEADROOM)
+
+
+def _mem_available() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else half the physical memory, else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):
+        return None
+
 
 _R16: bool = (not simd_disabled_by_env() and FEATURES.simd and FEATURES.wide
               and os.environ.get("LOCALLLM_NO_REPACK", "").strip().lower()
@@ -367,11 +400,12 @@ def r16_types() -> tuple[int, ...]:
     return tuple(sorted(_R16_BYTES)) if _R16 else ()
 
 
-def r16_wanted(w_raw: np.ndarray, qtype: int) -> bool:
+def r16_wanted(w_raw: np.ndarray, qtype: int, *, head: bool = False) -> bool:
     """Whether this machine multiplies the weight w_raw [rows, row_bytes] u8 of this type
-    faster from its r16 copy and the weight is within the per-weight cap (the per-model
-    budget, R16_MAX_TOTAL, is the loader's to keep)."""
-    return _R16 and int(qtype) in _R16_BYTES and w_raw.nbytes <= R16_MAX_WEIGHT
+    faster from its r16 copy (an output head: only up to R16_MAX_HEAD bytes; the per-model
+    budget, r16_budget(), is the loader's to keep)."""
+    return (_R16 and int(qtype) in _R16_BYTES
+            and (not head or w_raw.nbytes <= R16_MAX_HEAD))
 
 
 def r16_shape(rows: int, row_bytes: int) -> tuple[int, int]:
