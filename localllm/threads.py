@@ -16,7 +16,12 @@ a trial that loses doubles the bucket's interval (up to `max_interval`, so a set
 pays a trial step rarely), a switch resets it. When the current count's average rises
 above a neighbour's last average (contention began), that neighbour is tried at once.
 A switch in one bucket moves the others to the same count: contention is a property of the
-machine, not of the step size, and a 4096-token prompt has too few chunks to find it alone.
+machine, not of the step size.
+
+Big steps (a prefill chunk of `big_rows` rows or more) are too few to learn from: a prompt
+may be one step. They ask the probe instead, every time (a few empty parallel regions:
+microseconds on a quiet machine, next to a step of tens of milliseconds): the most threads
+whose regions are not held up by a descheduled thread (`contended_s`) run the step.
 
 Bits do not depend on this: every kernel gives a row the same bits on any thread count
 (ARCHITECTURE.md, "one token, one answer"). The policy is plain Python on plain numbers
@@ -47,9 +52,11 @@ class ThreadTuner:
     def __init__(self, max_threads: int, fixed: int | None = None, *, interval: int = 16,
                  max_interval: int = 1024, margin: float = 0.08, alpha: float = 0.3,
                  stale: int = 512, probe: Callable[[int], float] | None = None,
-                 probe_share: float = 0.02) -> None:
+                 probe_share: float = 0.02, big_rows: int = 16,
+                 contended_s: float = 0.5e-3) -> None:
         self.max_threads = max(1, max_threads)
         self.probe, self.probe_share = probe, probe_share
+        self.big_rows, self.contended_s = big_rows, contended_s
         self.fixed = None if fixed is None else max(1, min(fixed, self.max_threads))
         self.interval, self.max_interval = interval, max_interval
         self.margin, self.alpha, self.stale = margin, alpha, stale
@@ -90,6 +97,8 @@ class ThreadTuner:
         b.steps += 1
         self._clock += 1
         self._trial = None
+        if rows >= self.big_rows and self.probe is not None:
+            return self._by_probe(b)
         if b.steps >= b.next_trial and b.current in b.avg:  # compare against a figure
             n = self._neighbour(b)
             if n > b.current and not self._probe_allows(b, n):
@@ -98,6 +107,15 @@ class ThreadTuner:
                 self._trial = (key, n)
                 return n
         return b.current
+
+    def _by_probe(self, b: _Bucket) -> int:
+        """A big step's count: the most threads whose empty regions run unheld."""
+        n = self.max_threads
+        while n > 1 and self.probe(n) > self.contended_s:
+            n -= 1
+        if n != b.current:
+            self._switch(b, n)  # the machine changed: the other step sizes follow
+        return n
 
     def _probe_allows(self, b: _Bucket, n: int) -> bool:
         """Whether a few empty regions on n threads cost under `probe_share` of a step at

@@ -109,3 +109,22 @@ def test_engine_logits_do_not_depend_on_the_counts_chosen(tmp_path) -> None:
     got = run(e)
     assert set(e.threads.used) == ({1, 2} if e.n_threads >= 2 else {1})
     assert np.array_equal(got, fixed)
+
+
+def test_big_steps_ask_the_probe_every_time() -> None:
+    # a prompt can be a single step: it cannot wait for trials, so the regions decide
+    busy = {"on": False}
+
+    def probe(n: int) -> float:  # 3 empty regions: microseconds, or a time slice when busy
+        return 0.004 if busy["on"] and n > 1 else 2e-5
+
+    t = ThreadTuner(2, probe=probe)
+    assert drive(t, quiet, 1, rows=512) == [2]
+    busy["on"] = True
+    assert drive(t, contended, 1, rows=512) == [1]
+    assert t.current(1) == 1  # decode follows: the machine changed, not the step size
+    busy["on"] = False
+    assert drive(t, quiet, 1, rows=300) == [2] and t.current(1) == 2
+    # 4 cores, one busy: the most threads whose regions run unheld
+    t4 = ThreadTuner(4, probe=lambda n: 0.004 if n == 4 else 2e-5)
+    assert drive(t4, quiet, 1, rows=64) == [3]
