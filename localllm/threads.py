@@ -19,13 +19,11 @@ A switch in one bucket moves the others to the same count: contention is a prope
 machine, not of the step size.
 
 Big steps (a prefill chunk of `big_rows` rows or more) are too few to learn from: a prompt
-may be one step. They ask the probe instead, every time (a few empty parallel regions:
-microseconds on a quiet machine, next to a step of tens of milliseconds): the most threads
-whose regions are not held up by a descheduled thread (`contended_s`) run the step.
-
-Bits do not depend on this: every kernel gives a row the same bits on any thread count
-(ARCHITECTURE.md, "one token, one answer"). The policy is plain Python on plain numbers
-(tests/test_threads.py drives it with synthetic timings); Engine.step applies it.
+may be one step. They run on the count the last decision chose (decode steps learn the
+machine many times a second), one fewer when the probe finds the regions held up right now
+(`contended_s`). The probe alone cannot raise a count: a worker that has been asleep gets
+the core at once when woken (the scheduler favours a waking thread) and is preempted only
+later, inside the step's long regions, so an empty region often looks free on a busy core.
 """
 
 from __future__ import annotations
@@ -109,12 +107,12 @@ class ThreadTuner:
         return b.current
 
     def _by_probe(self, b: _Bucket) -> int:
-        """A big step's count: the most threads whose empty regions run unheld."""
-        n = self.max_threads
-        while n > 1 and self.probe(n) > self.contended_s:
+        """A big step's count: the latest decision, one fewer if the probe finds it held up."""
+        n = self._latest_choice()
+        if n > 1 and self.probe(n) > self.contended_s:
             n -= 1
         if n != b.current:
-            self._switch(b, n)  # the machine changed: the other step sizes follow
+            self._switch(b, n)  # the other step sizes follow
         return n
 
     def _probe_allows(self, b: _Bucket, n: int) -> bool:
