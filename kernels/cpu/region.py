@@ -25,10 +25,18 @@ def _touch(flags: np.ndarray) -> None:
         flags[i] += 1
 
 
+_loaded = False
+
+
 def region_seconds(n_threads: int, repeats: int = 3) -> float:
     """Seconds `repeats` back-to-back regions of `n_threads` threads take in all (the
     calling thread's Numba thread count is restored)."""
+    global _loaded
     old = numba.get_num_threads()
+    if not _loaded:  # the first call loads the compiled code (~ms): not a region's cost
+        numba.set_num_threads(1)  # ... and on this thread only: sleeping workers stay asleep
+        _touch(np.zeros(1, np.int64))
+        _loaded = True
     n = max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS))
     flags = np.zeros(n, np.int64)
     numba.set_num_threads(n)
