@@ -35,6 +35,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader, GGUFWriter, LlamaFileType, TokenType
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from tiny_models import llama3_rope_factors  # noqa: E402  (one source: the tests' writer)
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -55,24 +59,6 @@ SHAPES: dict[str, Shape] = {
     "llama3.2-3b": Shape(3072, 28, 24, 8, 8192, 128256, True, 32.0),
     "llama3.1-8b": Shape(4096, 32, 32, 8, 14336, 128256, False, 8.0),
 }
-
-
-def llama3_rope_freqs(head_dim: int, factor: float, base: float) -> np.ndarray:
-    """rope_freqs.weight as convert_hf_to_gguf.py writes it for Llama 3.1/3.2
-    (low_freq_factor 1, high_freq_factor 4, original context 8192): [head_dim/2] float32."""
-    old_ctx, low, high = 8192, 1.0, 4.0
-    low_wl, high_wl = old_ctx / low, old_ctx / high
-    out = []
-    for i in range(0, head_dim, 2):
-        wavelen = 2 * math.pi / (1.0 / base ** (i / head_dim))
-        if wavelen < high_wl:
-            out.append(1.0)
-        elif wavelen > low_wl:
-            out.append(factor)
-        else:
-            smooth = (old_ctx / wavelen - low) / (high - low)
-            out.append(1 / ((1 - smooth) / factor + smooth))
-    return np.array(out, np.float32)
 
 
 def default_tokenizer() -> Path:
@@ -158,7 +144,7 @@ def write_f16(shape_name: str, s: Shape, out: Path, tokenizer: Path, seed: int) 
     w.write_ti_data_to_file()
     for name, shp, qt in plan:
         if name == "rope_freqs.weight":
-            data = llama3_rope_freqs(hd, s.rope_factor, s.rope_base)
+            data = llama3_rope_factors(hd, s.rope_base, s.rope_factor, 8192.0)
         elif qt == QT.F32:  # norms near 1
             data = (1.0 + 0.1 * rng.standard_normal(shp)).astype(np.float32)
         else:  # std 1/sqrt(fan_in), made a row block at a time to bound memory

@@ -407,11 +407,13 @@ def _encode(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
                      f"{sorted(t.name for t in SUPPORTED_QTYPES)}")
 
 
-def _llama3_rope_factors(n_rot: int, base: float) -> np.ndarray:
+def llama3_rope_factors(n_rot: int, base: float, factor: float = 8.0,
+                        old_ctx: float = 64.0) -> np.ndarray:
     """rope_freqs.weight as convert_hf_to_gguf.py computes it for llama3 rope scaling
-    (factor 8, low/high freq factors 1/4), with a tiny original context (64) so the factors
-    actually vary across the few frequencies of a 16-dim head."""
-    factor, low_ff, high_ff, old_ctx = 8.0, 1.0, 4.0, 64.0
+    (low/high freq factors 1/4). The tiny models use factor 8 and a tiny original context
+    (64) so the factors actually vary across the few frequencies of a 16-dim head; the real
+    files (bench/make_shaped_model.py) Llama 3.1's 8 or 3.2's 32 and 8192."""
+    low_ff, high_ff = 1.0, 4.0
     freqs = 1.0 / base ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)  # [n_rot/2]
     low_wavelen, high_wavelen = old_ctx / low_ff, old_ctx / high_ff
     out = []
@@ -506,7 +508,7 @@ def _tensors(arch: str, cfg: dict, n_vocab: int, rng: np.random.Generator) -> di
     if not cfg["tie_embeddings"]:
         t["output.weight"] = mat(n_vocab, d) * 2.0  # x2: spread the logits a bit more
     if cfg["rope_freqs"]:
-        t["rope_freqs.weight"] = _llama3_rope_factors(hd, cfg["rope_freq_base"])
+        t["rope_freqs.weight"] = llama3_rope_factors(hd, cfg["rope_freq_base"])
     if cfg.get("original_context_length"):
         # LongRoPE factors [n_rot/2]: short near 1, long growing to 16 over the frequencies
         # (the real ones: ~1-1.2 and ~1-50); fixed, so the random draws above do not move
