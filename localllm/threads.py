@@ -15,7 +15,10 @@ neighbour measured faster than the current count by `margin` becomes the current
 a trial that loses doubles the bucket's interval (up to `max_interval`, so a settled machine
 pays a trial step rarely), a switch resets it. When the current count's average rises
 above a neighbour's last average (contention began), that neighbour is tried at once.
-A switch in one bucket moves the others to the same count: contention is a property of the
+A trial with *more* threads first asks the probe (a few empty parallel regions on that
+count, kernels/cpu/region.py, handed in by the engine): if they cost over `probe_share` of
+a step, a worker is waiting for a busy core and the trial counts as lost without a step
+risked on it. A switch in one bucket moves the others to the same count: contention is a property of the
 machine, not of the step size.
 
 Big steps (a prefill chunk of `big_rows` rows or more) are too few to learn from: a prompt
