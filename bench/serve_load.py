@@ -34,13 +34,20 @@ import httpx
 def start_server(args: argparse.Namespace) -> tuple[str, object]:
     import uvicorn
 
-    from localllm.server.app import build_app, make_state
+    from localllm.server.app import add_parsers, build_app, make_state
 
-    ns = argparse.Namespace(model=args.model, ctx=args.ctx, threads=args.threads,
-                            parallel=args.parallel, kv_type="f16", max_queue=64,
-                            prefill_chunk=None, name=None, api_key=None, speculate=args.speculate,
-                            draft_max=8)
-    state = make_state(ns)
+    # the options `localllm serve` itself would parse (every default the server reads)
+    parser = argparse.ArgumentParser()
+    add_parsers(parser.add_subparsers())
+    argv = ["serve", "--parallel", str(args.parallel), "--max-queue", "64",
+            "--speculate", args.speculate]
+    if args.model:
+        argv.insert(1, args.model)
+    if args.ctx:
+        argv += ["-c", str(args.ctx)]
+    if args.threads:
+        argv += ["-t", str(args.threads)]
+    state = make_state(parser.parse_args(argv))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
