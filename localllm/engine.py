@@ -97,9 +97,6 @@ class Engine:
         self.path = Path(model_path)
         self.n_threads = set_threads(n_threads)  # the most a step uses
         self.threads_requested = n_threads if n_threads and n_threads > 0 else None  # -t
-        # threads per step: -t fixes it; else chosen from step times (localllm/threads.py)
-        self.threads = ThreadTuner(self.n_threads, fixed=self.threads_requested,
-                                   probe=region_seconds)
         say("mapping the file", 0, 0)
         self.gf: GGUFFile = read_gguf(self.path)
         self.metadata = self.gf.metadata
@@ -127,8 +124,10 @@ class Engine:
             device = "cpu"
         if not on_gpu:
             self._build(device, n_ctx, kv_opts, say)
-        if self.device == "cuda":  # the GPU does the work: host threads only launch it
-            self.threads = ThreadTuner(self.n_threads, fixed=self.n_threads)
+        # threads per step: -t fixes it; else chosen from step times (localllm/threads.py);
+        # on the GPU host threads only launch the work, so the count stays as it is
+        fixed = self.n_threads if self.device == "cuda" else self.threads_requested
+        self.threads = ThreadTuner(self.n_threads, fixed=fixed, probe=region_seconds)
         self._template = None
 
     def _build(self, device: str, n_ctx: int | None, kv_opts: dict,
