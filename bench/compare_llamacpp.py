@@ -12,7 +12,7 @@ localllm / llama.cpp. Timings on a 2-core machine swing 10-15%: run it on a quie
 
 --bandwidth adds the decode limit (measured read bandwidth with that thread count / bytes
 one token reads, from `localllm bench --bandwidth`) and each side's fraction of it.
---load adds, per model, process start to first token (`localllm run --raw -n 1` against
+--load adds, once per model, process start to first token (`localllm run --raw -n 1` against
 `llama-simple -n 1` from llama-bench's folder; medians over the pairs) and each side's
 peak RSS (the kernel's count for that process: os.wait4).
 --contend N keeps N cores busy with other processes while both sides run (issue 28's
@@ -85,10 +85,16 @@ def load_pair(llama_bench: str, model: str) -> dict[str, tuple[float, float]]:
     }
 
 
+def row(model: str, t: int | str, test: str, ours: str, theirs: str, ratio: str,
+        bandwidth: bool, limit: str = " | | |") -> str:
+    """One line of the table (the limit columns only with --bandwidth)."""
+    line = f"| {Path(model).name} | {t or 'default'} | {test} | {ours} | {theirs} | {ratio} |"
+    return line + (limit if bandwidth else "")
+
+
 def compare(a: argparse.Namespace, model: str, t: int) -> list[str]:
     ours: dict[str, list[float]] = {}
     theirs: dict[str, list[float]] = {}
-    loads: dict[str, list[tuple[float, float]]] = {"ours": [], "theirs": []}
     limit: dict = {}
     for i in range(a.pairs):
         order = ["ours", "theirs"] if i % 2 == 0 else ["theirs", "ours"]
@@ -101,9 +107,6 @@ def compare(a: argparse.Namespace, model: str, t: int) -> list[str]:
             else:
                 for k, v in run_llama_bench(a.llama_bench, model, a.p, a.n, a.d, t).items():
                     theirs.setdefault(k, []).append(v)
-        if a.load:
-            for side, v in load_pair(a.llama_bench, model).items():
-                loads[side].append(v)
         print(f"{Path(model).name} t={t} pair {i + 1}/{a.pairs}: " + ", ".join(
             f"{k} {ours[k][-1]:.1f} vs {theirs[k][-1]:.1f}" for k in theirs), file=sys.stderr)
     bw = limit.get("read_bandwidth_bytes_s")
@@ -112,31 +115,32 @@ def compare(a: argparse.Namespace, model: str, t: int) -> list[str]:
     lines = []
     for k in theirs:
         mo, mt = statistics.median(ours[k]), statistics.median(theirs[k])
-        row = f"| {Path(model).name} | {t or 'default'} | {k}{at} | {mo:.2f} | {mt:.2f} | " \
-              f"{mo / mt:.2f}x |"
-        if a.bandwidth:
-            if k in per_tok and bw:
-                lim = bw / per_tok[k]
-                row += f" {bw / 1e9:.1f} GB/s: {lim:.1f} | {mo / lim:.2f} | {mt / lim:.2f} |"
-            else:
-                row += " | | |"
-        lines.append(row)
-    if a.load:
-        med = {s: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
-               for s, v in loads.items()}
-        lines.append(f"| {Path(model).name} | {t or 'default'} | load to 1st token, s | "
-                     f"{med['ours'][0]:.2f} | {med['theirs'][0]:.2f} | "
-                     f"{med['ours'][0] / med['theirs'][0]:.2f}x |" + (" | | |" if a.bandwidth
-                                                                       else ""))
-        lines.append(f"| {Path(model).name} | {t or 'default'} | peak RSS, MiB | "
-                     f"{med['ours'][1] / 2**20:.0f} | {med['theirs'][1] / 2**20:.0f} | "
-                     f"{med['ours'][1] / med['theirs'][1]:.2f}x |" + (" | | |" if a.bandwidth
-                                                                       else ""))
+        lim = " | | |"
+        if k in per_tok and bw:
+            ts = bw / per_tok[k]
+            lim = f" {bw / 1e9:.1f} GB/s: {ts:.1f} | {mo / ts:.2f} | {mt / ts:.2f} |"
+        lines.append(row(model, t, k + at, f"{mo:.2f}", f"{mt:.2f}", f"{mo / mt:.2f}x",
+                         a.bandwidth, lim))
     steps = {k: statistics.median(v) for k, v in ours.items() if k.startswith("step")}
     for k, v in steps.items():
-        lines.append(f"| {Path(model).name} | {t or 'default'} | {k} (localllm only) | "
-                     f"{1000 / v:.2f} ms | | |" + (" | | |" if a.bandwidth else ""))
+        lines.append(row(model, t, f"{k} (localllm only)", f"{1000 / v:.2f} ms", "", "",
+                         a.bandwidth))
     return lines
+
+
+def load_rows(a: argparse.Namespace, model: str) -> list[str]:
+    """Load time and peak RSS, medians over --pairs runs of each side (once per model: the
+    thread count does not enter them; each side starts with its default)."""
+    loads: dict[str, list[tuple[float, float]]] = {"ours": [], "theirs": []}
+    for _ in range(a.pairs):
+        for side, v in load_pair(a.llama_bench, model).items():
+            loads[side].append(v)
+    (lo, mo), (lt, mt) = ((statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
+                          for v in (loads["ours"], loads["theirs"]))
+    return [row(model, "", "load to 1st token, s", f"{lo:.2f}", f"{lt:.2f}", f"{lo / lt:.2f}x",
+                a.bandwidth),
+            row(model, "", "peak RSS, MiB", f"{mo / 2**20:.0f}", f"{mt / 2**20:.0f}",
+                f"{mo / mt:.2f}x", a.bandwidth)]
 
 
 def main() -> int:
@@ -169,6 +173,8 @@ def main() -> int:
         for model in models:
             for t in (int(x) for x in a.t.split(",")):
                 lines += compare(a, model, t)
+            if a.load:
+                lines += load_rows(a, model)
     if a.contend:
         print(f"(with {a.contend} core(s) kept busy by other processes)")
     print("\n".join(lines))
