@@ -2,13 +2,16 @@
 
     python bench/bench_repack.py MODEL.gguf [--hot] [--threads T]
 
+(An older checkout: PYTHONPATH=OLD_ROOT python bench/bench_repack.py ...)
+
 Repacks every weight of an r16 type (kernels/cpu/mm_r16.py repack_r16) in file order and
 gives each one's file pages back afterwards, as models/base.py WeightLoader does, keeping
 every copy: so each weight's source pages are mapped into this process for the first time
 as it is read (from the page cache when the file was read recently), and its records are
 fresh anonymous pages (a copy freed and made again would reuse the allocator's pages, which
 a load never does: the page faults are much of a load's repack time).
---hot repacks each weight a second time first (pages mapped, code warm) and times that.
+--hot repacks each weight twice and times the second, keeping no copy (source pages mapped,
+the allocator's pages reused: the copying alone).
 Prints GB/s of source bytes per weight type and in all. Run it under
 `flock -x /tmp/bench.lock` (the 2-core VM is shared).
 """
@@ -26,14 +29,16 @@ def main() -> int:
     ap.add_argument("model")
     ap.add_argument("--hot", action="store_true", help="time a second repack of each weight")
     ap.add_argument("--threads", type=int, default=None,
-                    help="LOCALLLM repack threads (where the code has that setting)")
+                    help="Numba's thread count (what the repack runs on; default: all cores)")
     a = ap.parse_args()
     t_imp = time.perf_counter()
     from localllm.formats import read_gguf
     from localllm.kernels.cpu import mm_r16
 
-    if a.threads is not None and hasattr(mm_r16, "set_repack_threads"):
-        mm_r16.set_repack_threads(a.threads)
+    if a.threads is not None:
+        import numba
+
+        numba.set_num_threads(a.threads)
     print(f"import {time.perf_counter() - t_imp:.3f} s")
     gf = read_gguf(a.model)
     types = set(mm_r16.r16_types())
@@ -58,9 +63,12 @@ def main() -> int:
         if a.hot:
             mm_r16.repack_r16(raw, qt)
         t0 = time.perf_counter()
-        kept.append(mm_r16.repack_r16(raw, qt))
+        packed = mm_r16.repack_r16(raw, qt)
         done[qt] += time.perf_counter() - t0
         nbytes[qt] += raw.nbytes
+        if not a.hot:
+            kept.append(packed)
+        del packed
         gf.release_pages(t)
     from localllm.kernels.cpu.dequant import qtype_name
 
