@@ -43,15 +43,19 @@ def memory() -> dict[str, int]:
 class Stages:
     def __init__(self) -> None:
         self.prev = memory()
-        print(f"{'stage':<34}{'RSS':>8}{'anon':>8}{'file':>8}{'Δ RSS':>8}{'peak':>8}  MiB")
+        self.t = time.perf_counter()
+        print(f"{'stage':<34}{'RSS':>8}{'anon':>8}{'file':>8}{'Δ RSS':>8}{'peak':>8}  MiB"
+              f"{'s':>7}")
         self.show("python start", self.prev)
 
     def show(self, name: str, m: dict[str, int]) -> None:
         d = (m["Rss"] - self.prev["Rss"]) / _MIB
         file_ = m["Rss"] - m["Anonymous"]
+        now = time.perf_counter()
         print(f"{name:<34}{m['Rss'] / _MIB:8.1f}{m['Anonymous'] / _MIB:8.1f}"
-              f"{file_ / _MIB:8.1f}{d:+8.1f}{m['VmHWM'] / _MIB:8.1f}", flush=True)
-        self.prev = m
+              f"{file_ / _MIB:8.1f}{d:+8.1f}{m['VmHWM'] / _MIB:8.1f}{now - self.t:12.3f}",
+              flush=True)
+        self.prev, self.t = m, now
 
     def __call__(self, name: str) -> None:
         self.show(name, memory())

@@ -64,7 +64,8 @@ def for_kv_types(entries: list[ManifestEntry], kv: KVTypes) -> list[ManifestEntr
 
 
 # Compiled by the model load itself (the r16 repacking), before this process's share
-_AT_LOAD = {("localllm.kernels.cpu.mm_r16", "_repack_r16")}
+_AT_LOAD = {("localllm.kernels.cpu.mm_r16", "_repack_r16"),
+            ("localllm.kernels.cpu.mm_r16k", "_repack_r16k")}
 
 
 def _kv_stamp(kv: KVTypes) -> Path:
@@ -403,9 +404,9 @@ def start_compiling(model_path: str | os.PathLike,
     model (~1-2 s earlier than ensure_kernels_compiled could). kv: the K / V cache types the
     engine will use. None when there is nothing to start: kernels cached, no list of them, no
     spare core, or a file that does not read (the model load then says why)."""
-    from localllm.kernels.build.compile_workers import default_workers
     from localllm.formats import read_gguf
     from localllm.kernels import KERNEL_CACHE_DIR
+    from localllm.kernels.build.compile_workers import default_workers
 
     n_workers = default_workers()
     # Reading the file's tensor table costs ~50 ms: only worth it on the first run of this

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from numba import carray, njit, prange
+from numba import carray, njit
 
 from localllm.kernels.cpu import dequant
 from localllm.kernels.cpu.cpu_features import FEATURES, simd_disabled_by_env
@@ -26,6 +26,7 @@ from localllm.kernels.cpu.mm_common import (
     _store16,
 )
 from localllm.kernels.cpu.mm_r16k import R16K_BYTES, _repack_r16k
+from localllm.kernels.cpu.r16_copy import copy_units, repack_groups, word_views
 from localllm.kernels.cpu.simd import (
     add8x64,
     add32x16,
@@ -34,6 +35,7 @@ from localllm.kernels.cpu.simd import (
     fma16,
     ld_f16x16,
     ld_i8x64,
+    ld_u32,
     mul16,
     nib_hi64,
     nib_lo64,
@@ -306,42 +308,38 @@ def _rows_r16(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xsp, outp, ldo, n_act):
         _dot4_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act)
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def _repack_r16(qt, w, dst) -> None:
-    """w [rows, rb] u8 (row-major blocks) -> dst [ceil(rows/16), nb, 16 * block bytes] u8 (the
-    r16 records; zero-filled by the caller, so padding rows have d = 0)."""
-    rows = w.shape[0]
+@njit(cache=True, nogil=True)
+def _repack_r16(qt, w, dst, g0, g1) -> None:
+    """w [rows, rb] u8 (row-major blocks) -> row groups g0..g1-1 of dst [ceil(rows/16), nb,
+    16 * block bytes] u8 (the r16 records; zero-filled by the caller, so padding rows have
+    d = 0). Word copies, one range of groups a call (r16_copy: why, and the threads)."""
+    rows, rb = w.shape
     n_groups, nb, rec = dst.shape
     bb = rec // 16
-    for g in prange(n_groups):
+    d16, d32 = word_views(dst)
+    d8 = dst.reshape(-1)
+    mins = qt == Q4_1 or qt == Q5_1
+    five = qt == Q5_0 or qt == Q5_1
+    q0 = 64 if mins else 32  # the record's quant vectors
+    for g in range(g0, g1):
         for b in range(nb):
+            o = (g * nb + b) * rec  # the record's first byte
             for r in range(min(16, rows - 16 * g)):
-                row = 16 * g + r
-                s = b * bb
-                dst[g, b, 2 * r] = w[row, s]  # d
-                dst[g, b, 2 * r + 1] = w[row, s + 1]
+                s = (16 * g + r) * rb + b * bb  # the block's first byte
+                copy_units(w, s, d16, d32, o, r, 2, 2)  # d
                 if qt == Q8_0:
-                    for j in range(8):
-                        for i in range(4):
-                            dst[g, b, 32 + 64 * j + 4 * r + i] = w[row, s + 2 + 4 * j + i]
+                    copy_units(w, s + 2, d16, d32, o + 32, r, 32, 4)
                     continue
-                mins = qt == Q4_1 or qt == Q5_1
-                q0 = 64 if mins else 32  # the record's quant vectors
                 if mins:
-                    dst[g, b, 32 + 2 * r] = w[row, s + 2]  # m
-                    dst[g, b, 32 + 2 * r + 1] = w[row, s + 3]
+                    copy_units(w, s + 2, d16, d32, o + 32, r, 2, 2)  # m
                 hb = s + (4 if mins else 2)  # Q5: the block's qh, then qs
-                qo = hb + (4 if qt == Q5_0 or qt == Q5_1 else 0)
-                for j in range(4):
-                    for i in range(4):
-                        dst[g, b, q0 + 64 * j + 4 * r + i] = w[row, qo + 4 * j + i]
-                if qt == Q5_0 or qt == Q5_1:
-                    qh = (np.uint32(w[row, hb]) | (np.uint32(w[row, hb + 1]) << 8)
-                          | (np.uint32(w[row, hb + 2]) << 16) | (np.uint32(w[row, hb + 3]) << 24))
+                copy_units(w, hb + (4 if five else 0), d16, d32, o + q0, r, 16, 4)
+                if five:
+                    qh = ld_u32(w, hb)
                     for j in range(8):
                         nib = (qh >> np.uint32(4 * j)) & np.uint32(15)
-                        o = q0 + 256 + 8 * j + r // 2
-                        dst[g, b, o] = dst[g, b, o] | np.uint8(nib << np.uint32(4 * (r & 1)))
+                        h = o + q0 + 256 + 8 * j + r // 2
+                        d8[h] = d8[h] | np.uint8(nib << np.uint32(4 * (r & 1)))
 
 
 # ---------------------------------------------------------------- which weights are repacked
@@ -432,7 +430,7 @@ def repack_r16(w_raw: np.ndarray, qtype: int) -> np.ndarray:
         src.flags.writeable = False
     dst = np.zeros((n_groups, rb // bb, 16 * bb), np.uint8)  # [groups, nb, record]
     if rows:
-        (_repack_r16k if qt in R16K_BYTES else _repack_r16)(qt, src, dst)
+        repack_groups(_repack_r16k if qt in R16K_BYTES else _repack_r16, qt, src, dst)
     dst.flags.writeable = False  # records are never written again (and one compiled driver)
     return dst.reshape(n_groups * 16, rb)
 

@@ -573,43 +573,48 @@ def _rows_r16k6(wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ldo, n_
 # ---------------------------------------------------------------- repacking
 
 
-@njit
-def _interleave(w, row, s, dst, g, b, r, so, nbytes, do, unit):
-    """Field bytes w[row, s+so : s+so+nbytes] of row r into record (g, b) at `do`, as units of
-    `unit` bytes (2: [16] f16 arrays, 4: dword-interleaved vectors) lane r of each."""
-    for i in range(nbytes // unit):
-        for t in range(unit):
-            dst[g, b, do + 16 * unit * i + unit * r + t] = w[row, s + so + unit * i + t]
+# word copies and the pool of threads that call _repack_r16k on ranges of groups: r16_copy
+from localllm.kernels.cpu.r16_copy import copy_units, word_views  # noqa: E402
+
+
+@njit(inline="always")
+def _interleave(w, s, d16, d32, o, r, so, nbytes, do, unit):
+    """Field bytes w[s+so : s+so+nbytes] (a super-block at byte s) of row r into the record
+    at byte o at `do`, as units of `unit` bytes (2: [16] f16 arrays, 4: dword-interleaved
+    vectors) lane r of each."""
+    copy_units(w, s + so, d16, d32, o + do, r, nbytes, unit)
 
 
 @njit(cache=True, nogil=True)
-def _repack_r16k(qt, w, dst) -> None:
-    """w [rows, rb] u8 (row-major super-blocks) -> dst [ceil(rows/16), nb, 16 * block bytes]
-    u8, the records described above (zero-filled by the caller: padding rows have d = 0).
-    Serial: a parallel function compiled ~2 s longer on a first run (in mm_r16's
-    _repack_r16, +3 s), for ~4 ms saved per load of the default model."""
-    rows = w.shape[0]
+def _repack_r16k(qt, w, dst, g0, g1) -> None:
+    """w [rows, rb] u8 (row-major super-blocks) -> row groups g0..g1-1 of dst [ceil(rows/16),
+    nb, 16 * block bytes] u8, the records described above (zero-filled by the caller:
+    padding rows have d = 0). Word copies; serial over its range: mm_r16 repack_r16 spreads
+    the ranges over threads (a parallel function compiled ~2 s longer on a first run)."""
+    rows, rb = w.shape
     n_groups, nb, rec = dst.shape
-    for g in range(n_groups):
+    d16, d32 = word_views(dst)
+    for g in range(g0, g1):
         for b in range(nb):
+            o = (g * nb + b) * rec  # the record's first byte
             for r in range(min(16, rows - 16 * g)):
-                row = 16 * g + r
+                row = (16 * g + r) * rb  # the row's first byte
                 if qt == Q4_K:
-                    s = b * Q4_K_BYTES
-                    _interleave(w, row, s, dst, g, b, r, 0, 2, 0, 2)  # d
-                    _interleave(w, row, s, dst, g, b, r, 2, 2, _K4_DMIN, 2)
-                    _interleave(w, row, s, dst, g, b, r, 4, 12, _K4_SC, 4)
-                    _interleave(w, row, s, dst, g, b, r, 16, 128, _K4_QS, 4)
+                    s = row + b * Q4_K_BYTES
+                    _interleave(w, s, d16, d32, o, r, 0, 2, 0, 2)  # d
+                    _interleave(w, s, d16, d32, o, r, 2, 2, _K4_DMIN, 2)
+                    _interleave(w, s, d16, d32, o, r, 4, 12, _K4_SC, 4)
+                    _interleave(w, s, d16, d32, o, r, 16, 128, _K4_QS, 4)
                 elif qt == Q5_K:
-                    s = b * Q5_K_BYTES
-                    _interleave(w, row, s, dst, g, b, r, 0, 2, 0, 2)  # d
-                    _interleave(w, row, s, dst, g, b, r, 2, 2, _K4_DMIN, 2)
-                    _interleave(w, row, s, dst, g, b, r, 4, 12, _K4_SC, 4)
-                    _interleave(w, row, s, dst, g, b, r, 16, 32, _K5_QH, 4)
-                    _interleave(w, row, s, dst, g, b, r, 48, 128, _K5_QS, 4)
+                    s = row + b * Q5_K_BYTES
+                    _interleave(w, s, d16, d32, o, r, 0, 2, 0, 2)  # d
+                    _interleave(w, s, d16, d32, o, r, 2, 2, _K4_DMIN, 2)
+                    _interleave(w, s, d16, d32, o, r, 4, 12, _K4_SC, 4)
+                    _interleave(w, s, d16, d32, o, r, 16, 32, _K5_QH, 4)
+                    _interleave(w, s, d16, d32, o, r, 48, 128, _K5_QS, 4)
                 else:
-                    s = b * Q6_K_BYTES
-                    _interleave(w, row, s, dst, g, b, r, 208, 2, 0, 2)  # d
-                    _interleave(w, row, s, dst, g, b, r, 192, 16, _K6_SC, 4)
-                    _interleave(w, row, s, dst, g, b, r, 0, 128, _K6_QL, 4)
-                    _interleave(w, row, s, dst, g, b, r, 128, 64, _K6_QH, 4)
+                    s = row + b * Q6_K_BYTES
+                    _interleave(w, s, d16, d32, o, r, 208, 2, 0, 2)  # d
+                    _interleave(w, s, d16, d32, o, r, 192, 16, _K6_SC, 4)
+                    _interleave(w, s, d16, d32, o, r, 0, 128, _K6_QL, 4)
+                    _interleave(w, s, d16, d32, o, r, 128, 64, _K6_QH, 4)

@@ -1,0 +1,69 @@
+"""Load time (process start to exit of `localllm run FILE --raw -n 1 Hello`) of two checkouts
+of localllm and of llama.cpp's llama-simple, alternating, with each process's peak RSS.
+
+    python bench/load_ab.py FILE --old /tmp/old-checkout [--llama-simple PATH] [--rounds 3]
+
+"old" runs with PYTHONPATH=OLD (the same interpreter and packages, the other source tree),
+"new" with this checkout's. One warm-up run of each localllm side first (the kernel compile
+cache warm, the file in the page cache), then --rounds rounds of old, new, llama-simple;
+prints every run and the medians. Run it under `flock -x /tmp/bench.lock` (the 2-core VM
+is shared); on this VM the first touch of fresh anonymous memory swings between ~0.5 and
+~20 GB/s from run to run (the host's page backing), so read ranges, not single runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from compare_llamacpp import timed_process  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--old", required=True, help="the other checkout's root")
+    ap.add_argument("--llama-simple", default=None)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    here = str(Path(__file__).resolve().parent.parent)
+    run = [sys.executable, "-m", "localllm", "run", a.model, "-n", "1", "--speculate", "off",
+           "--raw", "Hello"]
+    sides = {"old": a.old, "new": here}
+
+    def timed(side: str) -> tuple[float, float]:
+        if side == "llama":
+            return timed_process([a.llama_simple, "-m", a.model, "-n", "1", "Hello"])
+        env = dict(os.environ, PYTHONPATH=sides[side])
+        old_env = os.environ.copy()
+        os.environ.clear()
+        os.environ.update(env)
+        try:
+            return timed_process(run)
+        finally:
+            os.environ.clear()
+            os.environ.update(old_env)
+
+    for side in sides:
+        timed(side)
+    order = [*sides, *(["llama"] if a.llama_simple else [])]
+    res: dict[str, list[tuple[float, float]]] = {s: [] for s in order}
+    for i in range(a.rounds):
+        for side in order:
+            res[side].append(timed(side))
+            print(f"round {i + 1} {side:>5}: {res[side][-1][0]:.2f} s, "
+                  f"{res[side][-1][1] / 2**20:.0f} MiB", flush=True)
+    for side in order:
+        ts = [t for t, _ in res[side]]
+        print(f"{Path(a.model).name} {side:>5}: median {statistics.median(ts):.2f} s "
+              f"({min(ts):.2f}-{max(ts):.2f}), peak RSS median "
+              f"{statistics.median(m for _, m in res[side]) / 2**20:.0f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
