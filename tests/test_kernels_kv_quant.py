@@ -13,6 +13,8 @@ from gguf import quants as gq
 from numba import njit
 
 from localllm.kernels.cpu import kv_quant as kq
+from localllm.kernels.cpu.attn_vec import ld_f32x16
+from localllm.kernels.cpu.simd import fma16, hsumf16, st_f32x16, zerof16
 
 QUANT = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}
 PAIRS = [(k, v) for k in kq.KV_TYPES for v in kq.KV_TYPES]
@@ -155,6 +157,76 @@ def test_softmax_exp_accuracy() -> None:
     _expf_all(special, out)
     assert (out == 0).all()
 
+
+
+@njit(cache=False)
+def _exp16_all(x: np.ndarray, out: np.ndarray) -> None:
+    for i in range(0, x.shape[0], 16):
+        st_f32x16(out, 4 * i, kq._exp16(ld_f32x16(x, 4 * i)))
+
+
+def test_vector_exp_is_the_scalar_exp() -> None:
+    """The block softmax's 16-lane exp gives _expf's bits lane by lane (one recipe)."""
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.uniform(-90, 5, 4096), np.linspace(-87.5, -86.5, 256),
+                        np.array([-np.inf, 0.0, -0.0, -87.0, 88.0, 100.0, -1e30, 1e-30] * 2)])
+    x = x.astype(np.float32)
+    want, got = np.empty_like(x), np.empty_like(x)
+    _expf_all(x, want)
+    _exp16_all(x, got)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@njit(cache=False)
+def _logits_both(qb, kb, tree_out, lane_out) -> None:
+    for i in range(qb.shape[0]):
+        for j0 in range(0, 32, 16):
+            st_f32x16(tree_out, 4 * (i * 32 + j0), kq._logits16(qb, i, kb, j0))
+            for j in range(j0, j0 + 16):  # the same key alone: lanes summed by hsumf16
+                a = zerof16()
+                for c in range(0, qb.shape[1] * 4, 64):
+                    a = fma16(a, ld_f32x16(qb, i * qb.shape[1] * 4 + c),
+                              ld_f32x16(kb, j * kb.shape[1] * 4 + c))
+                lane_out[i, j] = hsumf16(a)
+
+
+def test_sixteen_key_tree_is_each_keys_own_sum() -> None:
+    """tree16 reduces 16 keys' lanes together with exactly hsumf16's tree per key."""
+    rng = np.random.default_rng(8)
+    qb = rng.standard_normal((3, 80)).astype(np.float32) * 1e3
+    kb = rng.standard_normal((32, 80)).astype(np.float32)
+    tree, lanes = np.empty((3, 32), np.float32), np.empty((3, 32), np.float32)
+    _logits_both(qb, kb, tree, lanes)
+    np.testing.assert_array_equal(tree.view(np.uint32), lanes.view(np.uint32))
+    np.testing.assert_allclose(tree, qb.astype(np.float64) @ kb.T.astype(np.float64),
+                               rtol=1e-5, atol=1e-2)
+
+
+@pytest.mark.parametrize("dh,softcap,sinks", [(64, 0.0, False), (80, 0.0, True),
+                                               (48, 4.0, False)])
+def test_attention_split_and_whole_items_agree(monkeypatch, dh: int, softcap: float,
+                                               sinks: bool) -> None:
+    """Items of one chunk merged in a second pass (decode) and items that walk all their
+    chunks (prefill) fold the chunks alike: the same bits, padded head sizes included."""
+    rng = np.random.default_rng(12)
+    q, k, v, q_pos, kv_pos = setup(rng, n=21, hq=6, hkv=2, dh=dh, dv=dh, t=700, q_scale=2.0)
+    ks, vs = make_cache("f16", k, kv_pos, 700), make_cache("q8_0" if dh % 32 == 0 else "f16",
+                                                           v, kv_pos, 700)
+    vt = "q8_0" if dh % 32 == 0 else "f16"
+    snk = rng.standard_normal(6).astype(np.float32) if sinks else None
+    outs = []
+    for split_below in (0, 10**9):  # never split / always split
+        monkeypatch.setattr(kq, "_SPLIT_ITEMS", split_below)
+        plan = kq.attention_plan(6, 2, dh, q_pos, np.zeros(21, np.int64), 0)
+        assert plan.n_chunks > 1 and plan.split == (split_below > 0)
+        out = np.full((21, 6, dh), np.nan, dtype=np.float32)
+        kq.attention("f16", vt, q, ks, vs, q_pos, kv_pos, 0, 0.125, softcap, out, sinks=snk)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
+    if not sinks:
+        want = ref_attention(q, kq.load("f16", ks, kv_pos), kq.load(vt, vs, kv_pos), q_pos,
+                             kv_pos, 0, 0.125, softcap)
+        np.testing.assert_allclose(outs[0], want, rtol=0, atol=TIGHT)
 
 
 def ref_attention(q, k, v, q_pos, kv_pos, window, scale, softcap) -> np.ndarray:

@@ -50,10 +50,20 @@ from numba.extending import intrinsic, overload
 
 from localllm.formats.qtypes import Q4_0_BYTES, Q8_0_BYTES, QK
 from localllm.kernels.cpu import poison
+from localllm.kernels.cpu.attn_vec import expf16, ld_f32x16, maxf16, subf16, tree16
 from localllm.kernels.cpu.claim import MAX_WORKERS, new_counter, next_task
 from localllm.kernels.cpu.halfbits import f32_to_f16_bits as _f2h
 from localllm.kernels.cpu.halfbits import u32_as_f32 as _u32_as_f32
-from localllm.kernels.cpu.simd import F32x8, fma_f, hsumf, ld_f32x8, mulf, splatf, zerof
+from localllm.kernels.cpu.simd import (
+    F32x16,
+    addf16,
+    fma16,
+    hsumf16,
+    mul16,
+    splatf16,
+    st_f32x16,
+    zerof16,
+)
 
 __all__ = [
     "KV_TYPES",
@@ -109,9 +119,14 @@ _CHUNK = 128
 # Rows x heads x chunks x Dv of partial results held at once; larger calls go in row groups.
 _PART_MAX = 1 << 21
 # Query rows x query heads of one work item (prefill): every decoded key/value block is reused
-# by all of them. Measured at N = T = 512, Gemma heads: 6.4 ms with 4 (1 row), 4.5 ms with 32,
-# 4.4 ms with 64 or 128; 32 keeps the accumulators ([32, Dv] float32) within L2.
-_TILE_HEADS = 32
+# by all of them, and decoding a block costs about as much as 16 pairs' logits. 64 pairs keep
+# an item's buffers (accumulators [64, Dv], logits [64, 32], queries [64, Dh]) within L2.
+_TILE_HEADS = 64
+# A call with fewer (row tile, kv head) work items than this also splits them by chunk of
+# keys (flash decoding: a decode step has one tile, so as many items as kv heads) and merges
+# the chunks in a second pass; larger calls give each item all of its chunks, merged as it
+# goes, with no partial results in memory. The merge is the same _fold either way.
+_SPLIT_ITEMS = 32
 # Keys per block of the streaming softmax: logits of a block are exponentiated in one vectorised
 # loop and the running sums rescaled at most once per block.
 _KEY_BLOCK = 32
@@ -171,32 +186,6 @@ def _fmaf(typingctx, a, b, c):
     return types.float32(a, b, c), codegen
 
 
-@intrinsic
-def _addf(typingctx, a, b):
-    """Lanewise a + b of two F32x8 (strict)."""
-    if a != F32x8 or b != F32x8:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fadd(args[0], args[1])
-
-    return F32x8(F32x8, F32x8), codegen
-
-
-@intrinsic
-def _st_f32x8(typingctx, arr, off, v):
-    """Store an F32x8 at byte offset `off` of a C-contiguous float32 array."""
-    if not _is_array(arr, types.float32) or v != F32x8:
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = _ptr_at(context, builder, sig.args[0], args[0], args[1], v.lltype)
-        builder.store(args[2], ptr, align=4)
-        return context.get_dummy_value()
-
-    return types.void(arr, types.intp, F32x8), codegen
-
-
 def _is_array(t, dtype=None) -> bool:
     return isinstance(t, types.Array) and t.layout == "C" and (dtype is None or t.dtype == dtype)
 
@@ -247,7 +236,8 @@ def _dq4_0_block(typingctx, src, off, d, dst, doff):
 def _dhalf16(typingctx, src, off, dst, doff):
     """dst[doff:doff+16] = the 16 IEEE halves at byte offset off of src, exactly.
 
-    Same bit arithmetic as _h2f, on vectors (no F16C needed).
+    Same bit arithmetic as _h2f, on vectors. (vcvtph2ps gives the same values; measured, a
+    decode step at depth 16384 ran 7.5-8.3 ms against 4.9-5.6 with it.)
     """
     if not (_is_array(src) and _is_array(dst, types.float32)):
         return None
@@ -370,7 +360,8 @@ def _encode_q4_0(x, s8, t: int, h: int) -> None:
             s8[t, h, o + 2 + j] = np.uint8(v0 | (v1 << 4))
 
 
-# The decoders write row (t, h) to dst[drow, :] (dst: [.., D] float32), the products
+# The decoders write row (t, h) to dst[drow, :D] (dst: [.., >= D] float32: the attention
+# kernel's key and value buffers are padded to a multiple of 16 lanes), the products
 # gguf.quants takes. Inlined into the kernels and written without array slices: a slice is a
 # new array object whose reference count costs two atomic operations, more than decoding a
 # block.
@@ -378,14 +369,14 @@ def _encode_q4_0(x, s8, t: int, h: int) -> None:
 
 @njit(cache=True, inline="always")
 def _decode_f32(s32, t: int, h: int, dst, drow: int) -> None:
-    for j in range(dst.shape[1]):
+    for j in range(s32.shape[2]):
         dst[drow, j] = s32[t, h, j]
 
 
 @njit(cache=True, inline="always")
 def _decode_f16(s16, t: int, h: int, dst, drow: int) -> None:
-    n = dst.shape[1]
-    d0 = drow * n  # element offset of dst[drow, 0]
+    n = s16.shape[2]
+    d0 = drow * dst.shape[1]  # element offset of dst[drow, 0]
     n16 = n // 16 * 16
     base = (t * s16.shape[1] + h) * s16.shape[2] * 2  # byte offset of s16[t, h, 0]
     for j in range(0, n16, 16):
@@ -398,7 +389,7 @@ def _decode_f16(s16, t: int, h: int, dst, drow: int) -> None:
 def _decode_q8_0(s8, t: int, h: int, dst, drow: int) -> None:
     d0 = drow * dst.shape[1]
     base = (t * s8.shape[1] + h) * s8.shape[2]
-    for b in range(dst.shape[1] // _QK):
+    for b in range(s8.shape[2] // Q8_0_BYTES):
         o = b * Q8_0_BYTES
         d = _h2f(np.uint32(s8[t, h, o]) | (np.uint32(s8[t, h, o + 1]) << np.uint32(8)))
         _dq8_0_block(s8, base + o + 2, d, dst, d0 + b * _QK)
@@ -409,7 +400,7 @@ def _decode_q4_0(s8, t: int, h: int, dst, drow: int) -> None:
     """s8: the q4_0 bytes as int8 (the kind's dtype); uint8 casts keep the scale's bits."""
     d0 = drow * dst.shape[1]
     base = (t * s8.shape[1] + h) * s8.shape[2]
-    for b in range(dst.shape[1] // _QK):
+    for b in range(s8.shape[2] // Q4_0_BYTES):
         o = b * Q4_0_BYTES
         d = _h2f(np.uint32(np.uint8(s8[t, h, o]))
                  | (np.uint32(np.uint8(s8[t, h, o + 1])) << np.uint32(8)))
@@ -563,14 +554,42 @@ def _block_entry(b0: int, table, blk: int, srow: int) -> int:
 
 
 @njit(cache=True, inline="always")
-def _block_lanes(b0: int, keys, srow: int, q_pos, r0: int, nr: int, window: int, ent, vis,
+def _block_whole(b0: int, t0: int, kv_pos, q_pos, r0: int, nr: int, window: int) -> bool:
+    """Whether every row of the tile sees every key of the block at b0 (stored at entries
+    t0 .. t0 + 31): the common case of a long prompt, answered without the per-row tests."""
+    if t0 < 0:
+        return False
+    q_min = q_pos[r0]
+    q_max = q_pos[r0]
+    for r in range(1, nr):
+        q_min = min(q_min, q_pos[r0 + r])
+        q_max = max(q_max, q_pos[r0 + r])
+    if b0 + _KEY_BLOCK - 1 > q_min or (window > 0 and q_max - b0 >= window):
+        return False
+    for j in range(_KEY_BLOCK):
+        if kv_pos[t0 + j] != b0 + j:
+            return False
+    return True
+
+
+@njit(cache=True, inline="always")
+def _block_lanes(b0: int, keys, srow: int, q_pos, r0: int, nr: int, window: int, ent, bias,
                  kvis) -> bool:
     """For the key block of positions b0 .. b0 + 31: where each lives (ent), which rows of
-    the tile see it (vis [rows, 32]) and whether any does (kvis [32]). keys: (kv_pos, table,
-    blk). Returns whether any row sees any key of the block."""
+    the tile see it (bias [rows, 32]: 0 where row r sees key j, -inf where not: added to the
+    scaled logit) and whether any row does (kvis [32]). keys: (kv_pos, table, blk). Returns
+    whether any row sees any key of the block."""
     kv_pos, table, blk = keys
     n_tb = table.shape[1]
     t0 = _block_entry(b0, table, blk, srow)
+    if _block_whole(b0, t0, kv_pos, q_pos, r0, nr, window):
+        for j in range(_KEY_BLOCK):
+            ent[j] = t0 + j
+            kvis[j] = True
+        for r in range(nr):
+            for j in range(_KEY_BLOCK):
+                bias[r, j] = np.float32(0.0)
+        return True
     any_key = False
     for j in range(_KEY_BLOCK):
         p = b0 + j
@@ -593,7 +612,7 @@ def _block_lanes(b0: int, keys, srow: int, q_pos, r0: int, nr: int, window: int,
         for r in range(nr):
             qp = q_pos[r0 + r]
             ok = present and p <= qp and (window <= 0 or qp - p < window)
-            vis[r, j] = ok
+            bias[r, j] = np.float32(0.0) if ok else np.float32(-np.inf)
             seen = seen or ok
         kvis[j] = seen
         any_key = any_key or seen
@@ -602,8 +621,9 @@ def _block_lanes(b0: int, keys, srow: int, q_pos, r0: int, nr: int, window: int,
 
 @njit(cache=True, inline="always")
 def _decode_block(s, hk: int, ent, kvis, buf) -> None:
-    """The key block's visible rows of head hk of storage s decoded into buf [32, D], zeros
-    for the others (an empty or masked entry may hold anything, and 0 * nan is nan)."""
+    """The key block's visible rows of head hk of storage s decoded into buf [32, D16], zeros
+    for the others (an empty or masked entry may hold anything, and 0 * nan is nan). The
+    padding columns D .. D16 of buf stay the zeros they were allocated with."""
     for j in range(_KEY_BLOCK):
         if kvis[j]:
             _decode_row(s, ent[j], hk, buf, j)
@@ -613,110 +633,132 @@ def _decode_block(s, hk: int, ent, kvis, buf) -> None:
 
 
 @njit(cache=True, inline="always")
-def _logits_row(q, rq: int, hq: int, kb, sc, i: int) -> None:
-    """sc[i, :] = the dot products of query row q[rq, hq] with the 32 decoded keys kb, four
-    keys per pass over the query row (q loaded once for four dot products)."""
-    n_hq, dh = q.shape[1], q.shape[2]
-    dh8 = dh - dh % 8  # the part of a head done in 8-lane vectors
-    qo = (rq * n_hq + hq) * dh * 4  # byte offset of the query row
-    for j in range(0, _KEY_BLOCK, 4):
-        a0 = zerof()
-        a1 = zerof()
-        a2 = zerof()
-        a3 = zerof()
-        ko = j * dh * 4
-        for e in range(0, dh8, 8):
-            qv = ld_f32x8(q, qo + e * 4)
-            a0 = fma_f(a0, qv, ld_f32x8(kb, ko + e * 4))
-            a1 = fma_f(a1, qv, ld_f32x8(kb, ko + (dh + e) * 4))
-            a2 = fma_f(a2, qv, ld_f32x8(kb, ko + (2 * dh + e) * 4))
-            a3 = fma_f(a3, qv, ld_f32x8(kb, ko + (3 * dh + e) * 4))
-        s0 = hsumf(a0)
-        s1 = hsumf(a1)
-        s2 = hsumf(a2)
-        s3 = hsumf(a3)
-        for e in range(dh8, dh):  # head sizes that are not a multiple of 8
-            qe = q[rq, hq, e]
-            s0 = _fmaf(qe, kb[j, e], s0)
-            s1 = _fmaf(qe, kb[j + 1, e], s1)
-            s2 = _fmaf(qe, kb[j + 2, e], s2)
-            s3 = _fmaf(qe, kb[j + 3, e], s3)
-        sc[i, j] = s0
-        sc[i, j + 1] = s1
-        sc[i, j + 2] = s2
-        sc[i, j + 3] = s3
+def _logits16(qb, i: int, kb, j0: int) -> F32x16:
+    """The dot products of query i (qb [pairs, D16]) with keys j0 .. j0 + 15 (kb [32, D16]):
+    per key 16 lanes of fmas over the head in 16-float steps, then each key's lanes summed in
+    hsumf16's fixed tree (tree16 does the 16 keys' trees together)."""
+    d4 = qb.shape[1] * 4  # bytes of a (padded) row
+    qo = i * d4
+    ko = j0 * d4
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zerof16()
+    a8 = a9 = a10 = a11 = a12 = a13 = a14 = a15 = zerof16()
+    for c in range(0, d4, 64):
+        qv = ld_f32x16(qb, qo + c)
+        k = ko + c
+        a0 = fma16(a0, qv, ld_f32x16(kb, k))
+        a1 = fma16(a1, qv, ld_f32x16(kb, k + d4))
+        a2 = fma16(a2, qv, ld_f32x16(kb, k + 2 * d4))
+        a3 = fma16(a3, qv, ld_f32x16(kb, k + 3 * d4))
+        a4 = fma16(a4, qv, ld_f32x16(kb, k + 4 * d4))
+        a5 = fma16(a5, qv, ld_f32x16(kb, k + 5 * d4))
+        a6 = fma16(a6, qv, ld_f32x16(kb, k + 6 * d4))
+        a7 = fma16(a7, qv, ld_f32x16(kb, k + 7 * d4))
+        a8 = fma16(a8, qv, ld_f32x16(kb, k + 8 * d4))
+        a9 = fma16(a9, qv, ld_f32x16(kb, k + 9 * d4))
+        a10 = fma16(a10, qv, ld_f32x16(kb, k + 10 * d4))
+        a11 = fma16(a11, qv, ld_f32x16(kb, k + 11 * d4))
+        a12 = fma16(a12, qv, ld_f32x16(kb, k + 12 * d4))
+        a13 = fma16(a13, qv, ld_f32x16(kb, k + 13 * d4))
+        a14 = fma16(a14, qv, ld_f32x16(kb, k + 14 * d4))
+        a15 = fma16(a15, qv, ld_f32x16(kb, k + 15 * d4))
+    return tree16(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15)
 
 
 @njit(cache=True, inline="always")
-def _scale_mask_row(sc, i: int, vis, r: int, scale: np.float32, softcap: np.float32) -> None:
-    """Logits sc[i, :] scaled (and soft-capped); -inf where tile row r does not see the key."""
-    for j in range(_KEY_BLOCK):
-        if vis[r, j]:
-            s = sc[i, j] * scale
-            if softcap > np.float32(0.0):
-                s = softcap * np.float32(math.tanh(s / softcap))
-            sc[i, j] = s
-        else:
-            sc[i, j] = np.float32(-np.inf)
+def _block_logits(qb, i: int, kb, bias, r: int, sc, scale: np.float32,
+                  softcap: np.float32) -> None:
+    """sc[i, :] = the logits of pair i (tile row r) for the key block: dot * scale (soft-capped
+    if softcap > 0), + bias[r] (-inf where the row does not see the key)."""
+    so = i * _KEY_BLOCK * 4
+    bo = r * _KEY_BLOCK * 4
+    sv = splatf16(scale)
+    lo = mul16(_logits16(qb, i, kb, 0), sv)
+    hi = mul16(_logits16(qb, i, kb, 16), sv)
+    if softcap > np.float32(0.0):
+        st_f32x16(sc, so, lo)
+        st_f32x16(sc, so + 64, hi)
+        for j in range(_KEY_BLOCK):
+            sc[i, j] = softcap * np.float32(math.tanh(sc[i, j] / softcap))
+        lo = ld_f32x16(sc, so)
+        hi = ld_f32x16(sc, so + 64)
+    st_f32x16(sc, so, addf16(lo, ld_f32x16(bias, bo)))
+    st_f32x16(sc, so + 64, addf16(hi, ld_f32x16(bias, bo + 64)))
 
 
 @njit(cache=True, inline="always")
 def _softmax_block(sc, pr, m, den, acc, i: int) -> None:
     """One key block of the streaming softmax of (row, head) pair i: pr[i, :] = exp(logit -
     m[i]) after the running max m, denominator den and V sum acc are rescaled (at most once
-    per block, when the max grows)."""
-    neg_inf = np.float32(-np.inf)
-    bmax = neg_inf
-    for j in range(_KEY_BLOCK):
-        bmax = max(bmax, sc[i, j])
-    if bmax == neg_inf:  # nothing visible to this row in the block
+    per block, when the max grows); den[i] += the block's weights in one fixed tree."""
+    so = i * _KEY_BLOCK * 4
+    lo = ld_f32x16(sc, so)
+    hi = ld_f32x16(sc, so + 64)
+    bmax = maxf16(lo, hi)
+    if bmax == np.float32(-np.inf):  # nothing visible to this row in the block
         for j in range(_KEY_BLOCK):
             pr[i, j] = np.float32(0.0)
-    else:
-        if bmax > m[i]:
-            alpha = _expf(m[i] - bmax)  # 0 while m is -inf
-            den[i] *= alpha
-            for e in range(acc.shape[1]):
-                acc[i, e] *= alpha
-            m[i] = bmax
-        mi = m[i]
-        for j in range(_KEY_BLOCK):
-            pr[i, j] = _expf(sc[i, j] - mi)  # exactly 0 where masked (-inf)
-        po = i * _KEY_BLOCK * 4  # the block's 32 weights summed in one fixed tree
-        t01 = _addf(ld_f32x8(pr, po), ld_f32x8(pr, po + 32))
-        t23 = _addf(ld_f32x8(pr, po + 64), ld_f32x8(pr, po + 96))
-        den[i] += hsumf(_addf(t01, t23))
+        return
+    if bmax > m[i]:
+        alpha = _expf(m[i] - bmax)  # 0 while m is -inf
+        den[i] *= alpha
+        av = splatf16(alpha)
+        for e in range(0, acc.shape[1] * 4, 64):
+            st_f32x16(acc, i * acc.shape[1] * 4 + e, mul16(ld_f32x16(acc, i * acc.shape[1] * 4 + e), av))
+        m[i] = bmax
+    mv = splatf16(m[i])
+    plo = _exp16(subf16(lo, mv))  # exactly 0 where masked (-inf)
+    phi = _exp16(subf16(hi, mv))
+    st_f32x16(pr, so, plo)
+    st_f32x16(pr, so + 64, phi)
+    den[i] += hsumf16(addf16(plo, phi))
+
+
+@njit(cache=True, inline="always")
+def _exp16(x: F32x16) -> F32x16:
+    """_expf of each lane (attn_vec.expf16 with _expf's own constants)."""
+    return expf16(x, np.float32(-87.0), np.float32(88.0), _LOG2E, np.float32(0.5), _LN2_LO,
+                  _LN2_HI, np.float32(1.9875691500e-4), np.float32(1.3981999507e-3),
+                  np.float32(8.3334519073e-3), np.float32(4.1665795894e-2),
+                  np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))
 
 
 @njit(cache=True, inline="always")
 def _accumulate_row(pr, vb, acc, i: int) -> None:
-    """acc[i] += pr[i] @ vb, four keys per pass over the accumulator row (a quarter of the
-    load/store traffic of one axpy per key); keys of weight 0 four at a time are skipped."""
-    dv = acc.shape[1]
-    dv8 = dv - dv % 8
-    for j in range(0, _KEY_BLOCK, 4):
-        w0 = pr[i, j]
-        w1 = pr[i, j + 1]
-        w2 = pr[i, j + 2]
-        w3 = pr[i, j + 3]
-        if (w0 == np.float32(0.0) and w1 == np.float32(0.0)
-                and w2 == np.float32(0.0) and w3 == np.float32(0.0)):
-            continue
-        v0 = splatf(w0)
-        v1 = splatf(w1)
-        v2 = splatf(w2)
-        v3 = splatf(w3)
-        ao = i * dv * 4
-        vo = j * dv * 4
-        for e in range(0, dv8, 8):
-            t = fma_f(mulf(v0, ld_f32x8(vb, vo + e * 4)), v1, ld_f32x8(vb, vo + (dv + e) * 4))
-            u = fma_f(mulf(v2, ld_f32x8(vb, vo + (2 * dv + e) * 4)), v3,
-                      ld_f32x8(vb, vo + (3 * dv + e) * 4))
-            _st_f32x8(acc, ao + e * 4, _addf(ld_f32x8(acc, ao + e * 4), _addf(t, u)))
-        for e in range(dv8, dv):  # the same arithmetic, one lane at a time
-            t1 = _fmaf(w1, vb[j + 1, e], w0 * vb[j, e])
-            u1 = _fmaf(w3, vb[j + 3, e], w2 * vb[j + 2, e])
-            acc[i, e] = acc[i, e] + (t1 + u1)
+    """acc[i] += pr[i] @ vb: per 16 value lanes two fma chains from zero, over the block's
+    even and odd keys, then acc + (even + odd). Four 16-lane groups at a time: 8 independent
+    chains keep both FMA pipes busy (one chain per group would wait on its own latency)."""
+    v4 = acc.shape[1] * 4  # bytes of a (padded) value row
+    ao = i * v4
+    c = 0
+    while c + 256 <= v4:
+        e0 = e1 = e2 = e3 = o0 = o1 = o2 = o3 = zerof16()
+        for j in range(0, _KEY_BLOCK, 2):
+            we = splatf16(pr[i, j])
+            wo = splatf16(pr[i, j + 1])
+            ve = j * v4 + c
+            vo = ve + v4
+            e0 = fma16(e0, we, ld_f32x16(vb, ve))
+            e1 = fma16(e1, we, ld_f32x16(vb, ve + 64))
+            e2 = fma16(e2, we, ld_f32x16(vb, ve + 128))
+            e3 = fma16(e3, we, ld_f32x16(vb, ve + 192))
+            o0 = fma16(o0, wo, ld_f32x16(vb, vo))
+            o1 = fma16(o1, wo, ld_f32x16(vb, vo + 64))
+            o2 = fma16(o2, wo, ld_f32x16(vb, vo + 128))
+            o3 = fma16(o3, wo, ld_f32x16(vb, vo + 192))
+        a = ao + c
+        st_f32x16(acc, a, addf16(ld_f32x16(acc, a), addf16(e0, o0)))
+        st_f32x16(acc, a + 64, addf16(ld_f32x16(acc, a + 64), addf16(e1, o1)))
+        st_f32x16(acc, a + 128, addf16(ld_f32x16(acc, a + 128), addf16(e2, o2)))
+        st_f32x16(acc, a + 192, addf16(ld_f32x16(acc, a + 192), addf16(e3, o3)))
+        c += 256
+    while c < v4:  # value sizes that are not a multiple of 64: 16 lanes at a time
+        e0 = o0 = zerof16()
+        for j in range(0, _KEY_BLOCK, 2):
+            e0 = fma16(e0, splatf16(pr[i, j]), ld_f32x16(vb, j * v4 + c))
+            o0 = fma16(o0, splatf16(pr[i, j + 1]), ld_f32x16(vb, (j + 1) * v4 + c))
+        a = ao + c
+        st_f32x16(acc, a, addf16(ld_f32x16(acc, a), addf16(e0, o0)))
+        c += 64
 
 
 @njit(cache=True, inline="always")
@@ -734,122 +776,181 @@ def _sink_norm(mx: np.float32, total: np.float32, sink: np.float32) -> np.float3
 
 
 @njit(cache=True, inline="always")
-def _write_item(item, g: int, n_chunks: int, m, den, acc, dst, sinks) -> None:
-    """The item's (row, head) results: out = acc / den with one chunk, else its partial
-    softmax (m, den, acc) into (part_m, part_l, part_acc) for the merge; dst: (out, part_m,
-    part_l, part_acc). sinks: [Hq] per-head sink logits, or empty (see _sink_norm)."""
-    r0, nr, hk, c = item
+def _write_partials(r0: int, nr: int, hk: int, c: int, g: int, m, den, acc, dst) -> None:
+    """Chunk c's partial softmax (m, den, acc) of the item's (row, head) pairs into the
+    call's partial arrays for the merge pass; dst: (out, part_m, part_l, part_acc), the
+    partials flat per (row, head): part_m / part_l [n_chunks, N * Hq], part_acc
+    [n_chunks * N * Hq, Dv]."""
     out, part_m, part_l, part_acc = dst
-    dv = acc.shape[1]
+    nh = part_m.shape[1]  # N * Hq
+    n_hq = out.shape[1]
     for i in range(nr * g):
-        r = r0 + i // g
-        h = hk * g + i % g
-        if n_chunks == 1:
-            # the merge with one chunk: exp(0) = 1 and 0 + acc * 1 = acc exactly, so writing
-            # acc / den here gives its bits without a second parallel region
-            if sinks.shape[0]:
-                inv = _sink_norm(m[i], den[i], sinks[h])
-            else:
-                inv = np.float32(1.0) / den[i] if den[i] > np.float32(0.0) else np.float32(0.0)
-            for e in range(dv):
-                out[r, h, e] = acc[i, e] * inv
-            continue
-        part_m[c, r, h] = m[i]
-        part_l[c, r, h] = den[i]
+        k = (r0 + i // g) * n_hq + hk * g + i % g
+        part_m[c, k] = m[i]
+        part_l[c, k] = den[i]
         if den[i] > np.float32(0.0):  # the merge reads acc only where den > 0
-            for e in range(dv):
-                part_acc[c, r, h, e] = acc[i, e]
+            for e in range(out.shape[2]):
+                part_acc[c * nh + k, e] = acc[i, e]
+
+
+@njit(cache=True, inline="always")
+def _fold(mm, ll, aa, k: int, m_c: np.float32, l_c: np.float32, src, srow: int,
+          dv: int) -> None:
+    """Merge one chunk's partial softmax (m_c, l_c, src[srow, :dv]) into the running one of
+    pair k (mm[k], ll[k], aa[k]), chunks taken in position order: the first chunk with a
+    visible key is copied, a later one rescales whichever side has the smaller max. The
+    same function serves the merge pass after a split call and the merge inside an item
+    that walks all of its chunks, so both give the same bits."""
+    if not l_c > np.float32(0.0):
+        return
+    if ll[k] == np.float32(0.0):
+        mm[k] = m_c
+        ll[k] = l_c
+        for e in range(dv):
+            aa[k, e] = src[srow, e]
+        return
+    if m_c > mm[k]:
+        a = _expf(mm[k] - m_c)
+        ll[k] *= a
+        for e in range(dv):
+            aa[k, e] *= a
+        mm[k] = m_c
+    f = _expf(m_c - mm[k])
+    ll[k] += l_c * f
+    for e in range(dv):
+        aa[k, e] += src[srow, e] * f
+
+
+@njit(cache=True, inline="always")
+def _finish(mm, ll, aa, k: int, out, r: int, h: int, sinks) -> None:
+    """out[r, h] from pair k's merged softmax: aa / ll (see _sink_norm for sinks); zeros for
+    a row that saw no key."""
+    if sinks.shape[0]:
+        inv = _sink_norm(mm[k], ll[k], sinks[h])
+    else:
+        inv = np.float32(1.0) / ll[k] if ll[k] > np.float32(0.0) else np.float32(0.0)
+    for e in range(out.shape[2]):
+        out[r, h, e] = aa[k, e] * inv
 
 
 @njit(cache=True)
 def _item_buffers(q, out, rows_per_tile: int, n_hkv: int):
-    """A work item's buffers, allocated by the calling loop (_attention_item allocates
-    nothing): the running softmax state of its (row, head) pairs and one key block's scratch."""
+    """A worker's buffers for its work items, allocated by the calling loop (_attention_item
+    allocates nothing): the running softmax state of an item's (row, head) pairs and one key
+    block's scratch. The padding columns of kb, vb and qb are zero and are never written."""
     rg = rows_per_tile * (q.shape[1] // n_hkv)  # (row, head) pairs of a tile
-    dv = out.shape[2]
+    d16 = _pad16(q.shape[2])  # head sizes padded to whole 16-lane vectors (zeros beyond)
+    v16 = _pad16(out.shape[2])
     bk = _KEY_BLOCK
     return (
         np.full(rg, np.float32(-np.inf), dtype=np.float32),  # m: running max logit
         np.zeros(rg, dtype=np.float32),  # den: running sum of exp(logit - m)
-        np.zeros((rg, dv), dtype=np.float32),  # acc: running sum of exp(logit - m) * v
+        np.zeros((rg, v16), dtype=np.float32),  # acc: running sum of exp(logit - m) * v
         np.empty((rg, bk), dtype=np.float32),  # sc: logits of a key block (-inf: masked)
         np.empty((rg, bk), dtype=np.float32),  # pr: their exp(logit - m)
-        np.empty((rows_per_tile, bk), dtype=np.bool_),  # vis: which row sees which key
+        np.empty((rows_per_tile, bk), dtype=np.float32),  # bias: 0 / -inf: row sees key?
         np.empty(bk, dtype=np.bool_),  # kvis: visible to some row of the tile
         np.empty(bk, dtype=np.int64),  # ent: storage entry of each lane
-        np.empty((bk, q.shape[2]), dtype=np.float32),  # kb: decoded key rows of the block
-        np.empty((bk, dv), dtype=np.float32),  # vb: decoded value rows of the block
+        np.zeros((bk, d16), dtype=np.float32),  # kb: decoded key rows of the block
+        np.zeros((bk, v16), dtype=np.float32),  # vb: decoded value rows of the block
+        np.zeros((rg, d16), dtype=np.float32),  # qb: the item's query rows, padded
+        np.empty(rg, dtype=np.float32),  # mm: merged max over the chunks so far
+        np.empty(rg, dtype=np.float32),  # ll: merged denominator
+        np.empty((rg, v16), dtype=np.float32),  # aa: merged value sum
     )
+
+
+@njit(cache=True, inline="always")
+def _pad16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+@njit(cache=True, inline="always")
+def _chunk_pass(r0: int, nr: int, hk: int, c: int, q, ks, vs, rows, keys, opts, work,
+                bufs) -> None:
+    """Chunk c of the item's rows r0 .. r0 + nr - 1 and kv head hk: its partial softmax
+    (m, den, acc of bufs) from scratch."""
+    q_pos, row_slot = rows
+    window, scale, softcap, sinks = opts
+    tiles, rows_per_tile, n_hkv, c_lo, n_chunks, split = work
+    m, den, acc, sc, pr, bias, kvis, ent, kb, vb, qb, mm, ll, aa = bufs
+    g = q.shape[1] // n_hkv
+    ni = nr * g  # (row, head) pairs of this item: i = r * g + head-in-group
+    bk = _KEY_BLOCK
+    for i in range(ni):
+        m[i] = np.float32(-np.inf)
+        den[i] = np.float32(0.0)
+        for e in range(acc.shape[1]):
+            acc[i, e] = np.float32(0.0)
+    v_lo, v_hi = _visible_span(q_pos, r0, nr, (c_lo + c) * _CHUNK, window)
+    srow = row_slot[r0]  # the tile's sequence: its block table row
+    for b0 in range(v_lo // bk * bk, v_hi, bk):  # none when v_lo >= v_hi
+        if not _block_lanes(b0, keys, srow, q_pos, r0, nr, window, ent, bias, kvis):
+            continue
+        _decode_block(ks, hk, ent, kvis, kb)
+        for i in range(ni):
+            _block_logits(qb, i, kb, bias, i // g, sc, scale, softcap)
+        for i in range(ni):
+            _softmax_block(sc, pr, m, den, acc, i)
+        _decode_block(vs, hk, ent, kvis, vb)
+        for i in range(ni):
+            _accumulate_row(pr, vb, acc, i)
 
 
 # strict IEEE (see the note above the constants); numpy's error model, as a parallel loop's body
 # has: an empty cache's zero block size must not raise inside a worker thread
 @njit(cache=True, error_model="numpy", _nrt=False)
 def _attention_item(
-    it: int,  # the work item: (tile, kv head, chunk)
+    it: int,  # the work item: (tile, kv head[, chunk])
     q,     # [N, Hq, Dh] float32
     ks,    # K storage [E, Hkv, Wk] in its kind's kernel dtype (_KERNEL_DTYPE)
     vs,    # V storage [E, Hkv, Wv], likewise
     rows,  # (q_pos, row_slot): each row's position and the sequence whose keys it reads
     keys,  # (kv_pos, table, blk): where the keys live (see _attention_kernel)
     opts,  # (window, scale, softcap, sinks [Hq] float32 or empty)
-    work,  # (tiles, rows_per_tile, n_hkv, c_lo, n_chunks): how the call is cut into items
-    dst,   # (out, part_m, part_l, part_acc): the results, and the partial ones of a call of
-           # several chunks
-    bufs,  # _item_buffers: (m, den, acc, sc, pr, vis, kvis, ent, kb, vb)
+    work,  # (tiles, rows_per_tile, n_hkv, c_lo, n_chunks, split): how the call is cut
+    dst,   # (out, part_m, part_l, part_acc): the results, and the partial ones of a split
+           # call
+    bufs,  # _item_buffers: (m, den, acc, sc, pr, bias, kvis, ent, kb, vb, qb, mm, ll, aa)
 ) -> None:
-    """Work item `it` of _attention_kernel: one tile of rows, one kv head, one chunk of keys."""
-    q_pos, row_slot = rows
-    window, scale, softcap, sinks = opts
-    tiles, rows_per_tile, n_hkv, c_lo, n_chunks = work
-    m, den, acc, sc, pr, vis, kvis, ent, kb, vb = bufs
+    """Work item `it` of _attention_kernel: one tile of rows and one kv head, and one chunk
+    of keys (split: its partials to dst for the merge pass) or all of them (merged here)."""
+    tiles, rows_per_tile, n_hkv, c_lo, n_chunks, split = work
+    m, den, acc, sc, pr, bias, kvis, ent, kb, vb, qb, mm, ll, aa = bufs
+    out = dst[0]
     g = q.shape[1] // n_hkv
-    item = _item_at(it, tiles, n_hkv, n_chunks)
-    r0, nr, hk, c = item
-    ni = nr * g  # (row, head) pairs of this item: i = r * g + head-in-group
-    bk = _KEY_BLOCK
-    v_lo, v_hi = _visible_span(q_pos, r0, nr, (c_lo + c) * _CHUNK, window)
-    srow = row_slot[r0]  # the tile's sequence: its block table row
-    for b0 in range(v_lo // bk * bk, v_hi, bk):  # none when v_lo >= v_hi
-        if not _block_lanes(b0, keys, srow, q_pos, r0, nr, window, ent, vis, kvis):
-            continue
-        _decode_block(ks, hk, ent, kvis, kb)
+    r0, nr, hk, c = _item_at(it, tiles, n_hkv, n_chunks if split else 1)
+    ni = nr * g
+    for i in range(ni):  # the item's query rows, in the padded layout of kb
+        r = i // g
+        for e in range(q.shape[2]):
+            qb[i, e] = q[r0 + r, hk * g + (i - r * g), e]
+    if split:
+        _chunk_pass(r0, nr, hk, c, q, ks, vs, rows, keys, opts, work, bufs)
+        _write_partials(r0, nr, hk, c, g, m, den, acc, dst)
+        return
+    for i in range(ni):
+        ll[i] = np.float32(0.0)
+    for c in range(n_chunks):  # every chunk of the rows' span, merged in position order
+        _chunk_pass(r0, nr, hk, c, q, ks, vs, rows, keys, opts, work, bufs)
         for i in range(ni):
-            r = i // g
-            _logits_row(q, r0 + r, hk * g + (i - r * g), kb, sc, i)
-            _scale_mask_row(sc, i, vis, r, scale, softcap)
-        for i in range(ni):
-            _softmax_block(sc, pr, m, den, acc, i)
-        _decode_block(vs, hk, ent, kvis, vb)
-        for i in range(ni):
-            _accumulate_row(pr, vb, acc, i)
-    _write_item(item, g, n_chunks, m, den, acc, dst, sinks)
+            _fold(mm, ll, aa, i, m[i], den[i], acc, i, out.shape[2])
+    for i in range(ni):
+        _finish(mm, ll, aa, i, out, r0 + i // g, hk * g + i % g, opts[3])
 
 
 @njit(cache=True, inline="always")
-def _merge_chunks(rh: int, n_chunks: int, part_m, part_l, part_acc, out, sinks) -> None:
-    """Flash-decoding merge of (row, head) pair rh's per-chunk partial softmaxes into out,
-    always in chunk order (sinks: as _write_item's)."""
-    n_hq, dv = out.shape[1], out.shape[2]
-    r = rh // n_hq
-    h = rh % n_hq
-    mx = np.float32(-np.inf)
+def _merge_chunks(rh: int, n_chunks: int, part_m, part_l, part_acc, out, sinks, mm, ll,
+                  aa) -> None:
+    """The merge pass after a split call: (row, head) pair rh's per-chunk partials folded in
+    chunk order (_fold, as an item that walks all its chunks does) into out; mm, ll, aa: a
+    worker's scratch (pair 0 of its item buffers)."""
+    n_hq = out.shape[1]
+    nh = part_m.shape[1]
+    ll[0] = np.float32(0.0)
     for c in range(n_chunks):
-        if part_l[c, r, h] > np.float32(0.0):
-            mx = max(mx, part_m[c, r, h])
-    for e in range(dv):
-        out[r, h, e] = np.float32(0.0)
-    if mx != np.float32(-np.inf):  # else no visible key in any chunk: zeros
-        total = np.float32(0.0)
-        for c in range(n_chunks):
-            if part_l[c, r, h] > np.float32(0.0):
-                f = _expf(part_m[c, r, h] - mx)
-                total += part_l[c, r, h] * f
-                for e in range(dv):
-                    out[r, h, e] += part_acc[c, r, h, e] * f
-        inv = _sink_norm(mx, total, sinks[h]) if sinks.shape[0] else np.float32(1.0) / total
-        for e in range(dv):
-            out[r, h, e] *= inv
+        _fold(mm, ll, aa, 0, part_m[c, rh], part_l[c, rh], part_acc, c * nh + rh, out.shape[2])
+    _finish(mm, ll, aa, 0, out, rh // n_hq, rh % n_hq, sinks)
 
 
 @njit(cache=True, parallel=True)  # strict IEEE (see the note above the constants)
@@ -868,9 +969,11 @@ def _attention_kernel(
     out,       # [N, Hq, Dv] float32
     tiles,     # [n_tiles + 1] int64: row bounds of the tiles (one slot per tile)
     rows_per_tile: int, c_lo: int, n_chunks: int,
-    part_m,    # [n_chunks, N, Hq] float32
-    part_l,    # [n_chunks, N, Hq] float32
-    part_acc,  # [n_chunks, N, Hq, Dv] float32
+    split: bool,  # items of one chunk each, merged in a second pass (decode: too few rows
+                  # to keep every thread busy otherwise); else an item walks all its chunks
+    part_m,    # [n_chunks, N * Hq] float32 (split calls only)
+    part_l,    # [n_chunks, N * Hq] float32
+    part_acc,  # [n_chunks * N * Hq, Dv] float32
 ) -> None:
     """One numeric recipe per (row, head), whatever else is in the call.
 
@@ -879,9 +982,10 @@ def _attention_kernel(
     lane p % _KEY_BLOCK of its block. A row's result therefore depends only on its own
     position, its q and the stored keys: not on the other rows of the batch (N, tiling), not
     on where the keys live in storage (ring or flat, its capacity), not on the thread count.
-    Work items are (row tile, kv head, chunk); every row's chunks are merged in chunk order.
+    Work items are (row tile, kv head) and, in a split call, a chunk; every row's chunks
+    are merged in chunk order by the same _fold either way.
     """
-    n_items = (tiles.shape[0] - 1) * n_hkv * n_chunks
+    n_items = (tiles.shape[0] - 1) * n_hkv * (n_chunks if split else 1)
     # one work item per iteration, compiled as its own function: Numba's parallel passes then
     # see a loop of one call instead of the whole body (most of the compile time before)
     # items are taken as threads come free (kernels/cpu/claim.py): a late thread holds back
@@ -889,17 +993,27 @@ def _attention_kernel(
     counter = new_counter()
     for _ in prange(min(MAX_WORKERS, n_items)):
         it = next_task(counter)
+        # one set of buffers per worker, not per item: a decode item is ~1 us of work and
+        # eleven allocations cost as much (_attention_item resets the running sums)
+        bufs = _item_buffers(q, out, rows_per_tile, n_hkv)
         while it < n_items:
             _attention_item(it, q, ks, vs, (q_pos, row_slot), (kv_pos, table, blk),
                             (window, scale, softcap, sinks),
-                            (tiles, rows_per_tile, n_hkv, c_lo, n_chunks),
-                            (out, part_m, part_l, part_acc),
-                            _item_buffers(q, out, rows_per_tile, n_hkv))
+                            (tiles, rows_per_tile, n_hkv, c_lo, n_chunks, split),
+                            (out, part_m, part_l, part_acc), bufs)
             it = next_task(counter)
-    if n_chunks == 1:
+    if not split:
         return
-    for rh in prange(q.shape[0] * q.shape[1]):
-        _merge_chunks(rh, n_chunks, part_m, part_l, part_acc, out, sinks)
+    n_pairs = q.shape[0] * q.shape[1]
+    merged = new_counter()
+    for _ in prange(min(MAX_WORKERS, n_pairs)):
+        rh = next_task(merged)
+        mm = np.empty(1, dtype=np.float32)
+        ll = np.empty(1, dtype=np.float32)
+        aa = np.empty((1, out.shape[2]), dtype=np.float32)
+        while rh < n_pairs:
+            _merge_chunks(rh, n_chunks, part_m, part_l, part_acc, out, sinks, mm, ll, aa)
+            rh = next_task(merged)
 
 
 # --------------------------------------------------------------------------------------------
@@ -957,8 +1071,7 @@ def allocate(kv_type: str, n: int, n_head_kv: int, head_dim: int) -> np.ndarray:
     return np.zeros(shape, dtype=dtype)
 
 
-_NO_PART = np.zeros((1, 1, 1), dtype=np.float32)  # partial results of a one-chunk call
-_NO_PART4 = np.zeros((1, 1, 1, 1), dtype=np.float32)
+_NO_PART = np.zeros((1, 1), dtype=np.float32)  # partial results of a call that is not split
 _ONE_TILE = np.array([0, 1], dtype=np.int64)
 
 
@@ -1209,6 +1322,7 @@ class AttentionPlan(NamedTuple):
     rows_per_tile: int
     c_lo: int
     n_chunks: int
+    split: bool  # work items of one chunk, merged in a second pass (see _SPLIT_ITEMS)
 
 
 def attention_plan(n_hq: int, n_hkv: int, dv: int, q_pos: np.ndarray, row_seq: np.ndarray,
@@ -1240,27 +1354,28 @@ def attention_plan(n_hq: int, n_hkv: int, dv: int, q_pos: np.ndarray, row_seq: n
     first = max(0, q_lo - int(window) + 1) if window > 0 else 0
     c_lo = first // _CHUNK
     n_chunks = q_hi // _CHUNK - c_lo + 1
+    n_tiles = tiles.shape[0] - 1
+    split = n_chunks > 1 and n_tiles * n_hkv < _SPLIT_ITEMS
     # row groups at tile bounds, each holding at most ~_PART_MAX partial floats
-    per_row = max(1, n_chunks * n_hq * dv) if n_chunks > 1 else 1
-    max_rows = max(rows_per_tile, _PART_MAX // per_row)
+    per_row = max(1, n_chunks * n_hq * dv) if split else 1
+    max_rows = max(rows_per_tile, _PART_MAX // per_row) if split else n_rows
     calls = []
     t0 = 0
-    n_tiles = tiles.shape[0] - 1
     while t0 < n_tiles:
         t1 = t0 + 1
         while t1 < n_tiles and tiles[t1 + 1] - tiles[t0] <= max_rows:
             t1 += 1
         a, b = int(tiles[t0]), int(tiles[t1])
-        if n_chunks == 1:  # rows are written directly; the partials are never touched
-            part_m, part_l, part_acc = _NO_PART, _NO_PART, _NO_PART4
+        if not split:  # rows are written directly; the partials are never touched
+            part_m, part_l, part_acc = _NO_PART, _NO_PART, _NO_PART
         else:
-            part_m = poison.empty((n_chunks, b - a, n_hq), np.float32)
-            part_l = poison.empty((n_chunks, b - a, n_hq), np.float32)
-            part_acc = poison.empty((n_chunks, b - a, n_hq, dv), np.float32)
+            part_m = poison.empty((n_chunks, (b - a) * n_hq), np.float32)
+            part_l = poison.empty((n_chunks, (b - a) * n_hq), np.float32)
+            part_acc = poison.empty((n_chunks * (b - a) * n_hq, dv), np.float32)
         calls.append((a, b, tiles[t0 : t1 + 1] - a, part_m, part_l, part_acc))
         t0 = t1
     return AttentionPlan(n_rows, n_hq, n_hkv, dv, int(window), q_pos, row_slot, tuple(calls),
-                         rows_per_tile, c_lo, n_chunks)
+                         rows_per_tile, c_lo, n_chunks, split)
 
 
 def _execute(plan: AttentionPlan, q: np.ndarray, ks: np.ndarray, vs: np.ndarray,
@@ -1277,7 +1392,7 @@ def _execute(plan: AttentionPlan, q: np.ndarray, ks: np.ndarray, vs: np.ndarray,
             plan.q_pos if whole else plan.q_pos[a:b],
             plan.row_seq if whole else plan.row_seq[a:b], kv_pos, table, blk, plan.window,
             sc, cap, sinks, res if whole else res[a:b], tiles, plan.rows_per_tile, plan.c_lo,
-            plan.n_chunks, part_m, part_l, part_acc,
+            plan.n_chunks, plan.split, part_m, part_l, part_acc,
         )
 
 
