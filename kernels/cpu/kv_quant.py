@@ -13,16 +13,19 @@ A cache entry is one token of one layer: `n_head_kv` heads of `head_dim` values,
 llama.cpp's -ctk / -ctv. Quantization follows ggml's reference code (quantize_row_q8_0_ref /
 quantize_row_q4_0_ref), so the bytes equal `gguf.quants.quantize` for the same rows.
 
-`attention` works on the stored blocks. A work item is (a tile of query rows, one kv head, a
-chunk of keys); it walks its keys in blocks of 32, decodes the visible key and value rows of a
-block into two small float32 buffers ([32, Dh], [32, Dv]) and uses them for every query head of
-the GQA group and every row of the tile, so there is never a dequantized copy of the cache.
-Scores are float32 dot products of the float32 query with the decoded key (llama.cpp instead
-rounds Q to f16 for an f16 K cache and to q8_0 for a quantized one and takes integer dots; the
-f32 dot is at least as accurate; V is accumulated in float32 too). The softmax is the streaming
-("online") one of flash attention: one pass over the keys keeping a running max, denominator
-and weighted V sum per query head, rescaled at most once per key block; exp is a ~1 ulp
-polynomial so that a block's 32 exps vectorise. A head may carry a learned sink logit
+`attention` works on the stored blocks. A work item is (a tile of query rows, one kv head) and
+the chunks of 128 keys its rows see; it walks each chunk in blocks of 32 keys, decodes the
+visible key and value rows of a block into two small float32 buffers ([32, Dh], [32, Dv],
+padded to whole 16-lane vectors) and uses them for every query head of the GQA group and
+every row of the tile, so there is never a dequantized copy of the cache. Scores are float32
+dot products of the float32 query with the decoded key, 16 lanes of fmas per key reduced in a
+fixed tree, 16 keys at once (attn_vec.tree16); llama.cpp instead rounds Q to f16 for an f16
+K cache and to q8_0 for a quantized one and takes integer dots; the f32 dot is at least as
+accurate; V is accumulated in float32 too. The softmax is the streaming ("online") one of
+flash attention: per chunk, one pass over its keys keeping a running max, denominator and
+weighted V sum per query head, rescaled at most once per key block; exp is a ~1 ulp
+polynomial, a block's 32 exps two 16-lane vectors (attn_vec.expf16, the scalar's bits). The
+chunks' partial results are folded in position order (_fold). A head may carry a learned sink logit
 (gpt-oss's attn_sinks): one more term of its softmax, taking mass and adding no value, folded
 in where a row's softmax is finished (_sink_norm), so the key loop is the same with or without.
 
@@ -33,8 +36,9 @@ of `attention_slots` and a flat or ring cache are the special case B = T, table[
 Where the keys live never changes a row's arithmetic (lanes and chunks are fixed by
 position). Positions need not be in order and an entry whose position is not the one the
 table points it at (EMPTY_POS, a stale entry) is skipped (its bytes are never used). When there are
-fewer (tile, head) items than threads, as in decode, the keys are split into chunks worked on by
-different threads and merged at the end (flash-decoding).
+few (tile, head) items, as in decode, each chunk is an item of its own, worked on by any thread,
+and a second pass folds the chunks (flash-decoding); the fold is the same function, so a row
+gets the same bits either way.
 """
 
 from __future__ import annotations
