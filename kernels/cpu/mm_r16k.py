@@ -215,6 +215,19 @@ def _k45_fin(acc, isum, msum, d, dm, dx):
 
 
 @njit
+def _k45_j1(qt, w, q, h, j, xq, xb, ia, ib, sc):
+    """Sub-blocks 2j, 2j + 1 for one activation row (activation byte xb: 256b): quarter
+    t = 0 into ia, t = 1 into ib (sc: the scale bytes holding 2j, 2j + 1)."""
+    sl = _byte(sc, 2 * (j & 1))
+    sh = _byte(sc, 2 * (j & 1) + 1)
+    lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k45_quarter(qt, w, q, h, j, 0)
+    ia = _k45_row(qt, ia, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + 64 * j, sl, sh)
+    lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k45_quarter(qt, w, q, h, j, 1)
+    ib = _k45_row(qt, ib, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + 64 * j + 16, sl, sh)
+    return ia, ib
+
+
+@njit
 def _dot1_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf):
     # Q4_K or Q5_K (qt): the same sums, Q5_K's quants with a 5th bit
     rec = Q5_K_BYTES * 16 if qt == Q5_K else Q4_K_BYTES * 16
@@ -229,18 +242,13 @@ def _dot1_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf):
         q = p + (_K5_QS if qt == Q5_K else _K4_QS)
         h = p + _K5_QH
         xb = n * k + 256 * b
-        # two integer accumulators (the quarters of t = 0 and t = 1) halve the vpdpwssd chain
-        ia = zero32x16()
-        ib = zero32x16()
-        for j in range(4):
-            sc = sca if j < 2 else scb
-            sl = _byte(sc, 2 * (j & 1))
-            sh = _byte(sc, 2 * (j & 1) + 1)
-            lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k45_quarter(qt, w, q, h, j, 0)
-            ia = _k45_row(qt, ia, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + 64 * j, sl, sh)
-            lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k45_quarter(qt, w, q, h, j, 1)
-            ib = _k45_row(qt, ib, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + 64 * j + 16,
-                          sl, sh)
+        # two integer accumulators (the quarters of t = 0 and t = 1) halve the vpdpwssd chain;
+        # j unrolled by hand (constant byte shifts, no loop)
+        z = zero32x16()
+        ia, ib = _k45_j1(qt, w, q, h, 0, xq, xb, z, z, sca)
+        ia, ib = _k45_j1(qt, w, q, h, 1, xq, xb, ia, ib, sca)
+        ia, ib = _k45_j1(qt, w, q, h, 2, xq, xb, ia, ib, scb)
+        ia, ib = _k45_j1(qt, w, q, h, 3, xq, xb, ia, ib, scb)
         ms = _k45_msum(m01, m23, m45, m67, xb2, (n * (k // 32) + 8 * b) * 2)
         acc = _k45_fin(acc, add32x16(ia, ib), ms, ld_f16x16(w, p), ld_f16x16(w, p + _K4_DMIN),
                        xd[n, b])
