@@ -1,6 +1,12 @@
 """Row kernels of the 256-weight super-block types (Q2_K..Q6_K, IQ4_XS) against Q8_K
 activations (int8 quants, one f32 scale per 256, int16 sums per 16 and per 32).
 
+Q4_K, Q5_K and Q6_K follow one numeric contract with their r16 kernels (mm_r16k's docstring):
+per row and super-block the exact integers isum (and msum) summed horizontally from the 8
+lanes, then scalar FMAs acc = fma(acc, float(isum), d * dx) (and fma(acc, float(msum),
+-(dmin * dx))); the output is acc. The other types keep 8 float lanes and a final tree sum
+(hsumf).
+
 Block sizes are formats/qtypes.py's module-level ints (Q4_K_BYTES ...), which Numba freezes
 into the code as constants; the kernels are per type (or per pair of types, chosen by the
 compile-time constant qt) because each block layout is decoded by its own vector code.
@@ -32,6 +38,8 @@ from localllm.kernels.cpu.simd import (
     dot_ss_sc,
     dot_us_sc,
     fma_i,
+    fma_s,
+    hsum32,
     hsumf,
     iq4nl_table,
     ld_f16,
@@ -68,7 +76,8 @@ from localllm.kernels.cpu.simd import (
 # Super-block of 256 = 8 sub-blocks of 32 with 6-bit scale and min each; weight = d*sc*q - dmin*m.
 # 32 quant bytes hold two sub-blocks: low nibbles = sub-block 2j, high nibbles = 2j+1.
 # Per activation row: isum = sum_j sc_j * dot(q_j, x_j) (scales applied by vpmaddwd),
-# msum = m_j * (sum of x_j) from the precomputed per-32 sums; acc += d*dx*isum - dmin*dx*msum.
+# msum = m_j * (sum of x_j) from the precomputed per-32 sums, each summed to one int per block;
+# acc = fma(fma(acc, isum, d*dx), msum, -(dmin*dx)) on a scalar (_k45_step).
 
 
 @njit
@@ -101,6 +110,14 @@ def _k5_chunks(qt, w, p, j, qh):
 
 
 @njit
+def _k45_step(acc, isum, mins, xb2, xm, d, dm, dx):
+    """acc after one block: the exact integers isum (8 lanes) and msum (mins times the per-32
+    activation sums at byte xm of xb2) summed to one int each, then two scalar FMAs."""
+    acc = fma_s(acc, hsum32(isum), d * dx)
+    return fma_s(acc, hsum32(mul32(mins, ld_i16_i32x8(xb2, xm))), dm * dx)
+
+
+@njit
 def _dot1_k45(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
     rb = w.shape[1]
     for r in range(r0, r1):
@@ -111,7 +128,7 @@ def _dot1_k45(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
         k = nb * 256
         xo = n * k
         x2 = n * (k // 32) * 2
-        acc = zerof()
+        acc = np.float32(0.0)
         for b in range(nb):
             p = o + bb * b
             sc, m_lo, m_hi = _k4_scales(w, p + 4)
@@ -123,11 +140,9 @@ def _dot1_k45(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
                 s = sc >> (16 * j)
                 isum = add32(isum, dot_us_sc(lo, ld_i8x32(xq, xb), splat16(s & 0xFF)))
                 isum = add32(isum, dot_us_sc(hi, ld_i8x32(xq, xb + 32), splat16((s >> 8) & 0xFF)))
-            msum = mul32(u8x8_i32x8(m_lo, m_hi), ld_i16_i32x8(xb2, x2 + 16 * b))
-            dx = xd[n, b]
-            acc = fma_i(acc, isum, ld_f16(w, p) * dx)
-            acc = fma_i(acc, msum, -(ld_f16(w, p + 2) * dx))
-        out[n, r] = hsumf(acc)
+            acc = _k45_step(acc, isum, u8x8_i32x8(m_lo, m_hi), xb2, x2 + 16 * b, ld_f16(w, p),
+                            -ld_f16(w, p + 2), xd[n, b])
+        out[n, r] = acc
 
 
 @njit
@@ -140,10 +155,7 @@ def _dot4_k45(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_
         x0 = n0 * k
         x2 = n0 * (k // 32) * 2
         s2 = (k // 32) * 2  # bytes between rows of xb2
-        acc0 = zerof()
-        acc1 = zerof()
-        acc2 = zerof()
-        acc3 = zerof()
+        acc0 = acc1 = acc2 = acc3 = np.float32(0.0)
         for b in range(nb):
             p = o + bb * b
             sc, m_lo, m_hi = _k4_scales(w, p + 4)
@@ -170,18 +182,11 @@ def _dot4_k45(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_
             d = ld_f16(w, p)
             dm = -ld_f16(w, p + 2)
             xm = x2 + 16 * b
-            dx = xd[n0, b]
-            acc0 = fma_i(fma_i(acc0, i0, d * dx), mul32(mins, ld_i16_i32x8(xb2, xm)), dm * dx)
-            dx = xd[n0 + 1, b]
-            acc1 = fma_i(fma_i(acc1, i1, d * dx), mul32(mins, ld_i16_i32x8(xb2, xm + s2)), dm * dx)
-            dx = xd[n0 + 2, b]
-            acc2 = fma_i(fma_i(acc2, i2, d * dx), mul32(mins, ld_i16_i32x8(xb2, xm + 2 * s2)),
-                         dm * dx)
-            dx = xd[n0 + 3, b]
-            acc3 = fma_i(fma_i(acc3, i3, d * dx), mul32(mins, ld_i16_i32x8(xb2, xm + 3 * s2)),
-                         dm * dx)
-        v0, v1, v2, v3 = hsumf(acc0), hsumf(acc1), hsumf(acc2), hsumf(acc3)
-        _store4(out, r, n0, n_act, v0, v1, v2, v3)
+            acc0 = _k45_step(acc0, i0, mins, xb2, xm, d, dm, xd[n0, b])
+            acc1 = _k45_step(acc1, i1, mins, xb2, xm + s2, d, dm, xd[n0 + 1, b])
+            acc2 = _k45_step(acc2, i2, mins, xb2, xm + 2 * s2, d, dm, xd[n0 + 2, b])
+            acc3 = _k45_step(acc3, i3, mins, xb2, xm + 3 * s2, d, dm, xd[n0 + 3, b])
+        _store4(out, r, n0, n_act, acc0, acc1, acc2, acc3)
 
 
 # ---------------------------------------------------------------- Q6_K
@@ -223,6 +228,13 @@ def _q6_half(c0, c1, c2, c3, s0, s1, s2, s3, xq, xb):
 
 
 @njit
+def _q6_step(acc, isum, scv, xbs, xm, s):
+    """acc after one block: isum (8 lanes) - 32 * sum_j sc_j * bsum16_j (the activation sums
+    at byte xm of xbs), summed to one exact int, then one scalar FMA with s = d * dx."""
+    return fma_s(acc, hsum32(sub32(isum, shl32(madd16(scv, ld_i16x16(xbs, xm)), 5))), s)
+
+
+@njit
 def _dot1_q6k(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
     rb = w.shape[1]
     for r in range(r0, r1):
@@ -232,7 +244,7 @@ def _dot1_q6k(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
         k = nb * 256
         xo = n * k
         xbo = n * (k // 16) * 2
-        acc = zerof()
+        acc = np.float32(0.0)
         for b in range(nb):
             p = o + Q6_K_BYTES * b
             isum = zero32()
@@ -243,9 +255,9 @@ def _dot1_q6k(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
                 isum = add32(isum, dot_us_sc(c1, ld_i8x32(xq, xb + 32), _q6_sc(w, p, h, 1)))
                 isum = add32(isum, dot_us_sc(c2, ld_i8x32(xq, xb + 64), _q6_sc(w, p, h, 2)))
                 isum = add32(isum, dot_us_sc(c3, ld_i8x32(xq, xb + 96), _q6_sc(w, p, h, 3)))
-            msum = madd16(ld_i8_i16x16(w, p + 192), ld_i16x16(xbs, xbo + 32 * b))
-            acc = fma_i(acc, sub32(isum, shl32(msum, 5)), ld_f16(w, p + 208) * xd[n, b])
-        out[n, r] = hsumf(acc)
+            acc = _q6_step(acc, isum, ld_i8_i16x16(w, p + 192), xbs, xbo + 32 * b,
+                           ld_f16(w, p + 208) * xd[n, b])
+        out[n, r] = acc
 
 
 @njit
@@ -257,10 +269,7 @@ def _dot4_q6k(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_
         x0 = n0 * k
         sbs = (k // 16) * 2  # bytes between rows of xbs
         xbo = n0 * sbs
-        acc0 = zerof()
-        acc1 = zerof()
-        acc2 = zerof()
-        acc3 = zerof()
+        acc0 = acc1 = acc2 = acc3 = np.float32(0.0)
         for b in range(nb):
             p = o + Q6_K_BYTES * b
             i0 = zero32()
@@ -281,15 +290,11 @@ def _dot4_q6k(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_
             scv = ld_i8_i16x16(w, p + 192)
             d = ld_f16(w, p + 208)
             xm = xbo + 32 * b
-            acc0 = fma_i(acc0, sub32(i0, shl32(madd16(scv, ld_i16x16(xbs, xm)), 5)), d * xd[n0, b])
-            acc1 = fma_i(acc1, sub32(i1, shl32(madd16(scv, ld_i16x16(xbs, xm + sbs)), 5)),
-                         d * xd[n0 + 1, b])
-            acc2 = fma_i(acc2, sub32(i2, shl32(madd16(scv, ld_i16x16(xbs, xm + 2 * sbs)), 5)),
-                         d * xd[n0 + 2, b])
-            acc3 = fma_i(acc3, sub32(i3, shl32(madd16(scv, ld_i16x16(xbs, xm + 3 * sbs)), 5)),
-                         d * xd[n0 + 3, b])
-        v0, v1, v2, v3 = hsumf(acc0), hsumf(acc1), hsumf(acc2), hsumf(acc3)
-        _store4(out, r, n0, n_act, v0, v1, v2, v3)
+            acc0 = _q6_step(acc0, i0, scv, xbs, xm, d * xd[n0, b])
+            acc1 = _q6_step(acc1, i1, scv, xbs, xm + sbs, d * xd[n0 + 1, b])
+            acc2 = _q6_step(acc2, i2, scv, xbs, xm + 2 * sbs, d * xd[n0 + 2, b])
+            acc3 = _q6_step(acc3, i3, scv, xbs, xm + 3 * sbs, d * xd[n0 + 3, b])
+        _store4(out, r, n0, n_act, acc0, acc1, acc2, acc3)
 
 
 # ---------------------------------------------------------------- Q2_K / Q3_K

@@ -7,14 +7,22 @@ stream 21-28 GB/s where the r16 kernels of the 32-weight types (mm_r16) reach ~5
 there, 16 rows share a record and each dword lane of a 512-bit vector belongs to one row, so
 one vpdpbusd with 4 activation bytes broadcast ({1to16}) makes 16 rows' 4-element dots.
 
-Bit-exactness with the row-major kernels is the contract (any N, any layout, any threads): a
-row-major kernel keeps 8 float lanes per row, lane l summing, block after block, the integer
-dot of positions 4l..4l+3 of every 32-weight chunk (times the chunk's scale) as
-acc_l = fma(acc_l, float(isum_l), d * dx) (+ the Q4_K mins term of sub-block l), and ends
-with a fixed tree over the 8 lanes. The kernels below keep those 8 lane accumulators as 8
-F32x16 (16 rows each): the integers are the same integers (exact, whatever order they are
-summed in), the float operations are the same operations in the same order per row, and the
-final tree is the same tree. So each output carries exactly the row-major bits.
+Bit-exactness with the row-major kernels is the contract (any N, any layout, any threads),
+and the contract is one integer per row and super-block: isum = sum over the 256 positions of
+sc * q * x (Q6_K: sc * (q - 32) * x, the offset as -32 * sum_j sc_j * bsum16_j) and, for
+Q4_K / Q5_K, msum = sum_s m_s * bsum32_s, both exact whatever order they are summed in; then
+acc = fma(acc, float(isum), d * dx) and acc = fma(acc, float(msum), -(dmin * dx)), block
+after block, and the output is acc. The row-major kernels sum their 8 integer lanes
+horizontally per block and do those FMAs on a scalar; the kernels here keep one I32x16 and
+one F32x16 per activation row (lane r = row r) and do the same FMAs lanewise: the same
+integers, the same float operations in the same order, so the same bits
+(tests/test_kernels_kquant_contract.py rebuilds the contract in numpy).
+
+With one integer per row, the scale need not be applied per 4 positions: a vpdpbusd chain
+sums as many positions as fit the i16 operand of the vpdpwssd that applies the sub-block
+scale (Q4_K: 16 positions, |dot| <= 16 * 15 * 127 = 30480; Q5_K: 8, 8 * 31 * 127 = 31496;
+Q6_K: 4, 4 * 63 * 127 = 32004, as before), and the mins / the Q6_K offset are vpdpwssd of
+scale pairs (two words a dword) against two adjacent activation sums broadcast from memory.
 
 Records: groups of 16 rows (the last zero-padded), block column by block column; record
 (g, b) holds super-block b of rows 16g..16g+15, each field "dword-interleaved": vector i
@@ -31,11 +39,15 @@ super-blocks long and r16_shape holds as for the other r16 types. Decoding the 6
 at repack would cost 4 bytes a row per block (+2.8% bytes read) to save ~12 vector ops per
 16 rows; the kernels are far from compute-bound at N = 1, so the bytes matter more.
 
-Per 256 weights x 16 rows, Q4_K: 32 loads, 96 nibble ops, 64 vpdpbusd, 64 vpdpwssd (the
-chunk scale: vpdpwssd of the dot, which fits in an i16, with the scale in the low word),
-~30 scale ops, 16 FMAs; Q6_K about 1.5x that. N > 1 takes the activation rows two at a time
-(each weight vector decoded once for both; 16 accumulators, so four rows would spill) over a
-group's records, which stay in L1/L2 (a group of a 2048-wide Q4_K weight is 18 KiB).
+Per 256 weights x 16 rows and activation row, Q4_K: 64 vpdpbusd, 16 vpdpwssd (scales) + 4
+(mins), 2 conversions and 2 FMAs; the 32 loads and ~64 nibble ops of the weights and the
+scale unpacking are shared by the activation rows that use them. N > 1 takes the activation
+rows four at a time (4 integer + 4 float accumulators, 8 decoded quant vectors live) over a
+group's records, which stay in L1/L2 (a group of a 2048-wide Q4_K weight is 18 KiB); Q6_K
+the same with 4 positions per vpdpwssd, two integer accumulators per row (four at N = 1:
+one chain's latency is what a lone row waits on). The helpers that take many vectors are
+inlined at the Numba level (inline="always"): as LLVM calls they passed their vectors
+through the stack.
 """
 
 from __future__ import annotations
@@ -56,22 +68,22 @@ from localllm.kernels.cpu.mm_common import (
 )
 from localllm.kernels.cpu.simd import (
     add32x16,
-    addf16,
     and32x16,
     cvtf16,
     dot_bcast32x16,
     dot_wd16,
+    dot_wd_bcast16,
     fma16,
     ld_f16x16,
     ld_i32x16,
     mul16,
-    mul32x16,
     or32x16,
     prefetch,
+    shl16x32,
     shl32x16,
     splat32x16,
     splatf16,
-    sra32x16,
+    sra16x32,
     srl32x16,
     sub32x16,
     zero32x16,
@@ -101,19 +113,10 @@ def _byte(v, i):
     return and32x16(srl32x16(v, 8 * i), splat32x16(0xFF))
 
 
-@njit
-def _sbyte(v, i):
-    """Byte i (0..3) of each dword of v, sign-extended to the dword."""
-    return sra32x16(shl32x16(v, 24 - 8 * i), 24)
+# ---------------------------------------------------------------- Q4_K / Q5_K
 
-
-@njit
-def _tree8(a0, a1, a2, a3, a4, a5, a6, a7):
-    """The row-major kernels' lane tree (simd.hsumf: halves, then halves of those), per row."""
-    return addf16(addf16(addf16(a0, a4), addf16(a2, a6)), addf16(addf16(a1, a5), addf16(a3, a7)))
-
-
-# ---------------------------------------------------------------- Q4_K
+_MW = 0xFFFF  # the low word of each dword
+_MHI = 0xFFFF0000  # the high word
 
 
 @njit
@@ -133,31 +136,95 @@ def _k45_quants(qt, w, q, h, j):
 
 
 @njit
-def _k4_isum(qt, w, q, h, xq, xb, s0, s1, s2, s3, s4, s5, s6, s7):
-    """isum_l of 16 rows: sum over sub-blocks s of sc_s * dot(positions 4l..4l+3); q: the byte
-    of quant vector l (vector 8j + l at q + 512j), h: of qh vector l (Q5_K), xb: activation
-    byte 256b + 4l."""
-    z = zero32x16()
-    lo, hi = _k45_quants(qt, w, q, h, 0)
-    i = dot_wd16(z, dot_bcast32x16(z, lo, xq, xb), s0)
-    i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 32), s1)
-    lo, hi = _k45_quants(qt, w, q + 512, h, 1)
-    i = dot_wd16(i, dot_bcast32x16(z, lo, xq, xb + 64), s2)
-    i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 96), s3)
-    lo, hi = _k45_quants(qt, w, q + 1024, h, 2)
-    i = dot_wd16(i, dot_bcast32x16(z, lo, xq, xb + 128), s4)
-    i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 160), s5)
-    lo, hi = _k45_quants(qt, w, q + 1536, h, 3)
-    i = dot_wd16(i, dot_bcast32x16(z, lo, xq, xb + 192), s6)
-    return dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 224), s7)
+def _k45_quarter(qt, w, q, h, j, t):
+    """Decoded quants of lanes 4t..4t+3 (positions 16t..16t+15 of sub-blocks 2j and 2j + 1):
+    lo0..lo3, hi0..hi3 (q, h: the record's qs / qh offsets)."""
+    a = q + 512 * j + 256 * t
+    c = h + 256 * t
+    lo0, hi0 = _k45_quants(qt, w, a, c, j)
+    lo1, hi1 = _k45_quants(qt, w, a + 64, c + 64, j)
+    lo2, hi2 = _k45_quants(qt, w, a + 128, c + 128, j)
+    lo3, hi3 = _k45_quants(qt, w, a + 192, c + 192, j)
+    return lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3
 
 
 @njit
-def _k4_lane(acc, isum, mn, bsum, dv, dmv):
-    """acc_l after one block: fma with the integer dot, then with the mins term (row-major
-    order: acc = fma(fma(acc, isum, d*dx), m_l * bsum_l, -(dmin*dx)))."""
-    acc = fma16(acc, cvtf16(isum), dv)
-    return fma16(acc, cvtf16(mul32x16(mn, splat32x16(bsum))), dmv)
+def _k45_dot(qt, i, u0, u1, u2, u3, xq, xb, s):
+    """i + s * dot(u0..u3, the 16 activation bytes at xb), 16 rows: the 4 vpdpbusd chained
+    while the dot fits an i16 (Q4_K: 16 * 15 * 127 = 30480; Q5_K's 31 allow 8 positions),
+    then one vpdpwssd with the sub-block scale s (its low word; high word 0)."""
+    z = zero32x16()
+    if qt == Q5_K:
+        i = dot_wd16(i, dot_bcast32x16(dot_bcast32x16(z, u0, xq, xb), u1, xq, xb + 4), s)
+        return dot_wd16(i, dot_bcast32x16(dot_bcast32x16(z, u2, xq, xb + 8), u3, xq, xb + 12),
+                        s)
+    t = dot_bcast32x16(dot_bcast32x16(z, u0, xq, xb), u1, xq, xb + 4)
+    t = dot_bcast32x16(dot_bcast32x16(t, u2, xq, xb + 8), u3, xq, xb + 12)
+    return dot_wd16(i, t, s)
+
+
+@njit
+def _k45_row(qt, i, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb, sl, sh):
+    """isum of one activation row (activation byte xb: 256b + 64j + 16t) += the quarter."""
+    i = _k45_dot(qt, i, lo0, lo1, lo2, lo3, xq, xb, sl)
+    return _k45_dot(qt, i, hi0, hi1, hi2, hi3, xq, xb + 32, sh)
+
+
+@njit
+def _min_pairs(mn):
+    """The mins bytes m0..m3 of each dword as (m0 | m1 << 16, m2 | m3 << 16): vpdpwssd
+    operands against two adjacent per-32 activation sums."""
+    lo = or32x16(and32x16(mn, splat32x16(0xFF)), and32x16(shl32x16(mn, 8), splat32x16(0xFF0000)))
+    hi = or32x16(and32x16(srl32x16(mn, 16), splat32x16(0xFF)),
+                 and32x16(srl32x16(mn, 8), splat32x16(0xFF0000)))
+    return lo, hi
+
+
+@njit
+def _k45_head(w, p):
+    """Scales (sca: 0..3, scb: 4..7, a byte each) and min pairs (01, 23, 45, 67) of a record."""
+    u0 = ld_i32x16(w, p + _K4_SC)
+    u1 = ld_i32x16(w, p + _K4_SC + 64)
+    u2 = ld_i32x16(w, p + _K4_SC + 128)
+    sca = and32x16(u0, splat32x16(_M3F))
+    scb = or32x16(and32x16(u2, splat32x16(_M0F)),
+                  shl32x16(and32x16(srl32x16(u0, 6), splat32x16(_M03)), 4))
+    mna = and32x16(u1, splat32x16(_M3F))
+    mnb = or32x16(and32x16(srl32x16(u2, 4), splat32x16(_M0F)),
+                  shl32x16(and32x16(srl32x16(u1, 6), splat32x16(_M03)), 4))
+    m01, m23 = _min_pairs(mna)
+    m45, m67 = _min_pairs(mnb)
+    return sca, scb, m01, m23, m45, m67
+
+
+@njit
+def _k45_msum(m01, m23, m45, m67, xb2, o):
+    """msum = sum_s m_s * bsum_s of 16 rows against one activation row (o: the byte of its
+    per-32 sums of this block in xb2): 4 vpdpwssd, two sub-blocks each."""
+    i = dot_wd_bcast16(zero32x16(), m01, xb2, o)
+    i = dot_wd_bcast16(i, m23, xb2, o + 4)
+    i = dot_wd_bcast16(i, m45, xb2, o + 8)
+    return dot_wd_bcast16(i, m67, xb2, o + 12)
+
+
+@njit
+def _k45_fin(acc, isum, msum, d, dm, dx):
+    """The float step of one block (the row-major _k45_step's, lane r = row r)."""
+    acc = fma16(acc, cvtf16(isum), mul16(d, splatf16(dx)))
+    return fma16(acc, cvtf16(msum), mul16(dm, splatf16(-dx)))  # = -(dmin * dx), bit for bit
+
+
+@njit
+def _k45_j1(qt, w, q, h, j, xq, xb, ia, ib, sc):
+    """Sub-blocks 2j, 2j + 1 for one activation row (activation byte xb: 256b): quarter
+    t = 0 into ia, t = 1 into ib (sc: the scale bytes holding 2j, 2j + 1)."""
+    sl = _byte(sc, 2 * (j & 1))
+    sh = _byte(sc, 2 * (j & 1) + 1)
+    lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k45_quarter(qt, w, q, h, j, 0)
+    ia = _k45_row(qt, ia, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + 64 * j, sl, sh)
+    lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k45_quarter(qt, w, q, h, j, 1)
+    ib = _k45_row(qt, ib, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + 64 * j + 16, sl, sh)
+    return ia, ib
 
 
 @njit
@@ -165,367 +232,261 @@ def _dot1_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf):
     # Q4_K or Q5_K (qt): the same sums, Q5_K's quants with a 5th bit
     rec = Q5_K_BYTES * 16 if qt == Q5_K else Q4_K_BYTES * 16
     k = nb * 256
-    xo = n * k
-    a0 = zerof16()
-    a1 = zerof16()
-    a2 = zerof16()
-    a3 = zerof16()
-    a4 = zerof16()
-    a5 = zerof16()
-    a6 = zerof16()
-    a7 = zerof16()
+    acc = zerof16()
     for b in range(nb):
         p = (g * nb + b) * rec
         if pf:
             for po in range(0, rec, 64):  # the record PREFETCH_BYTES ahead
                 prefetch(w, p + PREFETCH_BYTES + po)
-        u0 = ld_i32x16(w, p + _K4_SC)
-        u1 = ld_i32x16(w, p + _K4_SC + 64)
-        u2 = ld_i32x16(w, p + _K4_SC + 128)
-        sca = and32x16(u0, splat32x16(_M3F))  # scales 0..3, a byte each
-        scb = or32x16(and32x16(u2, splat32x16(_M0F)),  # scales 4..7
-                      shl32x16(and32x16(srl32x16(u0, 6), splat32x16(_M03)), 4))
-        mna = and32x16(u1, splat32x16(_M3F))  # mins 0..3
-        mnb = or32x16(and32x16(srl32x16(u2, 4), splat32x16(_M0F)),  # mins 4..7
-                      shl32x16(and32x16(srl32x16(u1, 6), splat32x16(_M03)), 4))
-        s0 = _byte(sca, 0)
-        s1 = _byte(sca, 1)
-        s2 = _byte(sca, 2)
-        s3 = _byte(sca, 3)
-        s4 = _byte(scb, 0)
-        s5 = _byte(scb, 1)
-        s6 = _byte(scb, 2)
-        s7 = _byte(scb, 3)
-        dx = xd[n, b]
-        dv = mul16(ld_f16x16(w, p), splatf16(dx))
-        dmv = mul16(ld_f16x16(w, p + _K4_DMIN), splatf16(-dx))  # = -(dmin * dx), bit for bit
-        q = p + (_K5_QS if qt == Q5_K else _K4_QS)
-        h = p + _K5_QH
-        xb = xo + 256 * b
-        e = 8 * b
-        a0 = _k4_lane(a0, _k4_isum(qt, w, q, h, xq, xb, s0, s1, s2, s3, s4, s5, s6, s7),
-                      _byte(mna, 0), xb2[n, e], dv, dmv)
-        a1 = _k4_lane(a1, _k4_isum(qt, w, q + 64, h + 64, xq, xb + 4,
-                                     s0, s1, s2, s3, s4, s5, s6, s7),
-                      _byte(mna, 1), xb2[n, e + 1], dv, dmv)
-        a2 = _k4_lane(a2, _k4_isum(qt, w, q + 128, h + 128, xq, xb + 8,
-                                     s0, s1, s2, s3, s4, s5, s6, s7),
-                      _byte(mna, 2), xb2[n, e + 2], dv, dmv)
-        a3 = _k4_lane(a3, _k4_isum(qt, w, q + 192, h + 192, xq, xb + 12,
-                                     s0, s1, s2, s3, s4, s5, s6, s7),
-                      _byte(mna, 3), xb2[n, e + 3], dv, dmv)
-        a4 = _k4_lane(a4, _k4_isum(qt, w, q + 256, h + 256, xq, xb + 16,
-                                     s0, s1, s2, s3, s4, s5, s6, s7),
-                      _byte(mnb, 0), xb2[n, e + 4], dv, dmv)
-        a5 = _k4_lane(a5, _k4_isum(qt, w, q + 320, h + 320, xq, xb + 20,
-                                     s0, s1, s2, s3, s4, s5, s6, s7),
-                      _byte(mnb, 1), xb2[n, e + 5], dv, dmv)
-        a6 = _k4_lane(a6, _k4_isum(qt, w, q + 384, h + 384, xq, xb + 24,
-                                     s0, s1, s2, s3, s4, s5, s6, s7),
-                      _byte(mnb, 2), xb2[n, e + 6], dv, dmv)
-        a7 = _k4_lane(a7, _k4_isum(qt, w, q + 448, h + 448, xq, xb + 28,
-                                     s0, s1, s2, s3, s4, s5, s6, s7),
-                      _byte(mnb, 3), xb2[n, e + 7], dv, dmv)
-    _store16(out, n, n_act, 16 * g, r1, _tree8(a0, a1, a2, a3, a4, a5, a6, a7))
-
-
-@njit
-def _k4_isum2(qt, w, q, h, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7):
-    """_k4_isum for two activation rows (bytes xb and xc) from one decode of the quants."""
-    z = zero32x16()
-    lo, hi = _k45_quants(qt, w, q, h, 0)
-    i = dot_wd16(z, dot_bcast32x16(z, lo, xq, xb), s0)
-    j = dot_wd16(z, dot_bcast32x16(z, lo, xq, xc), s0)
-    i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 32), s1)
-    j = dot_wd16(j, dot_bcast32x16(z, hi, xq, xc + 32), s1)
-    lo, hi = _k45_quants(qt, w, q + 512, h, 1)
-    i = dot_wd16(i, dot_bcast32x16(z, lo, xq, xb + 64), s2)
-    j = dot_wd16(j, dot_bcast32x16(z, lo, xq, xc + 64), s2)
-    i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 96), s3)
-    j = dot_wd16(j, dot_bcast32x16(z, hi, xq, xc + 96), s3)
-    lo, hi = _k45_quants(qt, w, q + 1024, h, 2)
-    i = dot_wd16(i, dot_bcast32x16(z, lo, xq, xb + 128), s4)
-    j = dot_wd16(j, dot_bcast32x16(z, lo, xq, xc + 128), s4)
-    i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 160), s5)
-    j = dot_wd16(j, dot_bcast32x16(z, hi, xq, xc + 160), s5)
-    lo, hi = _k45_quants(qt, w, q + 1536, h, 3)
-    i = dot_wd16(i, dot_bcast32x16(z, lo, xq, xb + 192), s6)
-    j = dot_wd16(j, dot_bcast32x16(z, lo, xq, xc + 192), s6)
-    i = dot_wd16(i, dot_bcast32x16(z, hi, xq, xb + 224), s7)
-    j = dot_wd16(j, dot_bcast32x16(z, hi, xq, xc + 224), s7)
-    return i, j
-
-
-@njit
-def _k4_lane2(qt, a, c, w, q, h, pos, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7, mn, bs_a,
-              bs_c, dva, dma, dvc, dmc):
-    """Lane pos of rows n (a) and n + 1 (c) after one block."""
-    i, j = _k4_isum2(qt, w, q + 64 * pos, h + 64 * pos, xq, xb + 4 * pos, xc + 4 * pos,
-                     s0, s1, s2, s3, s4, s5, s6, s7)
-    return _k4_lane(a, i, mn, bs_a, dva, dma), _k4_lane(c, j, mn, bs_c, dvc, dmc)
-
-
-@njit
-def _dot2_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1):
-    """_dot1_q4k_r16 for activation rows n and n + 1 (a padding row when n + 1 = N: computed,
-    not stored), each weight vector decoded once for both."""
-    rec = Q5_K_BYTES * 16 if qt == Q5_K else Q4_K_BYTES * 16
-    k = nb * 256
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zerof16()
-    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zerof16()
-    for b in range(nb):
-        p = (g * nb + b) * rec
-        u0 = ld_i32x16(w, p + _K4_SC)
-        u1 = ld_i32x16(w, p + _K4_SC + 64)
-        u2 = ld_i32x16(w, p + _K4_SC + 128)
-        sca = and32x16(u0, splat32x16(_M3F))
-        scb = or32x16(and32x16(u2, splat32x16(_M0F)),
-                      shl32x16(and32x16(srl32x16(u0, 6), splat32x16(_M03)), 4))
-        mna = and32x16(u1, splat32x16(_M3F))
-        mnb = or32x16(and32x16(srl32x16(u2, 4), splat32x16(_M0F)),
-                      shl32x16(and32x16(srl32x16(u1, 6), splat32x16(_M03)), 4))
-        s0 = _byte(sca, 0)
-        s1 = _byte(sca, 1)
-        s2 = _byte(sca, 2)
-        s3 = _byte(sca, 3)
-        s4 = _byte(scb, 0)
-        s5 = _byte(scb, 1)
-        s6 = _byte(scb, 2)
-        s7 = _byte(scb, 3)
-        d = ld_f16x16(w, p)
-        dm = ld_f16x16(w, p + _K4_DMIN)
-        dx = xd[n, b]
-        dva = mul16(d, splatf16(dx))
-        dma = mul16(dm, splatf16(-dx))
-        dx = xd[n + 1, b]
-        dvc = mul16(d, splatf16(dx))
-        dmc = mul16(dm, splatf16(-dx))
+        sca, scb, m01, m23, m45, m67 = _k45_head(w, p)
         q = p + (_K5_QS if qt == Q5_K else _K4_QS)
         h = p + _K5_QH
         xb = n * k + 256 * b
-        xc = xb + k
-        e = 8 * b
-        a0, c0 = _k4_lane2(qt, a0, c0, w, q, h, 0, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
-                           _byte(mna, 0), xb2[n, e], xb2[n + 1, e], dva, dma, dvc, dmc)
-        a1, c1 = _k4_lane2(qt, a1, c1, w, q, h, 1, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
-                           _byte(mna, 1), xb2[n, e + 1], xb2[n + 1, e + 1], dva, dma, dvc, dmc)
-        a2, c2 = _k4_lane2(qt, a2, c2, w, q, h, 2, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
-                           _byte(mna, 2), xb2[n, e + 2], xb2[n + 1, e + 2], dva, dma, dvc, dmc)
-        a3, c3 = _k4_lane2(qt, a3, c3, w, q, h, 3, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
-                           _byte(mna, 3), xb2[n, e + 3], xb2[n + 1, e + 3], dva, dma, dvc, dmc)
-        a4, c4 = _k4_lane2(qt, a4, c4, w, q, h, 4, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
-                           _byte(mnb, 0), xb2[n, e + 4], xb2[n + 1, e + 4], dva, dma, dvc, dmc)
-        a5, c5 = _k4_lane2(qt, a5, c5, w, q, h, 5, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
-                           _byte(mnb, 1), xb2[n, e + 5], xb2[n + 1, e + 5], dva, dma, dvc, dmc)
-        a6, c6 = _k4_lane2(qt, a6, c6, w, q, h, 6, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
-                           _byte(mnb, 2), xb2[n, e + 6], xb2[n + 1, e + 6], dva, dma, dvc, dmc)
-        a7, c7 = _k4_lane2(qt, a7, c7, w, q, h, 7, xq, xb, xc, s0, s1, s2, s3, s4, s5, s6, s7,
-                           _byte(mnb, 3), xb2[n, e + 7], xb2[n + 1, e + 7], dva, dma, dvc, dmc)
-    _store16(out, n, n_act, 16 * g, r1, _tree8(a0, a1, a2, a3, a4, a5, a6, a7))
-    _store16(out, n + 1, n_act, 16 * g, r1, _tree8(c0, c1, c2, c3, c4, c5, c6, c7))
+        # two integer accumulators (the quarters of t = 0 and t = 1) halve the vpdpwssd chain;
+        # j unrolled by hand (constant byte shifts, no loop)
+        z = zero32x16()
+        ia, ib = _k45_j1(qt, w, q, h, 0, xq, xb, z, z, sca)
+        ia, ib = _k45_j1(qt, w, q, h, 1, xq, xb, ia, ib, sca)
+        ia, ib = _k45_j1(qt, w, q, h, 2, xq, xb, ia, ib, scb)
+        ia, ib = _k45_j1(qt, w, q, h, 3, xq, xb, ia, ib, scb)
+        ms = _k45_msum(m01, m23, m45, m67, xb2, (n * (k // 32) + 8 * b) * 2)
+        acc = _k45_fin(acc, add32x16(ia, ib), ms, ld_f16x16(w, p), ld_f16x16(w, p + _K4_DMIN),
+                       xd[n, b])
+    _store16(out, n, n_act, 16 * g, r1, acc)
+
+
+@njit
+def _dot4_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1):
+    """_dot1_q4k_r16 for activation rows n..n + 3 (padding rows past N: computed, not
+    stored), each weight vector and the scales decoded once for all four."""
+    rec = Q5_K_BYTES * 16 if qt == Q5_K else Q4_K_BYTES * 16
+    k = nb * 256
+    a0 = a1 = a2 = a3 = zerof16()
+    for b in range(nb):
+        p = (g * nb + b) * rec
+        sca, scb, m01, m23, m45, m67 = _k45_head(w, p)
+        q = p + (_K5_QS if qt == Q5_K else _K4_QS)
+        h = p + _K5_QH
+        x0 = n * k + 256 * b
+        i0 = i1 = i2 = i3 = zero32x16()
+        for j in range(4):
+            sc = sca if j < 2 else scb
+            sl = _byte(sc, 2 * (j & 1))
+            sh = _byte(sc, 2 * (j & 1) + 1)
+            for t in range(2):
+                lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k45_quarter(qt, w, q, h, j, t)
+                xb = x0 + 64 * j + 16 * t
+                i0 = _k45_row(qt, i0, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb, sl, sh)
+                i1 = _k45_row(qt, i1, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + k, sl, sh)
+                i2 = _k45_row(qt, i2, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + 2 * k,
+                              sl, sh)
+                i3 = _k45_row(qt, i3, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + 3 * k,
+                              sl, sh)
+        d = ld_f16x16(w, p)
+        dm = ld_f16x16(w, p + _K4_DMIN)
+        o = (n * (k // 32) + 8 * b) * 2
+        s2 = (k // 32) * 2  # bytes between rows of xb2
+        a0 = _k45_fin(a0, i0, _k45_msum(m01, m23, m45, m67, xb2, o), d, dm, xd[n, b])
+        a1 = _k45_fin(a1, i1, _k45_msum(m01, m23, m45, m67, xb2, o + s2), d, dm, xd[n + 1, b])
+        a2 = _k45_fin(a2, i2, _k45_msum(m01, m23, m45, m67, xb2, o + 2 * s2), d, dm,
+                      xd[n + 2, b])
+        a3 = _k45_fin(a3, i3, _k45_msum(m01, m23, m45, m67, xb2, o + 3 * s2), d, dm,
+                      xd[n + 3, b])
+    _store16(out, n, n_act, 16 * g, r1, a0)
+    _store16(out, n + 1, n_act, 16 * g, r1, a1)
+    _store16(out, n + 2, n_act, 16 * g, r1, a2)
+    _store16(out, n + 3, n_act, 16 * g, r1, a3)
 
 
 # ---------------------------------------------------------------- Q6_K
 
 
 @njit
-def _k6_half(i, w, ql, qh, xq, xb, s0, s1, s2, s3):
-    """i + the scaled dots of one half's four chunks at one position l (ql: the byte of ql
-    vector 16h + l, qh: of qh vector 8h + l; xb: activation byte 256b + 128h + 4l; s0..s3:
-    the chunks' scales for this l)."""
-    z = zero32x16()
+def _k6_words(v):
+    """The 4 int8 scales s0..s3 of each dword of v as vpdpwssd operands (the low word, high
+    word 0): 2 word shifts and 4 ops for all four."""
+    e = sra16x32(shl16x32(v, 8), 8)  # words s0, s2 (sign-extended bytes 0, 2)
+    o = sra16x32(v, 8)  # words s1, s3
+    return (and32x16(e, splat32x16(_MW)), and32x16(o, splat32x16(_MW)), srl32x16(e, 16),
+            srl32x16(o, 16))
+
+
+@njit
+def _k6_pairs(v):
+    """The scales s0..s3 of each dword of v as pairs (s0 | s1 << 16, s2 | s3 << 16), vpdpwssd
+    operands against two adjacent per-16 activation sums."""
+    e = sra16x32(shl16x32(v, 8), 8)
+    o = sra16x32(v, 8)
+    return (or32x16(and32x16(e, splat32x16(_MW)), shl32x16(o, 16)),
+            or32x16(srl32x16(e, 16), and32x16(o, splat32x16(_MHI))))
+
+
+@njit
+def _k6_chunks(w, ql, qh):
+    """The four unsigned 6-bit chunks (0..63) at one lane position of one half (ql: the byte
+    of ql vector 16h + l, qh: of qh vector 8h + l)."""
     m = splat32x16(_M0F)
-    h = splat32x16(_M30)
+    hm = splat32x16(_M30)
     l0 = ld_i32x16(w, ql)
     l1 = ld_i32x16(w, ql + 512)  # ql[64h + 32 + 4l]
     hb = ld_i32x16(w, qh)
-    c0 = or32x16(and32x16(l0, m), and32x16(shl32x16(hb, 4), h))
-    c1 = or32x16(and32x16(l1, m), and32x16(shl32x16(hb, 2), h))
-    c2 = or32x16(and32x16(srl32x16(l0, 4), m), and32x16(hb, h))
-    c3 = or32x16(and32x16(srl32x16(l1, 4), m), and32x16(srl32x16(hb, 2), h))
-    i = dot_wd16(i, dot_bcast32x16(z, c0, xq, xb), s0)
-    i = dot_wd16(i, dot_bcast32x16(z, c1, xq, xb + 32), s1)
-    i = dot_wd16(i, dot_bcast32x16(z, c2, xq, xb + 64), s2)
-    return dot_wd16(i, dot_bcast32x16(z, c3, xq, xb + 96), s3)
+    c0 = or32x16(and32x16(l0, m), and32x16(shl32x16(hb, 4), hm))
+    c1 = or32x16(and32x16(l1, m), and32x16(shl32x16(hb, 2), hm))
+    c2 = or32x16(and32x16(srl32x16(l0, 4), m), and32x16(hb, hm))
+    c3 = or32x16(and32x16(srl32x16(l1, 4), m), and32x16(srl32x16(hb, 2), hm))
+    return c0, c1, c2, c3
 
 
 @njit
-def _k6_lane(acc, w, p, pos, xq, xb, sa, sb, t0, t1, t2, t3, t4, t5, t6, t7, bs0, bs1, dv):
-    """acc_l (l = pos) after one block: isum_l - 32 * (sc_2l * bsum_2l + sc_2l+1 *
-    bsum_2l+1), as the row-major kernel's lane l (t0..t7: the 8 chunk scales of this l, as
-    vpdpwssd operands; sa, sb: the sign-extended scales 2l and 2l + 1)."""
-    i = _k6_half(zero32x16(), w, p + _K6_QL + 64 * pos, p + _K6_QH + 64 * pos, xq,
-                 xb + 4 * pos, t0, t1, t2, t3)
-    i = _k6_half(i, w, p + _K6_QL + 64 * (16 + pos), p + _K6_QH + 64 * (8 + pos), xq,
-                 xb + 128 + 4 * pos, t4, t5, t6, t7)
-    ms = add32x16(mul32x16(sa, splat32x16(bs0)), mul32x16(sb, splat32x16(bs1)))
-    return fma16(acc, cvtf16(sub32x16(i, shl32x16(ms, 5))), dv)
+def _k6_row(ia, ib, c0, c1, c2, c3, xq, xb, s0, s1, s2, s3):
+    """(ia, ib) + the scaled 4-position dots of the four chunks for one activation row (xb:
+    its byte of chunk 0 at this position); a 4-position dot of 6-bit quants (<= 4 * 63 *
+    127 = 32004) is as many as an i16 operand holds, so each gets its vpdpwssd. Two
+    accumulators (chunks 0, 1 and 2, 3) halve the chain."""
+    z = zero32x16()
+    ia = dot_wd16(ia, dot_bcast32x16(z, c0, xq, xb), s0)
+    ib = dot_wd16(ib, dot_bcast32x16(z, c2, xq, xb + 64), s2)
+    ia = dot_wd16(ia, dot_bcast32x16(z, c1, xq, xb + 32), s1)
+    ib = dot_wd16(ib, dot_bcast32x16(z, c3, xq, xb + 96), s3)
+    return ia, ib
+
+
+@njit(inline="always")
+def _k6_msum(w, p, xbs, o, nr, sb):
+    """sum_j sc_j * bsum16_j of 16 rows against nr (1 or 4) activation rows (o: the byte of
+    the first one's per-16 sums of this block in xbs, the next sb bytes on): 8 vpdpwssd a
+    row, two scales each; the pairs built here, after the dots, so they hold no registers
+    there."""
+    p01, p23 = _k6_pairs(ld_i32x16(w, p + _K6_SC))
+    p45, p67 = _k6_pairs(ld_i32x16(w, p + _K6_SC + 64))
+    p89, pab = _k6_pairs(ld_i32x16(w, p + _K6_SC + 128))
+    pcd, pef = _k6_pairs(ld_i32x16(w, p + _K6_SC + 192))
+    z = zero32x16()
+    m0 = m1 = m2 = m3 = z
+    for r in range(nr):
+        x = o + r * sb
+        i = dot_wd_bcast16(z, p01, xbs, x)
+        i = dot_wd_bcast16(i, p23, xbs, x + 4)
+        i = dot_wd_bcast16(i, p45, xbs, x + 8)
+        i = dot_wd_bcast16(i, p67, xbs, x + 12)
+        i = dot_wd_bcast16(i, p89, xbs, x + 16)
+        i = dot_wd_bcast16(i, pab, xbs, x + 20)
+        i = dot_wd_bcast16(i, pcd, xbs, x + 24)
+        i = dot_wd_bcast16(i, pef, xbs, x + 28)
+        if r == 0:
+            m0 = i
+        elif r == 1:
+            m1 = i
+        elif r == 2:
+            m2 = i
+        else:
+            m3 = i
+    return m0, m1, m2, m3
 
 
 @njit
-def _w(v):
-    """A sign-extended dword as a vpdpwssd scale operand: its low word, high word 0."""
-    return and32x16(v, splat32x16(0xFFFF))
+def _k6_fin(acc, ia, ib, ms, dv):
+    """The block's one integer, isum - 32 * msum, and its FMA (the row-major _q6_step's)."""
+    return fma16(acc, cvtf16(sub32x16(add32x16(ia, ib), shl32x16(ms, 5))), dv)
+
+
+@njit
+def _k6_pos(w, p, hf, pos, xq, xb, k, nr, i0, j0, i1, j1, i2, j2, i3, j3, u0, u1, u2, u3):
+    """Lane position pos of half hf for nr (1 or 4) activation rows (xb: the first row's
+    activation byte of chunk 0 there, rows k bytes apart; (i, j): each row's two
+    accumulators; u0..u3: the chunks' scale words)."""
+    c0, c1, c2, c3 = _k6_chunks(w, p + _K6_QL + 64 * (16 * hf + pos),
+                                p + _K6_QH + 64 * (8 * hf + pos))
+    i0, j0 = _k6_row(i0, j0, c0, c1, c2, c3, xq, xb, u0, u1, u2, u3)
+    if nr == 4:
+        i1, j1 = _k6_row(i1, j1, c0, c1, c2, c3, xq, xb + k, u0, u1, u2, u3)
+        i2, j2 = _k6_row(i2, j2, c0, c1, c2, c3, xq, xb + 2 * k, u0, u1, u2, u3)
+        i3, j3 = _k6_row(i3, j3, c0, c1, c2, c3, xq, xb + 3 * k, u0, u1, u2, u3)
+    return i0, j0, i1, j1, i2, j2, i3, j3
+
+
+@njit(inline="always")
+def _k6_half(w, p, hf, xq, x0, k, nr, i0, j0, i1, j1, i2, j2, i3, j3, s0, s1, s2, s3, t0, t1,
+             t2, t3):
+    """Half hf of a block for nr (1 or 4) activation rows at activation byte x0 + 128 hf
+    (rows k bytes apart; (i, j): each row's two accumulators, and for nr = 1 the row's odd
+    positions go to (i1, j1): four chains, the latency of one is what N = 1 waits on): chunk
+    c at lane position l has scale 8hf + 2c + (l >= 4), the words s0..s3 (chunks 0..3) for
+    l < 4, t0..t3 for l >= 4. Inlined (a call passing 16 vectors spilled them), positions
+    two at a time so that nothing selects accumulators or scales at run time."""
+    xb = x0 + 128 * hf
+    for pos in range(0, 8, 2):
+        if pos < 4:
+            u0, u1, u2, u3 = s0, s1, s2, s3
+        else:
+            u0, u1, u2, u3 = t0, t1, t2, t3
+        i0, j0, i1, j1, i2, j2, i3, j3 = _k6_pos(w, p, hf, pos, xq, xb + 4 * pos, k, nr,
+                                                 i0, j0, i1, j1, i2, j2, i3, j3,
+                                                 u0, u1, u2, u3)
+        if nr == 1:  # the odd position into the second pair
+            i1, j1, i0, j0, _, _, _, _ = _k6_pos(w, p, hf, pos + 1, xq, xb + 4 * pos + 4, k, nr,
+                                                 i1, j1, i0, j0, i2, j2, i3, j3,
+                                                 u0, u1, u2, u3)
+        else:
+            i0, j0, i1, j1, i2, j2, i3, j3 = _k6_pos(w, p, hf, pos + 1, xq, xb + 4 * pos + 4,
+                                                     k, nr, i0, j0, i1, j1, i2, j2, i3, j3,
+                                                     u0, u1, u2, u3)
+    return i0, j0, i1, j1, i2, j2, i3, j3
+
+
+@njit(inline="always")
+def _k6_block(w, p, xq, x0, k, nr):
+    """The integer dots (two accumulators per row; one row: four) of one Q6_K record for nr
+    (1 or 4) activation rows starting at activation byte x0; each half's scale words built
+    just before it (all 16 live at once spilled)."""
+    z = zero32x16()
+    # half 0: scales 0..7 (vectors 0, 1): chunk c at l < 4 has scale 2c, at l >= 4 2c + 1
+    a0, a1, a2, a3 = _k6_words(ld_i32x16(w, p + _K6_SC))
+    b0, b1, b2, b3 = _k6_words(ld_i32x16(w, p + _K6_SC + 64))
+    r = _k6_half(w, p, 0, xq, x0, k, nr, z, z, z, z, z, z, z, z, a0, a2, b0, b2, a1, a3, b1, b3)
+    # half 1: scales 8..15 (vectors 2, 3)
+    a0, a1, a2, a3 = _k6_words(ld_i32x16(w, p + _K6_SC + 128))
+    b0, b1, b2, b3 = _k6_words(ld_i32x16(w, p + _K6_SC + 192))
+    return _k6_half(w, p, 1, xq, x0, k, nr, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7],
+                    a0, a2, b0, b2, a1, a3, b1, b3)
 
 
 @njit
 def _dot1_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1, pf):
     rec = Q6_K_BYTES * 16
     k = nb * 256
-    xo = n * k
-    a0 = zerof16()
-    a1 = zerof16()
-    a2 = zerof16()
-    a3 = zerof16()
-    a4 = zerof16()
-    a5 = zerof16()
-    a6 = zerof16()
-    a7 = zerof16()
+    acc = zerof16()
     for b in range(nb):
         p = (g * nb + b) * rec
         if pf:
             for po in range(0, rec, 64):  # the record PREFETCH_BYTES ahead
                 prefetch(w, p + PREFETCH_BYTES + po)
-        v0 = ld_i32x16(w, p + _K6_SC)  # scales 0..3
-        v1 = ld_i32x16(w, p + _K6_SC + 64)
-        v2 = ld_i32x16(w, p + _K6_SC + 128)
-        v3 = ld_i32x16(w, p + _K6_SC + 192)
-        dv = mul16(ld_f16x16(w, p), splatf16(xd[n, b]))
-        xb = xo + 256 * b
-        e = 16 * b
-        # positions l = 0..3 use the even scale of each chunk (idx 8h + 2c), 4..7 the odd
-        t0 = _w(_sbyte(v0, 0))
-        t1 = _w(_sbyte(v0, 2))
-        t2 = _w(_sbyte(v1, 0))
-        t3 = _w(_sbyte(v1, 2))
-        t4 = _w(_sbyte(v2, 0))
-        t5 = _w(_sbyte(v2, 2))
-        t6 = _w(_sbyte(v3, 0))
-        t7 = _w(_sbyte(v3, 2))
-        a0 = _k6_lane(a0, w, p, 0, xq, xb, _sbyte(v0, 0), _sbyte(v0, 1),
-                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e], xbs[n, e + 1], dv)
-        a1 = _k6_lane(a1, w, p, 1, xq, xb, _sbyte(v0, 2), _sbyte(v0, 3),
-                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e + 2], xbs[n, e + 3], dv)
-        a2 = _k6_lane(a2, w, p, 2, xq, xb, _sbyte(v1, 0), _sbyte(v1, 1),
-                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e + 4], xbs[n, e + 5], dv)
-        a3 = _k6_lane(a3, w, p, 3, xq, xb, _sbyte(v1, 2), _sbyte(v1, 3),
-                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e + 6], xbs[n, e + 7], dv)
-        t0 = _w(_sbyte(v0, 1))
-        t1 = _w(_sbyte(v0, 3))
-        t2 = _w(_sbyte(v1, 1))
-        t3 = _w(_sbyte(v1, 3))
-        t4 = _w(_sbyte(v2, 1))
-        t5 = _w(_sbyte(v2, 3))
-        t6 = _w(_sbyte(v3, 1))
-        t7 = _w(_sbyte(v3, 3))
-        a4 = _k6_lane(a4, w, p, 4, xq, xb, _sbyte(v2, 0), _sbyte(v2, 1),
-                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e + 8], xbs[n, e + 9], dv)
-        a5 = _k6_lane(a5, w, p, 5, xq, xb, _sbyte(v2, 2), _sbyte(v2, 3),
-                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e + 10], xbs[n, e + 11], dv)
-        a6 = _k6_lane(a6, w, p, 6, xq, xb, _sbyte(v3, 0), _sbyte(v3, 1),
-                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e + 12], xbs[n, e + 13], dv)
-        a7 = _k6_lane(a7, w, p, 7, xq, xb, _sbyte(v3, 2), _sbyte(v3, 3),
-                      t0, t1, t2, t3, t4, t5, t6, t7, xbs[n, e + 14], xbs[n, e + 15], dv)
-    _store16(out, n, n_act, 16 * g, r1, _tree8(a0, a1, a2, a3, a4, a5, a6, a7))
+        r = _k6_block(w, p, xq, n * k + 256 * b, k, 1)
+        ms = _k6_msum(w, p, xbs, (n * (k // 16) + 16 * b) * 2, 1, 0)[0]
+        acc = _k6_fin(acc, add32x16(r[0], r[2]), add32x16(r[1], r[3]), ms,
+                      mul16(ld_f16x16(w, p), splatf16(xd[n, b])))
+    _store16(out, n, n_act, 16 * g, r1, acc)
 
 
 @njit
-def _k6_half2(i, j, w, ql, qh, xq, xb, xc, s0, s1, s2, s3):
-    """_k6_half for two activation rows (bytes xb and xc) from one decode of the chunks."""
-    z = zero32x16()
-    m = splat32x16(_M0F)
-    h = splat32x16(_M30)
-    l0 = ld_i32x16(w, ql)
-    l1 = ld_i32x16(w, ql + 512)
-    hb = ld_i32x16(w, qh)
-    c0 = or32x16(and32x16(l0, m), and32x16(shl32x16(hb, 4), h))
-    c1 = or32x16(and32x16(l1, m), and32x16(shl32x16(hb, 2), h))
-    c2 = or32x16(and32x16(srl32x16(l0, 4), m), and32x16(hb, h))
-    c3 = or32x16(and32x16(srl32x16(l1, 4), m), and32x16(srl32x16(hb, 2), h))
-    i = dot_wd16(i, dot_bcast32x16(z, c0, xq, xb), s0)
-    j = dot_wd16(j, dot_bcast32x16(z, c0, xq, xc), s0)
-    i = dot_wd16(i, dot_bcast32x16(z, c1, xq, xb + 32), s1)
-    j = dot_wd16(j, dot_bcast32x16(z, c1, xq, xc + 32), s1)
-    i = dot_wd16(i, dot_bcast32x16(z, c2, xq, xb + 64), s2)
-    j = dot_wd16(j, dot_bcast32x16(z, c2, xq, xc + 64), s2)
-    i = dot_wd16(i, dot_bcast32x16(z, c3, xq, xb + 96), s3)
-    j = dot_wd16(j, dot_bcast32x16(z, c3, xq, xc + 96), s3)
-    return i, j
-
-
-@njit
-def _k6_fin(acc, i, sa, sb, bs0, bs1, dv):
-    ms = add32x16(mul32x16(sa, splat32x16(bs0)), mul32x16(sb, splat32x16(bs1)))
-    return fma16(acc, cvtf16(sub32x16(i, shl32x16(ms, 5))), dv)
-
-
-@njit
-def _k6_lane2(a, c, w, p, pos, xq, xb, xc, sa, sb, t0, t1, t2, t3, t4, t5, t6, t7,
-              xbs, n, e, dva, dvc):
-    """_k6_lane for rows n (a) and n + 1 (c)."""
-    z = zero32x16()
-    i, j = _k6_half2(z, z, w, p + _K6_QL + 64 * pos, p + _K6_QH + 64 * pos, xq,
-                     xb + 4 * pos, xc + 4 * pos, t0, t1, t2, t3)
-    i, j = _k6_half2(i, j, w, p + _K6_QL + 64 * (16 + pos), p + _K6_QH + 64 * (8 + pos), xq,
-                     xb + 128 + 4 * pos, xc + 128 + 4 * pos, t4, t5, t6, t7)
-    f = e + 2 * pos
-    return (_k6_fin(a, i, sa, sb, xbs[n, f], xbs[n, f + 1], dva),
-            _k6_fin(c, j, sa, sb, xbs[n + 1, f], xbs[n + 1, f + 1], dvc))
-
-
-@njit
-def _dot2_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1):
-    """_dot1_q6k_r16 for activation rows n and n + 1, each chunk decoded once for both."""
+def _dot4_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1):
+    """_dot1_q6k_r16 for activation rows n..n + 3, each chunk decoded once for all four."""
     rec = Q6_K_BYTES * 16
     k = nb * 256
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zerof16()
-    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zerof16()
+    a0 = a1 = a2 = a3 = zerof16()
     for b in range(nb):
         p = (g * nb + b) * rec
-        v0 = ld_i32x16(w, p + _K6_SC)
-        v1 = ld_i32x16(w, p + _K6_SC + 64)
-        v2 = ld_i32x16(w, p + _K6_SC + 128)
-        v3 = ld_i32x16(w, p + _K6_SC + 192)
+        r = _k6_block(w, p, xq, n * k + 256 * b, k, 4)
+        m0, m1, m2, m3 = _k6_msum(w, p, xbs, (n * (k // 16) + 16 * b) * 2, 4, (k // 16) * 2)
         d = ld_f16x16(w, p)
-        dva = mul16(d, splatf16(xd[n, b]))
-        dvc = mul16(d, splatf16(xd[n + 1, b]))
-        xb = n * k + 256 * b
-        xc = xb + k
-        e = 16 * b
-        t0 = _w(_sbyte(v0, 0))
-        t1 = _w(_sbyte(v0, 2))
-        t2 = _w(_sbyte(v1, 0))
-        t3 = _w(_sbyte(v1, 2))
-        t4 = _w(_sbyte(v2, 0))
-        t5 = _w(_sbyte(v2, 2))
-        t6 = _w(_sbyte(v3, 0))
-        t7 = _w(_sbyte(v3, 2))
-        a0, c0 = _k6_lane2(a0, c0, w, p, 0, xq, xb, xc, _sbyte(v0, 0), _sbyte(v0, 1),
-                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
-        a1, c1 = _k6_lane2(a1, c1, w, p, 1, xq, xb, xc, _sbyte(v0, 2), _sbyte(v0, 3),
-                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
-        a2, c2 = _k6_lane2(a2, c2, w, p, 2, xq, xb, xc, _sbyte(v1, 0), _sbyte(v1, 1),
-                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
-        a3, c3 = _k6_lane2(a3, c3, w, p, 3, xq, xb, xc, _sbyte(v1, 2), _sbyte(v1, 3),
-                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
-        t0 = _w(_sbyte(v0, 1))
-        t1 = _w(_sbyte(v0, 3))
-        t2 = _w(_sbyte(v1, 1))
-        t3 = _w(_sbyte(v1, 3))
-        t4 = _w(_sbyte(v2, 1))
-        t5 = _w(_sbyte(v2, 3))
-        t6 = _w(_sbyte(v3, 1))
-        t7 = _w(_sbyte(v3, 3))
-        a4, c4 = _k6_lane2(a4, c4, w, p, 4, xq, xb, xc, _sbyte(v2, 0), _sbyte(v2, 1),
-                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
-        a5, c5 = _k6_lane2(a5, c5, w, p, 5, xq, xb, xc, _sbyte(v2, 2), _sbyte(v2, 3),
-                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
-        a6, c6 = _k6_lane2(a6, c6, w, p, 6, xq, xb, xc, _sbyte(v3, 0), _sbyte(v3, 1),
-                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
-        a7, c7 = _k6_lane2(a7, c7, w, p, 7, xq, xb, xc, _sbyte(v3, 2), _sbyte(v3, 3),
-                           t0, t1, t2, t3, t4, t5, t6, t7, xbs, n, e, dva, dvc)
-    _store16(out, n, n_act, 16 * g, r1, _tree8(a0, a1, a2, a3, a4, a5, a6, a7))
-    _store16(out, n + 1, n_act, 16 * g, r1, _tree8(c0, c1, c2, c3, c4, c5, c6, c7))
+        a0 = _k6_fin(a0, r[0], r[1], m0, mul16(d, splatf16(xd[n, b])))
+        a1 = _k6_fin(a1, r[2], r[3], m1, mul16(d, splatf16(xd[n + 1, b])))
+        a2 = _k6_fin(a2, r[4], r[5], m2, mul16(d, splatf16(xd[n + 2, b])))
+        a3 = _k6_fin(a3, r[6], r[7], m3, mul16(d, splatf16(xd[n + 3, b])))
+    _store16(out, n, n_act, 16 * g, r1, a0)
+    _store16(out, n + 1, n_act, 16 * g, r1, a1)
+    _store16(out, n + 2, n_act, 16 * g, r1, a2)
+    _store16(out, n + 3, n_act, 16 * g, r1, a3)
 
 
 # ---------------------------------------------------------------- rows
@@ -545,7 +506,7 @@ def _r16k_arrays(rows, rb, nb, k, wp, xqp, xdp, xbsp, xb2p, outp, ldo, n_act):
 def _rows_r16k45(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ldo, n_act):
     """out[:, r0:r1] from the Q4_K / Q5_K (qt) r16 records at address wp (rows: the real row
     count; r0 a multiple of 16); N = n_act activation rows in Q8_K format. N > 1: each group
-    of 16 rows against the activation rows two at a time, its records hot. (Q6_K has its own
+    of 16 rows against the activation rows four at a time, its records hot. (Q6_K has its own
     entry, _rows_r16k6: one entry for all three compiled every type's code into each.)"""
     w, xq, xd, xbs, xb2, out = _r16k_arrays(rows, rb, nb, k, wp, xqp, xdp, xbsp, xb2p, outp,
                                             ldo, n_act)
@@ -553,8 +514,8 @@ def _rows_r16k45(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ld
         if n_act == 1:
             _dot1_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, 0, 1, r1, True)
             continue
-        for n in range(0, n_act, 2):  # npad is even: row n + 1 exists (padding or not)
-            _dot2_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1)
+        for n in range(0, n_act, 4):  # npad is a multiple of 4: rows n..n + 3 exist
+            _dot4_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1)
 
 
 @njit
@@ -566,8 +527,8 @@ def _rows_r16k6(wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ldo, n_
         if n_act == 1:
             _dot1_q6k_r16(w, g, nb, xq, xd, xbs, out, 0, 1, r1, True)
             continue
-        for n in range(0, n_act, 2):
-            _dot2_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1)
+        for n in range(0, n_act, 4):
+            _dot4_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1)
 
 
 # ---------------------------------------------------------------- repacking

@@ -769,6 +769,37 @@ def hsumf(typingctx, v):
     return types.float32(F32x8), codegen
 
 
+@intrinsic
+def hsum32(typingctx, v):
+    """The sum of the 8 lanes of an I32x8 (exact, wrapping: any order gives the same int)."""
+    if v != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.call(_fn(builder, "llvm.vector.reduce.add.v8i32", _i32, [_V32]), args)
+
+    return types.int32(I32x8), codegen
+
+
+@intrinsic
+def fma_s(typingctx, acc, i, s):
+    """acc + float(i) * s rounded once (one scalar vfmadd) for an int32 `i`: the K-quants'
+    per-block step, the same op as fma16(acc, cvtf16(isum), splat s) in each lane."""
+    if acc != types.float32 or not isinstance(i, types.Integer) or s != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        acc_, i_, s_ = args
+        i_ = builder.trunc(i_, _i32) if i_.type.width > 32 else i_
+        f = _fn(builder, "llvm.fma.f32", _f32, [_f32, _f32, _f32])
+        return builder.call(f, [builder.sitofp(i_, _f32), s_, acc_])
+
+    return types.float32(types.float32, i, types.float32), codegen
+
+
+__all__ += ["hsum32", "fma_s"]
+
+
 def _tree_sum(builder, v, n: int):
     """Lanes of an n-float vector summed as ((v[:n/2] + v[n/2:]) halved again ...)."""
     while n > 1:
@@ -1278,6 +1309,44 @@ def dot_wd16(typingctx, acc, a, b):
 
 
 @intrinsic
+def dot_wd_bcast16(typingctx, acc, a, arr, off):
+    """dot_wd16 with b the dword at byte `off` of arr broadcast (vpdpwssd {1to16}): with a
+    holding two i16 per dword, acc + a.lo16 * x[0] + a.hi16 * x[1] for the two i16 x there
+    (the K-quants' mins / scale pairs against two activation block sums)."""
+    if acc != I32x16 or a != I32x16 or not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], _i32), align=1)
+        f = _fn(builder, "llvm.x86.avx512.vpdpwssd.512", _W32, [_W32, _W32, _W32])
+        return builder.call(f, [args[0], args[1], _splat(builder, _W32, x)])
+
+    return I32x16(I32x16, I32x16, arr, types.intp), codegen
+
+
+def _shift16x32(method: str, name: str):
+    def impl(typingctx, a, n):
+        if a != I32x16 or not isinstance(n, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            v16 = ir.VectorType(_i16, 32)
+            v = getattr(builder, method)(builder.bitcast(args[0], v16),
+                                         _splat(builder, v16, builder.trunc(args[1], _i16)))
+            return builder.bitcast(v, _W32)
+
+        return I32x16(I32x16, types.int64), codegen
+
+    impl.__name__ = name
+    impl.__doc__ = f"Lanewise {method} of the 32 words of an I32x16 by n (all alike)."
+    return intrinsic(impl)
+
+
+shl16x32 = _shift16x32("shl", "shl16x32")
+sra16x32 = _shift16x32("ashr", "sra16x32")
+
+
+@intrinsic
 def addf16(typingctx, a, b):
     """Lanewise a + b of two F32x16 (strict IEEE add)."""
     if a != F32x16 or b != F32x16:
@@ -1290,4 +1359,5 @@ def addf16(typingctx, a, b):
 
 
 __all__ += ["ld_i32x16", "splat32x16", "and32x16", "or32x16", "sub32x16", "mul32x16",
-            "shl32x16", "srl32x16", "sra32x16", "dot_bcast32x16", "dot_wd16", "addf16"]
+            "shl32x16", "srl32x16", "sra32x16", "dot_bcast32x16", "dot_wd16", "addf16",
+            "dot_wd_bcast16", "shl16x32", "sra16x32"]
