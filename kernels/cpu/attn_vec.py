@@ -16,12 +16,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from localllm.kernels.cpu.simd import F32x16
+from localllm.kernels.cpu.simd import F32x16, _ptr
 
 __all__ = ["ld_f32x16", "tree16", "maxf16", "expf16", "subf16"]
 
 _i32 = ir.IntType(32)
-_i8 = ir.IntType(8)
 _f32 = ir.FloatType()
 _WF = F32x16.lltype
 _WI = ir.VectorType(_i32, 16)
@@ -29,13 +28,6 @@ _WI = ir.VectorType(_i32, 16)
 
 def _is_f32_array(t) -> bool:
     return isinstance(t, types.Array) and t.layout == "C" and t.dtype == types.float32
-
-
-def _ptr(context, builder, arrty, arrval, off, lltype):
-    """Pointer to `lltype` at byte offset `off` of a C-contiguous array's data."""
-    ary = context.make_array(arrty)(context, builder, arrval)
-    p = builder.gep(builder.bitcast(ary.data, _i8.as_pointer()), [off], inbounds=True)
-    return builder.bitcast(p, lltype.as_pointer())
 
 
 @intrinsic
