@@ -12,8 +12,8 @@ fresh anonymous pages (a copy freed and made again would reuse the allocator's p
 a load never does: the page faults are much of a load's repack time).
 --hot repacks each weight twice and times the second, keeping no copy (source pages mapped,
 the allocator's pages reused: the copying alone).
-Prints GB/s of source bytes per weight type and in all. Run it under
-`flock -x /tmp/bench.lock` (the 2-core VM is shared).
+Prints GB/s of source bytes per weight type and in all. Run it alone on the machine (e.g.
+under `flock -x LOCKFILE` when other jobs share it).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Load time (process start to exit of `localllm run FILE --raw -n 1 Hello`) of two checkouts
 of localllm and of llama.cpp's llama-simple, alternating, with each process's peak RSS.
 
-    python bench/load_ab.py FILE --old /tmp/old-checkout [--llama-simple PATH] [--rounds 3]
+    python bench/load_ab.py FILE --old OLD_CHECKOUT [--llama-simple PATH] [--rounds 3]
 
 "old" runs with PYTHONPATH=OLD (the same interpreter and packages, the other source tree),
 "new" with this checkout's. One warm-up run of each localllm side first (the kernel compile
 cache warm, the file in the page cache), then --rounds rounds of old, new, llama-simple;
-prints every run and the medians. Run it under `flock -x /tmp/bench.lock` (the 2-core VM
-is shared); on this VM the first touch of fresh anonymous memory swings between ~0.5 and
+prints every run and the medians. Run it alone on the machine (`flock -x LOCKFILE` when
+other jobs share it); on this VM the first touch of fresh anonymous memory swings between ~0.5 and
 ~20 GB/s from run to run (the host's page backing), so read ranges, not single runs.
 """
 
