@@ -480,6 +480,11 @@ def _load_rows(s, rows, out) -> None:
 _LOG2E = np.float32(1.4426950408889634)
 _LN2_HI = np.float32(0.693359375)  # ln 2 split in two (Cody-Waite) for an exact range reduction
 _LN2_LO = np.float32(-2.12194440e-4)
+_EXP_LO = np.float32(-87.0)  # below: exp is 0 (a masked logit's -inf included)
+_EXP_HI = np.float32(88.0)
+# the Cephes expf polynomial's coefficients, highest degree first
+_EXP_P = (np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8.3334519073e-3),
+          np.float32(4.1665795894e-2), np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))
 
 
 @njit(cache=True)  # strict: every fused step is an explicit _fmaf
@@ -489,18 +494,18 @@ def _expf(x: np.float32) -> np.float32:
     libm's expf is a call per element; the softmax takes one exp per (key, query head).
     Returns exactly 0 for x <= -87 (so exp(-inf) of a masked logit is 0).
     """
-    xc = min(max(x, np.float32(-87.0)), np.float32(88.0))
+    xc = min(max(x, _EXP_LO), _EXP_HI)
     z = np.floor(_fmaf(xc, _LOG2E, np.float32(0.5)))
     r = _fmaf(-z, _LN2_LO, xc - z * _LN2_HI)  # z * _LN2_HI is exact (9 + 8 bits)
-    p = np.float32(1.9875691500e-4)
-    p = _fmaf(p, r, np.float32(1.3981999507e-3))
-    p = _fmaf(p, r, np.float32(8.3334519073e-3))
-    p = _fmaf(p, r, np.float32(4.1665795894e-2))
-    p = _fmaf(p, r, np.float32(1.6666665459e-1))
-    p = _fmaf(p, r, np.float32(5.0000001201e-1))
+    p = _EXP_P[0]
+    p = _fmaf(p, r, _EXP_P[1])
+    p = _fmaf(p, r, _EXP_P[2])
+    p = _fmaf(p, r, _EXP_P[3])
+    p = _fmaf(p, r, _EXP_P[4])
+    p = _fmaf(p, r, _EXP_P[5])
     y = _fmaf(p, r * r, r) + np.float32(1.0)
     two_n = _u32_as_f32((np.int32(z) + np.int32(127)) << np.int32(23))
-    return y * two_n if x > np.float32(-87.0) else np.float32(0.0)
+    return y * two_n if x > _EXP_LO else np.float32(0.0)
 
 
 # The attention kernel is cut into helpers, each one step of the recipe, inlined by Numba
@@ -706,8 +711,9 @@ def _softmax_block(sc, pr, m, den, acc, i: int) -> None:
         alpha = _expf(m[i] - bmax)  # 0 while m is -inf
         den[i] *= alpha
         av = splatf16(alpha)
-        for e in range(0, acc.shape[1] * 4, 64):
-            st_f32x16(acc, i * acc.shape[1] * 4 + e, mul16(ld_f32x16(acc, i * acc.shape[1] * 4 + e), av))
+        ao = i * acc.shape[1] * 4  # byte offset of acc[i] (padded to whole vectors)
+        for e in range(ao, ao + acc.shape[1] * 4, 64):
+            st_f32x16(acc, e, mul16(ld_f32x16(acc, e), av))
         m[i] = bmax
     mv = splatf16(m[i])
     plo = _exp16(subf16(lo, mv))  # exactly 0 where masked (-inf)
@@ -720,10 +726,8 @@ def _softmax_block(sc, pr, m, den, acc, i: int) -> None:
 @njit(cache=True, inline="always")
 def _exp16(x: F32x16) -> F32x16:
     """_expf of each lane (attn_vec.expf16 with _expf's own constants)."""
-    return expf16(x, np.float32(-87.0), np.float32(88.0), _LOG2E, np.float32(0.5), _LN2_LO,
-                  _LN2_HI, np.float32(1.9875691500e-4), np.float32(1.3981999507e-3),
-                  np.float32(8.3334519073e-3), np.float32(4.1665795894e-2),
-                  np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))
+    return expf16(x, _EXP_LO, _EXP_HI, _LOG2E, np.float32(0.5), _LN2_LO, _LN2_HI, _EXP_P[0],
+                  _EXP_P[1], _EXP_P[2], _EXP_P[3], _EXP_P[4], _EXP_P[5])
 
 
 @njit(cache=True, inline="always")
