@@ -832,11 +832,15 @@ def _fold(mm, ll, aa, k: int, m_c: np.float32, l_c: np.float32, src, srow: int,
 @njit(cache=True, inline="always")
 def _finish(mm, ll, aa, k: int, out, r: int, h: int, sinks) -> None:
     """out[r, h] from pair k's merged softmax: aa / ll (see _sink_norm for sinks); zeros for
-    a row that saw no key."""
+    a row that saw no key (aa was never written for it: it may hold anything)."""
+    if not ll[k] > np.float32(0.0):
+        for e in range(out.shape[2]):
+            out[r, h, e] = np.float32(0.0)
+        return
     if sinks.shape[0]:
         inv = _sink_norm(mm[k], ll[k], sinks[h])
     else:
-        inv = np.float32(1.0) / ll[k] if ll[k] > np.float32(0.0) else np.float32(0.0)
+        inv = np.float32(1.0) / ll[k]
     for e in range(out.shape[2]):
         out[r, h, e] = aa[k, e] * inv
 
