@@ -1,10 +1,13 @@
 """Where one forward step's time goes, by operation.
 
     python bench/profile_step.py [--model PATH] [--tokens 64] [--prefill 512] [-t 2]
+                                 [--streams 4]
 
 Wraps the engine's kernels with timers (adds ~5 us per call) and reports per-token decode
 time, or one prefill of --prefill tokens, split into output head, layer matmuls, attention,
-KV stores, norms, rope, activation and the Python glue in between.
+KV stores, norms, rope, activation and the Python glue in between. --streams S times a
+decode step of S sequences at once (one row each, as the server batches S streams): per
+step, not per token.
 """
 
 from __future__ import annotations
@@ -78,8 +81,11 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prefill", type=int, default=0, help="profile one prefill instead")
     ap.add_argument("-t", "--threads", type=int, default=None)
+    ap.add_argument("--streams", type=int, default=1,
+                    help="decode steps of this many sequences at once (per step, not token)")
     a = ap.parse_args()
-    engine = Engine(resolve_model(a.model), n_ctx=max(1024, a.prefill + 8), n_threads=a.threads)
+    engine = Engine(resolve_model(a.model), n_ctx=max(1024, a.prefill + 8), n_threads=a.threads,
+                    n_slots=a.streams)
     times: dict[str, float] = collections.defaultdict(float)
     counts: collections.Counter = collections.Counter()
     instrument(times, counts)
@@ -95,12 +101,19 @@ def main() -> int:
             per, unit = time.perf_counter() - t0, "prefill"
             n = 1
         else:
-            engine.prefill([2, 818, 5279, 529, 7001, 563])
+            for slot in range(a.streams):
+                engine.kv.clear(slot)
+                engine.prefill([2, 818, 5279, 529, 7001, 563 + slot], slot=slot)
             t0 = time.perf_counter()
             for _ in range(a.tokens):
-                engine.decode(5)
+                if a.streams == 1:
+                    engine.decode(5)
+                else:  # one row per sequence, as the server's scheduler batches streams
+                    engine.step(Batch.concat([
+                        Batch.for_sequence([5], engine.kv.n_past(s), s, "last")
+                        for s in range(a.streams)]))
             n = a.tokens
-            per, unit = (time.perf_counter() - t0) / n, "token"
+            per, unit = (time.perf_counter() - t0) / n, "token" if a.streams == 1 else "step"
     print(f"{per * 1000:.2f} ms per {unit}")
     acc = 0.0
     for k, v in sorted(times.items(), key=lambda kv: -kv[1]):

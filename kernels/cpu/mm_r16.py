@@ -349,11 +349,16 @@ def _repack_r16(qt, w, dst, g0, g1) -> None:
 # the rows of a tied embedding). Memory: the records are anonymous memory where the file's
 # pages were evictable cache; resident memory stays the file's size (the pages are
 # released as each weight is repacked), but those bytes can no longer be dropped and re-read
-# under memory pressure. So: output heads (a tied embedding included) over R16_MAX_HEAD bytes
-# stay row-major (178 MB for Gemma 3's, where the row-major N = 4 product streams from DRAM
-# at ~1.1x N = 1, and decode measured no faster from r16); every other weight is repacked
-# while the model's total stays within r16_budget(): the memory available when the model
-# loads less R16_HEADROOM (LOCALLLM_R16_BUDGET=bytes sets it). Issue 26 measured why: a
+# under memory pressure. So: output heads (a tied embedding included) of the K-quants over
+# R16_MAX_HEAD bytes stay row-major: their r16 kernel streams a 215 MB Q6_K head slower than
+# the row-major one at N = 1 (Llama 3.2 1B's: 7.5 against 6.4 ms on one thread, 6.1 against
+# 4.3 on two), though 2.1-2.4x faster at N = 4. Heads of the 32-weight types are repacked
+# whatever their size: at N = 1 r16 is as fast or faster (Gemma 3's 178 MB Q8_0 head 4.2
+# against 4.5 ms on one thread, 3.6 against 3.6 on two) and at N = 2..8, a server's batch of
+# streams or a speculative check, 2-2.6x faster (N = 4: 5.5 against 10.9 ms, 5.0 against
+# 13.0), which row-major pays for in its horizontal sums per row. Every other weight is
+# repacked while the model's total stays within r16_budget(): the memory available when the
+# model loads less R16_HEADROOM (LOCALLLM_R16_BUDGET=bytes sets it). Issue 26 measured why: a
 # budget of 256 MiB left half of a 1B model's layers row-major, and those ran prefill at
 # 60-170 GFLOP/s against r16's ~560. LOCALLLM_NO_REPACK=1 turns r16 off.
 R16_MAX_HEAD = 32 << 20
@@ -400,10 +405,10 @@ def r16_types() -> tuple[int, ...]:
 
 def r16_wanted(w_raw: np.ndarray, qtype: int, *, head: bool = False) -> bool:
     """Whether this machine multiplies the weight w_raw [rows, row_bytes] u8 of this type
-    faster from its r16 copy (an output head: only up to R16_MAX_HEAD bytes; the per-model
+    faster from its r16 copy (a K-quant output head: only up to R16_MAX_HEAD bytes; the per-model
     budget, r16_budget(), is the loader's to keep)."""
     return (_R16 and int(qtype) in _R16_BYTES
-            and (not head or w_raw.nbytes <= R16_MAX_HEAD))
+            and (not head or int(qtype) not in R16K_BYTES or w_raw.nbytes <= R16_MAX_HEAD))
 
 
 def r16_shape(rows: int, row_bytes: int) -> tuple[int, int]:
