@@ -35,6 +35,7 @@ def main() -> int:
     rows = [int(x) for x in args.rows.split(",")]
     slots = max(rows)
     e = Engine(resolve_model(args.model), n_ctx=1024, n_slots=slots, n_threads=args.threads)
+    e.wait_layout()  # timings of the final layout (models/layout.py)
     rng = np.random.default_rng(0)
     vocab = e.cfg.n_vocab
     for s in range(slots):

@@ -35,6 +35,7 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=None)
     a = ap.parse_args()
     engine = Engine(resolve_model(a.model), n_ctx=4096, n_threads=a.threads)
+    engine.wait_layout()  # timings of the final layout (models/layout.py)
     tok, tpl = engine.tokenizer, engine.template
     user1 = "Summarise this: " + " ".join(WORDS[i % len(WORDS)] for i in range(a.turn1_words))
     greedy = Sampler(SamplerConfig(temperature=0))

@@ -53,6 +53,7 @@ def main() -> None:
         kw["kv_memory"] = parse_memory(args.kv_memory)
     eng = Engine(resolve_model(args.model), n_ctx=args.ctx, n_slots=args.parallel,
                  n_threads=args.threads, **kw)
+    eng.wait_layout()  # timings of the final layout (models/layout.py)
     sched = Scheduler(eng)
     sched.call(eng.warmup)
     kv = eng.kv

@@ -86,6 +86,7 @@ def main() -> int:
     a = ap.parse_args()
     engine = Engine(resolve_model(a.model), n_ctx=max(1024, a.prefill + 8), n_threads=a.threads,
                     n_slots=a.streams)
+    engine.wait_layout()  # timings of the final layout (models/layout.py)
     times: dict[str, float] = collections.defaultdict(float)
     counts: collections.Counter = collections.Counter()
     instrument(times, counts)

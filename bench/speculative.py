@@ -53,6 +53,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     engine = Engine(resolve_model(a.model), n_ctx=4096, n_threads=a.threads)
+    engine.wait_layout()  # timings of the final layout (models/layout.py)
     prompts = json.loads(PROMPTS.read_text())
     tok = engine.tokenizer
     engine.warmup()

@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ns = ap.parse_args()
     eng = Engine(resolve_model(ns.model), n_ctx=1024)
+    eng.wait_layout()  # timings of the final layout (models/layout.py)
     tok = eng.tokenizer
     off = SpecOptions(mode="off")
     free_tps, con_tps, masks, checks = [], [], 0, 0

@@ -29,10 +29,17 @@ from localllm.kernels.cpu.region import region_seconds
 from localllm.kv.batch import Batch
 from localllm.kv.cache import KVCache
 from localllm.models.config import ModelError
+from localllm.models.layout import PendingLayouts, deferred_layouts, layout_deferral
 from localllm.models.registry import is_encoder_arch, load_model, model_config
 from localllm.threads import ThreadTuner
 
 DEFAULT_CTX = 4096  # a context -c does not set: the trained one, up to this
+
+
+# A step of more rows than this waits for the r16 copies still being made (models/layout.py):
+# a prompt's prefill in r16 is 3-5x faster than row-major for the K-quants, a decode step of a
+# few rows about as fast (measured, BENCHMARKS.md issue 26 "Load in the background").
+LAYOUT_WAIT_ROWS = 16
 
 
 def context_size(n_ctx: int | None, n_ctx_train: int, max_positions: int | None) -> int:
@@ -129,6 +136,21 @@ class Engine:
         fixed = self.n_threads if self.device == "cuda" else self.threads_requested
         self.threads = ThreadTuner(self.n_threads, fixed=fixed, probe=region_seconds)
         self._template = None
+        self.layouts.start()
+
+    def wait_layout(self) -> None:
+        """Block until every weight has the layout it runs fastest in (the r16 copies made
+        after the load, models/layout.py): for timings that must not see the first steps'."""
+        self.layouts.wait()
+
+    def _take_layouts(self, rows: int) -> None:
+        """Before a step: the r16 copies made since the last one; a step of more than
+        LAYOUT_WAIT_ROWS rows waits for all of them (row-major K-quant prefill is several
+        times slower than r16's)."""
+        if rows > LAYOUT_WAIT_ROWS:
+            self.layouts.wait()
+        else:
+            self.layouts.apply()
 
     def _build(self, device: str, n_ctx: int | None, kv_opts: dict,
                say: Callable[[str, int, int], None]) -> None:
@@ -151,8 +173,11 @@ class Engine:
             with raw_layout(), weights:
                 model = CudaModel(load_model(self.gf))
             cache_class: type[KVCache] = CudaKVCache
+            pending = []
         else:
-            with weights:
+            # K-quant weights take their r16 copies after the load (models/layout.py)
+            with weights, (deferred_layouts() if layout_deferral() else
+                           contextlib.nullcontext([])) as pending:
                 model = load_model(self.gf)
             cache_class = KVCache
         cfg = model.cfg
@@ -170,6 +195,7 @@ class Engine:
             kv = cache_class(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim,
                              cfg.head_dim_v, layer_window=cfg.layer_window, **kv_opts)
         self.model, self.cfg, self.n_ctx, self.kv, self.device = model, cfg, n_ctx, kv, device
+        self.layouts = PendingLayouts(self.gf, pending)
 
     @property
     def is_encoder(self) -> bool:
@@ -184,6 +210,8 @@ class Engine:
                                     "through step(..., hidden=True)")
         if len(tokens) > self.n_ctx:
             raise PromptTooLongError(len(tokens), self.n_ctx)
+        if not self.layouts.done:
+            self._take_layouts(len(tokens))
         return self.model.encode(np.asarray(tokens, dtype=np.int64))
 
     @property
@@ -201,13 +229,20 @@ class Engine:
         kv: another cache of this model's shape (embeddings use a scratch one)."""
         kv = self.kv if kv is None else kv
         rows = len(batch)
+        copying = not self.layouts.done
+        if copying:
+            self._take_layouts(rows)
+            copying = not self.layouts.done
         n = self.threads.choose(rows)
+        if copying:  # a core for the thread making the r16 copies
+            n = max(1, min(n, os.cpu_count() or 1) - 1) if n > 1 else n
         if n != numba.get_num_threads():  # per calling thread: the engine thread's own
             numba.set_num_threads(n)
         t0 = time.perf_counter()
         out = self.model.forward(batch, kv, hidden=hidden)
         kv.commit_batch(batch)
-        self.threads.record(rows, n, time.perf_counter() - t0)
+        if not copying:  # (steps beside the copying thread would mislead the tuner)
+            self.threads.record(rows, n, time.perf_counter() - t0)
         return out
 
     def prefill(self, tokens: list[int], slot: int = 0, logits: str = "last") -> Prefill:

@@ -28,6 +28,7 @@ from localllm.kernels.cpu.matmul import (
     matmul,
     plan_multi,
     r16_budget,
+    r16_same_bits,
     r16_wanted,
     repack_r16,
     run_multi,
@@ -35,6 +36,7 @@ from localllm.kernels.cpu.matmul import (
 )
 from localllm.kv.batch import Batch
 from localllm.kv.cache import KVCache
+from localllm.models import layout
 from localllm.models.config import ModelConfig, ModelError
 
 if TYPE_CHECKING:
@@ -133,9 +135,14 @@ class WeightGroup:
         # checked calls by (N, the outputs' ids); each plan holds its outputs, so an id in a
         # key cannot be reused by another array while the plan is kept
         self._plans: dict[tuple, MultiPlan] = {}
+        self._generation = layout.generation  # the weights' layouts the parts were taken at
 
     def __call__(self, x: np.ndarray, outs: list[np.ndarray]) -> None:
         """x [N, cols] float32 (C-contiguous) -> outs[m] [N, rows_m] float32 (overwritten)."""
+        if self._generation != layout.generation:  # a weight took its r16 copy since
+            self._parts = [(w.raw, w.qtype, w.packed) for w in self.weights]
+            self._plans.clear()
+            self._generation = layout.generation
         if not self.shared or not x.flags.c_contiguous:
             for w, out in zip(self.weights, outs, strict=True):
                 matmul(w.raw, w.qtype, x, out, packed=w.packed)
@@ -233,6 +240,15 @@ class WeightLoader:
                        else (self.expert_packed_bytes, expert_budget))
         if not (not _RAW_LAYOUT.get() and r16_wanted(q.raw, q.qtype, head=head)
                 and used + q.raw.nbytes <= limit):
+            return q
+        pending = layout.pending_list()
+        if pending is not None and release and expert_budget is None \
+                and r16_same_bits(q.qtype):
+            # made after the load (models/layout.py); a weight of its own, so that a tied
+            # embedding's QWeight never changes
+            q = replace(q)
+            pending.append(q)
+            self.packed_bytes += q.raw.nbytes
             return q
         packed = repack_r16(q.raw, q.qtype)
         if expert_budget is None:

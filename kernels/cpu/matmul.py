@@ -84,6 +84,7 @@ from localllm.kernels.cpu.mm_r16 import (
     _R16_BYTES,
     R16_MAX_HEAD,
     r16_budget,
+    r16_same_bits,
     r16_shape,
     r16_types,
     r16_wanted,
@@ -95,7 +96,7 @@ from localllm.kernels.cpu.scratch import Scratch, _get_scratch, make_scratch
 __all__ = [
     "matmul", "matmul_multi", "plan_multi", "run_multi", "MultiPlan", "can_share_activations", "matmul_portable", "supported_types", "simd_types", "kernel_path", "kernel",
     "kernel_asm", "Scratch", "make_scratch", "repack_r16", "r16_types", "r16_wanted",
-    "r16_shape", "R16_MAX_HEAD", "r16_budget",
+    "r16_shape", "R16_MAX_HEAD", "r16_budget", "r16_same_bits",
 ]
 
 _KADDR: dict[int, int] = {}  # qtype (-qtype: r16) -> address of its compiled row kernel

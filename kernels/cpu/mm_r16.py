@@ -411,16 +411,25 @@ def r16_wanted(w_raw: np.ndarray, qtype: int, *, head: bool = False) -> bool:
             and (not head or int(qtype) not in R16K_BYTES or w_raw.nbytes <= R16_MAX_HEAD))
 
 
+def r16_same_bits(qtype: int) -> bool:
+    """Whether the type's r16 kernels give exactly the row-major kernels' bits, at every N
+    (the K-quants: one integer per row and super-block, tests/test_kernels_kquant_contract.py),
+    so a weight may switch layouts between two steps (models/layout.py). The 32-weight
+    types' r16 kernels sum in another order: their two layouts differ in the last bits."""
+    return int(qtype) in R16K_BYTES
+
+
 def r16_shape(rows: int, row_bytes: int) -> tuple[int, int]:
     """Shape of the r16 copy of a [rows, row_bytes] weight: whole groups of 16 rows."""
     return (rows + 15) // 16 * 16, row_bytes
 
 
-def repack_r16(w_raw: np.ndarray, qtype: int) -> np.ndarray:
+def repack_r16(w_raw: np.ndarray, qtype: int, threads: int | None = None) -> np.ndarray:
     """The row-interleaved copy of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weight
     [rows, row_bytes] u8: returns [ceil(rows/16) * 16, row_bytes] u8 (read-only) holding the
     r16 records (layout in the comment above _r16_dec, and mm_r16k's docstring for the
-    K-quants; padding rows are zero). Any CPU can build it; only AVX-512 VNNI kernels read it."""
+    K-quants; padding rows are zero). Any CPU can build it; only AVX-512 VNNI kernels read it.
+    threads: how many threads copy (default: the kernels' count, r16_copy.repack_threads)."""
     qt = int(qtype)
     if qt not in _R16_BYTES:
         raise ValueError(f"no r16 layout for GGML type {qt} ({dequant.qtype_name(qt)})")
@@ -435,7 +444,8 @@ def repack_r16(w_raw: np.ndarray, qtype: int) -> np.ndarray:
         src.flags.writeable = False
     dst = np.zeros((n_groups, rb // bb, 16 * bb), np.uint8)  # [groups, nb, record]
     if rows:
-        repack_groups(_repack_r16k if qt in R16K_BYTES else _repack_r16, qt, src, dst)
+        repack_groups(_repack_r16k if qt in R16K_BYTES else _repack_r16, qt, src, dst,
+                      threads)
     dst.flags.writeable = False  # records are never written again (and one compiled driver)
     return dst.reshape(n_groups * 16, rb)
 

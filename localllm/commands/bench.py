@@ -144,6 +144,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
         raise InvalidValueError("--contend must be >= 0")
     engine = Engine(resolve_model(ns.model), n_batch=ns.batch, **opts)
     ensure_kernels_compiled(engine)
+    engine.wait_layout()  # every weight in its final layout before anything is timed
     with busy_cores(ns.contend):
         results = run_all(engine, pps, tgs, depths, steps, ns.reps,
                           np.random.default_rng(ns.seed))

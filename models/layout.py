@@ -1,0 +1,161 @@
+"""Weights repacked after the load, on a thread beside the first steps.
+
+A load spends most of its time making the r16 copies (kernels/cpu/mm_r16.py): for a Llama 3.1
+8B Q4_K_M file, 4.6 GB of records written to fresh memory, seconds before the first token.
+Where a type's r16 kernels give the row-major kernels' bits exactly (the K-quants Q4_K, Q5_K,
+Q6_K: one integer per row and super-block, tests/test_kernels_kquant_contract.py), the copy
+need not exist before the first step: such a weight starts row-major, read straight from the
+file's pages, and takes its r16 copy between two steps once a background thread has made it.
+Every output keeps its bits whichever layout computed it, so a token never depends on when
+the copy arrived. Types whose two layouts differ in the last bits (Q4_0, Q8_0, ...) are
+still repacked during the load.
+
+Who does what:
+- WeightLoader.laid_out (models/base.py), inside `deferred_layouts()`, lists such weights here
+  instead of repacking them (the model's r16 budget is counted as before);
+- PendingLayouts.start() repacks them in load order on one background thread, copying on
+  that thread alone while steps run (Engine.step leaves it a core: a step's threads one
+  fewer until the copies are in) and on all of the r16 pool's (kernels/cpu/r16_copy.py)
+  once the engine waits for them; each copy's file pages are given back as it is made;
+- the engine thread calls apply() before each step: the copies made so far are set on their
+  weights, the weight groups re-plan (`generation`), the file pages are given back. Only the
+  engine thread ever changes a weight, and only between steps;
+- a step of many rows (a prompt) first waits for all copies (wait()): row-major K-quant
+  prefill runs at a fraction of r16's speed, so waiting costs less than it saves.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import contextvars
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from localllm.kernels.cpu.matmul import repack_r16
+
+if TYPE_CHECKING:
+    from localllm.formats import GGUFFile
+    from localllm.models.base import QWeight
+
+# Bumped whenever a weight takes its copy: a WeightGroup built its parts and plans from the
+# weights' layouts, and rebuilds them when this has moved on (one int compared per call).
+generation = 0
+
+_LIVE: weakref.WeakSet[PendingLayouts] = weakref.WeakSet()  # to stop at exit (_close_all)
+
+_PENDING: contextvars.ContextVar[list | None] = contextvars.ContextVar("pending_layouts",
+                                                                      default=None)
+
+
+@contextlib.contextmanager
+def deferred_layouts() -> Iterator[list[QWeight]]:
+    """Within: weights whose r16 copy gives their row-major bits are listed in the yielded
+    list instead of being repacked (WeightLoader.laid_out)."""
+    pending: list[QWeight] = []
+    token = _PENDING.set(pending)
+    try:
+        yield pending
+    finally:
+        _PENDING.reset(token)
+
+
+def layout_deferral() -> bool:
+    """Whether engines make the copies after the load (LOCALLLM_SYNC_LAYOUT=1: during it,
+    as before; for comparisons)."""
+    return os.environ.get("LOCALLLM_SYNC_LAYOUT", "").strip().lower() in ("", "0", "false", "no")
+
+
+def pending_list() -> list[QWeight] | None:
+    """The list of the enclosing deferred_layouts(), or None outside one."""
+    return _PENDING.get()
+
+
+class PendingLayouts:
+    """The r16 copies of `weights` (QWeights without one yet), made on a background thread
+    and handed over on the engine thread (apply)."""
+
+    def __init__(self, gf: GGUFFile, weights: list[QWeight]) -> None:
+        self._gf = gf
+        self._todo = list(weights)
+        self._made: list[tuple[QWeight, np.ndarray]] = []  # made, not yet applied
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._hurry = threading.Event()  # the engine waits: repack on every core
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        """Every copy made and applied (or none to make)."""
+        return not self._todo
+
+    def start(self) -> None:
+        if not self._todo or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="r16-layout", daemon=True)
+        _LIVE.add(self)  # weakly: an unloaded model's copies are not kept for the exit
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for q in list(self._todo):
+                if self._stop.is_set():
+                    return
+                # one thread beside the steps (the engine leaves a core for it); all of the
+                # r16 pool's once the engine waits (a prompt's step)
+                packed = repack_r16(q.raw, q.qtype, threads=None if self._hurry.is_set() else 1)
+                self._gf.release_pages(self._gf.tensors[q.name])
+                with self._lock:
+                    self._made.append((q, packed))
+        except BaseException as e:  # noqa: BLE001 - kept: the weights stay row-major (correct)
+            with self._lock:
+                self.error = e
+
+    def apply(self) -> int:
+        """On the engine thread, between steps: give the copies made so far to their
+        weights. Returns how many."""
+        global generation
+        if self.error is not None and not self._made:  # the thread gave up: the weights
+            self._todo = []                              # left stay row-major (right, slower)
+        if not self._made:
+            return 0
+        with self._lock:
+            made, self._made = self._made, []
+        for q, packed in made:
+            q.packed = packed
+            self._gf.release_pages(self._gf.tensors[q.name])
+        # a weight is applied only once; identity, since QWeight compares by value
+        applied = {id(q) for q, _ in made}
+        self._todo = [q for q in self._todo if id(q) not in applied]
+        generation += 1
+        return len(made)
+
+    def wait(self) -> None:
+        """Block until every copy is made, then apply them (engine thread)."""
+        if self._thread is not None:
+            self._hurry.set()
+            self._thread.join()
+        self.apply()
+        if self._todo and self.error is None and self._thread is None:  # never started
+            self.start()
+            self.wait()
+
+    def close(self) -> None:
+        """Stop after the weight being repacked (process exit, model unload)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+@atexit.register
+def _close_all() -> None:
+    """At exit, each repack still running stops after its current weight (a daemon thread
+    inside compiled code while the interpreter tears down is not safe to leave running)."""
+    for p in list(_LIVE):
+        p.close()

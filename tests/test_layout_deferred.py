@@ -1,0 +1,138 @@
+"""Weights that take their r16 copy after the load (models/layout.py): the bits of every
+step are those of a load that made the copies first, whenever the copies arrive; only the
+types whose two layouts agree bit for bit wait, the others are repacked during the load."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from tiny_models import write_tiny_model
+
+import localllm.models.base as base
+from localllm.engine import Engine
+from localllm.formats import read_gguf
+from localllm.kernels.cpu.matmul import r16_same_bits, r16_types
+from localllm.kv.batch import Batch
+from localllm.models import layout
+from localllm.models.registry import load_model
+
+
+def _matrices(m) -> list[base.QWeight]:
+    return [w for L in m.layers for w in (L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down)]
+
+
+@pytest.fixture(scope="module")
+def kquant_model(tmp_path_factory: pytest.TempPathFactory):
+    p = tmp_path_factory.mktemp("layout") / "llama-q4k.gguf"
+    write_tiny_model(p, "llama", qtype=QT.Q4_K, seed=3)
+    return p
+
+
+def _logits(engine: Engine, steps: list[list[int]]) -> list[np.ndarray]:
+    """Logits of a prompt then single-token steps, slot 0 from empty."""
+    engine.kv.clear(0)
+    out = []
+    pos = 0
+    for toks in steps:
+        out.append(engine.step(Batch.for_sequence(toks, pos, 0, "last")).copy())
+        pos += len(toks)
+    return out
+
+
+def test_only_types_with_the_same_bits_wait() -> None:
+    assert r16_same_bits(QT.Q4_K) and r16_same_bits(QT.Q5_K) and r16_same_bits(QT.Q6_K)
+    assert not any(r16_same_bits(t) for t in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.F16))
+
+
+def test_load_lists_kquant_weights_instead_of_repacking(kquant_model, tmp_path) -> None:
+    gf = read_gguf(kquant_model)
+    with layout.deferred_layouts() as pending:
+        m = load_model(gf)
+    ws = _matrices(m)
+    if not r16_types():  # no r16 kernels here: nothing to make, now or later
+        assert pending == [] and all(w.packed is None for w in ws)
+        return
+    assert {id(w) for w in ws} <= {id(q) for q in pending}
+    assert all(w.packed is None for w in ws)
+    assert m.token_embd.packed is None  # a tied head is a weight of its own
+    # a Q8_0 model (its two layouts differ in the last bits) is repacked during the load
+    p8 = tmp_path / "q8.gguf"
+    write_tiny_model(p8, "llama", qtype=QT.Q8_0, seed=3)
+    with layout.deferred_layouts() as pending8:
+        m8 = load_model(read_gguf(p8))
+    assert pending8 == [] and all(w.packed is not None for w in _matrices(m8))
+
+
+def test_steps_have_the_same_bits_before_during_and_after_the_copies(
+        kquant_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    steps = [[1, 5, 9, 2], [7], [3], [11], [4]]
+    monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "1")
+    ref_engine = Engine(kquant_model, n_ctx=64, n_threads=1)
+    assert ref_engine.layouts.done
+    ref = _logits(ref_engine, steps)
+
+    monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "0")
+    # hold the background thread until told, so the first steps surely run row-major
+    gate = threading.Event()
+    real = layout.repack_r16
+
+    def held(*a, **k):
+        gate.wait(timeout=60)
+        return real(*a, **k)
+
+    monkeypatch.setattr(layout, "repack_r16", held)
+    e = Engine(kquant_model, n_ctx=64, n_threads=1)
+    ws = _matrices(e.model)
+    if not r16_types():
+        assert e.layouts.done
+        got = _logits(e, steps)
+    else:
+        assert not e.layouts.done and all(w.packed is None for w in ws)
+        e.kv.clear(0)
+        got = [e.step(Batch.for_sequence(steps[0], 0, 0, "last")).copy()]  # row-major
+        got.append(e.step(Batch.for_sequence(steps[1], 4, 0, "last")).copy())
+        assert all(w.packed is None for w in ws)
+        gen = layout.generation
+        gate.set()
+        e.wait_layout()  # every copy in, the groups re-plan
+        assert e.layouts.done and layout.generation > gen
+        assert all(w.packed is not None for w in ws)
+        got += [e.step(Batch.for_sequence(t, 5 + i, 0, "last")).copy()
+                for i, t in enumerate(steps[2:])]
+    gate.set()
+    for a, b in zip(ref, got, strict=True):
+        assert np.array_equal(a, b)
+
+
+def test_a_prompt_step_waits_for_the_copies(kquant_model, monkeypatch) -> None:
+    monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "0")
+    e = Engine(kquant_model, n_ctx=64, n_threads=1)
+    e.kv.clear(0)
+    from localllm.engine import LAYOUT_WAIT_ROWS
+
+    e.step(Batch.for_sequence(list(range(1, LAYOUT_WAIT_ROWS + 2)), 0, 0, "last"))
+    assert e.layouts.done
+    if r16_types():
+        assert all(w.packed is not None for w in _matrices(e.model))
+
+
+def test_a_failed_copy_leaves_the_weights_row_major(kquant_model, monkeypatch) -> None:
+    """A repack that raises (memory, say) is kept, not raised into a step: the weights
+    stay in the layout they already compute right in."""
+    monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "0")
+
+    def broken(*a, **k):
+        raise MemoryError("no room for the copy")
+
+    monkeypatch.setattr(layout, "repack_r16", broken)
+    e = Engine(kquant_model, n_ctx=64, n_threads=1)
+    e.wait_layout()
+    e.kv.clear(0)
+    logits = e.step(Batch.for_sequence([1, 2, 3], 0, 0, "last"))
+    assert np.isfinite(logits).all()
+    if r16_types():
+        assert isinstance(e.layouts.error, MemoryError)
+        assert all(w.packed is None for w in _matrices(e.model))
