@@ -163,17 +163,19 @@ class GGUFFile:
             except BufferError:
                 pass  # views still alive elsewhere; the mapping goes when they do
 
-    def release_pages(self, tensor: GGUFTensor) -> int:
+    def release_pages(self, tensor: GGUFTensor, start: int = 0, stop: int | None = None) -> int:
         """Tell the OS this process no longer needs the tensor's file pages in memory (for
-        weights the kernels have copied into another layout). Reading the tensor later
-        still works: the pages fault back in from the file. Only pages wholly inside the
-        tensor are released. Returns the bytes released (0 where unsupported)."""
+        weights the kernels have copied into another layout), or those of its bytes
+        [start, stop). Reading the tensor later still works: the pages fault back in from
+        the file. Only pages wholly inside the range are released. Returns the bytes
+        released (0 where unsupported)."""
         mm = self._mm
         if mm is None or not hasattr(mmap, "MADV_DONTNEED"):
             return 0
         page = mmap.PAGESIZE
-        lo = -(-tensor.offset // page) * page
-        hi = (tensor.offset + tensor.nbytes) // page * page
+        stop = tensor.nbytes if stop is None else min(stop, tensor.nbytes)
+        lo = -(-(tensor.offset + max(0, start)) // page) * page
+        hi = (tensor.offset + stop) // page * page
         if hi <= lo:
             return 0
         try:

@@ -250,7 +250,7 @@ class WeightLoader:
             pending.append(q)
             self.packed_bytes += q.raw.nbytes
             return q
-        packed = repack_r16(q.raw, q.qtype)
+        packed = repack_r16(q.raw, q.qtype, release=self._releaser(q) if release else None)
         if expert_budget is None:
             self.packed_bytes += packed.nbytes
         else:
@@ -258,6 +258,14 @@ class WeightLoader:
         if release:
             self.gf.release_pages(self.gf.tensors[q.name])
         return replace(q, packed=packed)
+
+    def _releaser(self, q: QWeight) -> Callable[[int, int], None]:
+        """release(row0, row1) for repack_r16: gives back the file pages of those rows of
+        q.raw (a view of its tensor's bytes: an MoE expert starts inside its stack)."""
+        tensor = self.gf.tensors[q.name]
+        base = q.raw.ctypes.data - tensor.data.ctypes.data  # q.raw's first byte in the tensor
+        rb = q.raw.strides[0]
+        return lambda r0, r1: self.gf.release_pages(tensor, base + r0 * rb, base + r1 * rb)
 
     def vector(self, name: str, n: int) -> np.ndarray:
         t = self._get(name)

@@ -109,13 +109,19 @@ class PendingLayouts:
                     return
                 # one thread beside the steps (the engine leaves a core for it); all of the
                 # r16 pool's once the engine waits (a prompt's step)
-                packed = repack_r16(q.raw, q.qtype, threads=None if self._hurry.is_set() else 1)
-                self._gf.release_pages(self._gf.tensors[q.name])
+                packed = repack_r16(q.raw, q.qtype, threads=None if self._hurry.is_set() else 1,
+                                    release=self._release_rows(q))
                 with self._lock:
                     self._made.append((q, packed))
         except BaseException as e:  # noqa: BLE001 - kept: the weights stay row-major (correct)
             with self._lock:
                 self.error = e
+
+    def _release_rows(self, q: QWeight):
+        """release(row0, row1) for repack_r16: the file pages of those rows of q (its whole
+        tensor: deferred weights are never slices)."""
+        tensor, rb = self._gf.tensors[q.name], q.raw.strides[0]
+        return lambda r0, r1: self._gf.release_pages(tensor, r0 * rb, r1 * rb)
 
     def apply(self) -> int:
         """On the engine thread, between steps: give the copies made so far to their

@@ -5,6 +5,7 @@ Q6_K included, whose layout and kernels are in mm_r16k)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 from numba import carray, njit
@@ -424,12 +425,15 @@ def r16_shape(rows: int, row_bytes: int) -> tuple[int, int]:
     return (rows + 15) // 16 * 16, row_bytes
 
 
-def repack_r16(w_raw: np.ndarray, qtype: int, threads: int | None = None) -> np.ndarray:
+def repack_r16(w_raw: np.ndarray, qtype: int, threads: int | None = None,
+               release: Callable[[int, int], None] | None = None) -> np.ndarray:
     """The row-interleaved copy of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weight
     [rows, row_bytes] u8: returns [ceil(rows/16) * 16, row_bytes] u8 (read-only) holding the
     r16 records (layout in the comment above _r16_dec, and mm_r16k's docstring for the
     K-quants; padding rows are zero). Any CPU can build it; only AVX-512 VNNI kernels read it.
-    threads: how many threads copy (default: the kernels' count, r16_copy.repack_threads)."""
+    threads: how many threads copy (default: the kernels' count, r16_copy.repack_threads).
+    release(row0, row1): told when source rows row0..row1-1 are copied (the loader gives
+    their file pages back as it goes, so a weight is never resident twice over)."""
     qt = int(qtype)
     if qt not in _R16_BYTES:
         raise ValueError(f"no r16 layout for GGML type {qt} ({dequant.qtype_name(qt)})")
@@ -444,8 +448,10 @@ def repack_r16(w_raw: np.ndarray, qtype: int, threads: int | None = None) -> np.
         src.flags.writeable = False
     dst = np.zeros((n_groups, rb // bb, 16 * bb), np.uint8)  # [groups, nb, record]
     if rows:
+        done = None if release is None else (
+            lambda g0, g1: release(16 * g0, min(16 * g1, rows)))
         repack_groups(_repack_r16k if qt in R16K_BYTES else _repack_r16, qt, src, dst,
-                      threads)
+                      threads, done)
     dst.flags.writeable = False  # records are never written again (and one compiled driver)
     return dst.reshape(n_groups * 16, rb)
 

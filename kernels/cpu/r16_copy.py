@@ -78,19 +78,27 @@ def _get_pool(n: int) -> ThreadPoolExecutor:
 
 
 def repack_groups(fn: Callable[..., None], qt: int, src: np.ndarray, dst: np.ndarray,
-                  threads: int | None = None) -> None:
-    """fn(qt, src, dst, g0, g1) over all row groups of dst [groups, nb, record]: in one call
-    when one thread is asked for or the weight is a single task, else in tasks of about
-    _TASK_BYTES of source taken by `threads` pool threads as they come free (the records do
-    not depend on the split: each group is written by one task)."""
+                  threads: int | None = None,
+                  done: Callable[[int, int], None] | None = None) -> None:
+    """fn(qt, src, dst, g0, g1) over all row groups of dst [groups, nb, record] in tasks of
+    about _TASK_BYTES of source, taken by `threads` pool threads as they come free, or in
+    turn on this thread when one thread is asked for (the records do not depend on the
+    split: each group is written by one task). done(g0, g1): told as each task ends (in its
+    thread), e.g. to give back the source rows it read."""
     n_groups = dst.shape[0]
     n = repack_threads() if threads is None else max(1, threads)
     per = max(1, _TASK_BYTES // max(1, 16 * src.shape[1]))
-    if n == 1 or n_groups <= per:
-        fn(qt, src, dst, 0, n_groups)
-        return
+
+    def task(g0: int, g1: int) -> None:
+        fn(qt, src, dst, g0, g1)
+        if done is not None:
+            done(g0, g1)
+
     starts = range(0, n_groups, per)
-    futures = [_get_pool(n).submit(fn, qt, src, dst, g0, min(g0 + per, n_groups))
-               for g0 in starts]
+    if n == 1 or n_groups <= per:
+        for g0 in starts:
+            task(g0, min(g0 + per, n_groups))
+        return
+    futures = [_get_pool(n).submit(task, g0, min(g0 + per, n_groups)) for g0 in starts]
     for f in futures:
         f.result()
