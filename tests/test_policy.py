@@ -77,3 +77,16 @@ def test_plan_step_without_drafts_when_memory_is_short() -> None:
     a = _Seq(0, 10, [], last=5, draft=[6, 7])
     (p,) = policy.plan_step([a], 8, drafts=False)
     assert p.batch.tokens.tolist() == [5] and a.asked == [] and a.draft == []
+
+
+def test_plan_step_drafts_only_for_a_few_streams() -> None:
+    """Past DRAFT_MAX_STREAMS decoding sequences a step already shares its weight reads:
+    nobody drafts (a prefilling sequence does not count)."""
+    k = policy.DRAFT_MAX_STREAMS
+    few = [_Seq(i, 10, [], last=5, draft=[6, 7]) for i in range(k)]
+    parts = policy.plan_step([*few, _Seq(k, 0, [1, 2, 3])], 8, drafts=True)
+    assert all(p.n_logits == 3 for p in parts[:k]) and all(s.asked for s in few)
+    many = [_Seq(i, 10, [], last=5, draft=[6, 7]) for i in range(k + 1)]
+    parts = policy.plan_step(many, 8, drafts=True)
+    assert [p.batch.tokens.tolist() for p in parts] == [[5]] * (k + 1)
+    assert all(s.asked == [] and s.draft == [] for s in many)
