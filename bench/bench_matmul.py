@@ -5,7 +5,8 @@
 Reports, per thread count (numba.set_num_threads), medians of --runs timings
 (time.perf_counter; no perf counters):
 
-* decode-shaped products (N = 1, 4, 8) of the Q8_0 output head [262144 x 640] and of a Q5_0,
+* decode-shaped products (N = 1, 4, 8) of the output head (the default model's: Q8_0
+  [262144 x 640]; r16 or row-major as the loader lays a head out) and of a Q5_0,
   Q4_K and Q6_K layer weight: time, weight bytes / time (GB/s), and the N=4 / N=8 cost
   relative to N=1 (the batched-decode goal is N=4 <= 1.3 x N=1). Layer weights are measured
   "hot" (the same tensor again and again: it sits in L2/L3) and "sweep" (the tensor of each layer
@@ -56,10 +57,12 @@ def median_time(fn: Callable[[], None], runs: int, min_seconds: float = 0.02) ->
     return statistics.median(samples)
 
 
-def product(raws: list[np.ndarray], qtype: int, n: int, rng: np.random.Generator):
+def product(raws: list[np.ndarray], qtype: int, n: int, rng: np.random.Generator,
+            head: bool = False) -> Callable[[], None]:
     """A closure running x @ W^T for each weight in `raws` in turn (one per call), each in the
-    layout a loaded model gives it (r16 copies where the machine has the kernels)."""
-    packed = [repack_r16(r, qtype) if r16_wanted(r, qtype) else None for r in raws]
+    layout a loaded model gives it (r16 copies where the machine has the kernels; head: as
+    an output head, whose r16 copy has a size cap for some types)."""
+    packed = [repack_r16(r, qtype) if r16_wanted(r, qtype, head=head) else None for r in raws]
     rows = raws[0].shape[0]
     k = _k_of(raws[0], qtype)
     x = rng.standard_normal((n, k)).astype(np.float32)
@@ -135,23 +138,24 @@ def main() -> None:
 
     print(f"kernel path: {kernel_path()}, cores: {os.cpu_count()}, "
           f"load average before: {os.getloadavg()[0]:.2f}")
-    head = t["token_embd.weight"]
-    cases = [("head Q8_0", [head.data], int(head.type))]
+    head = t["output.weight" if "output.weight" in t else "token_embd.weight"]  # in the layout
+    cases = [(f"head {head.type.name}", [head.data], int(head.type), True)]  # of a head
     for kind in ("ffn_up", "attn_output", "ffn_down"):
         ws = [t[f"blk.{i}.{kind}.weight"] for i in range(n_layers)]
         ws = [w for w in ws if w.type == ws[0].type]  # Q4_K_M mixes types across layers
         name = f"{kind} {ws[0].type.name}"
-        cases.append((f"{name} hot", [ws[0].data], int(ws[0].type)))
+        cases.append((f"{name} hot", [ws[0].data], int(ws[0].type), False))
         if not args.quick:
-            cases.append((f"{name} sweep", [w.data for w in ws], int(ws[0].type)))
+            cases.append((f"{name} sweep", [w.data for w in ws], int(ws[0].type), False))
 
     for nt in [int(s) for s in args.threads.split(",")]:
         numba.set_num_threads(nt)
         print(f"\n== {nt} thread(s) ==")
         print(f"{'weight':26s} {'shape':>14s} {'N=1':>18s} {'N=4':>18s} {'N=8':>18s}"
               f" {'4/1':>5s} {'8/1':>5s}")
-        for name, raws, qt in cases:
-            times = {n: median_time(product(raws, qt, n, rng), runs) for n in (1, 4, 8)}
+        for name, raws, qt, is_head in cases:
+            times = {n: median_time(product(raws, qt, n, rng, head=is_head), runs)
+                     for n in (1, 4, 8)}
             nbytes = raws[0].nbytes
             shape = f"{raws[0].shape[0]}x{_k_of(raws[0], qt)}"
             cols = " ".join(f"{times[n] * 1e6:8.0f}us {nbytes / times[n] / 1e9:5.1f}GB/s"
@@ -168,7 +172,7 @@ def main() -> None:
                     w = t[f"blk.{i}.{kind}.weight"]
                     steps.append(product([w.data], int(w.type), 1, rng))
                     total_bytes += w.data.nbytes
-            steps.append(product([head.data], int(head.type), 1, rng))
+            steps.append(product([head.data], int(head.type), 1, rng, head=True))
             total_bytes += head.data.nbytes
 
             def step(steps: list[Callable[[], None]] = steps) -> None:
