@@ -143,6 +143,12 @@ class Engine:
         after the load, models/layout.py): for timings that must not see the first steps'."""
         self.layouts.wait()
 
+    def close(self) -> None:
+        """Stop the work this engine runs beside its steps (the background repack: the
+        weights it has not reached stay row-major). The engine stays usable."""
+        self.layouts.close()
+        self.layouts.apply()
+
     def _take_layouts(self, rows: int) -> None:
         """Before a step: the r16 copies made since the last one; a step of more than
         LAYOUT_WAIT_ROWS rows waits for all of them (row-major K-quant prefill is several

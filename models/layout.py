@@ -127,19 +127,22 @@ class PendingLayouts:
         """On the engine thread, between steps: give the copies made so far to their
         weights. Returns how many."""
         global generation
-        if self.error is not None and not self._made:  # the thread gave up: the weights
-            self._todo = []                              # left stay row-major (right, slower)
-        if not self._made:
-            return 0
-        with self._lock:
-            made, self._made = self._made, []
-        for q, packed in made:
-            q.packed = packed
-            self._gf.release_pages(self._gf.tensors[q.name])
-        # a weight is applied only once; identity, since QWeight compares by value
-        applied = {id(q) for q, _ in made}
-        self._todo = [q for q in self._todo if id(q) not in applied]
-        generation += 1
+        made: list[tuple[QWeight, np.ndarray]] = []
+        if self._made:
+            with self._lock:
+                made, self._made = self._made, []
+            for q, packed in made:
+                q.packed = packed
+                self._gf.release_pages(self._gf.tensors[q.name])
+            # a weight is applied only once; identity, since QWeight compares by value
+            applied = {id(q) for q, _ in made}
+            self._todo = [q for q in self._todo if id(q) not in applied]
+            generation += 1
+        if self._todo and (self.error is not None or self._stop.is_set()) \
+                and not (self._thread is not None and self._thread.is_alive()) \
+                and not self._made:
+            self._todo = []  # the thread failed or was stopped: the weights it did not get
+            #                  to stay row-major (the same bits, slower)
         return len(made)
 
     def wait(self) -> None:

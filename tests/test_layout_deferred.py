@@ -136,3 +136,31 @@ def test_a_failed_copy_leaves_the_weights_row_major(kquant_model, monkeypatch) -
     if r16_types():
         assert isinstance(e.layouts.error, MemoryError)
         assert all(w.packed is None for w in _matrices(e.model))
+
+
+def test_close_stops_the_copies_and_the_engine_still_answers(kquant_model, monkeypatch) -> None:
+    """An unloaded model's repack stops after the weight it is on; the weights it did not
+    reach stay row-major, with the same bits."""
+    monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "1")
+    ref_engine = Engine(kquant_model, n_ctx=64, n_threads=1)
+    ref_engine.kv.clear(0)
+    ref = ref_engine.step(Batch.for_sequence([1, 2, 3], 0, 0, "last")).copy()
+
+    monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "0")
+    gate = threading.Event()
+    real = layout.repack_r16
+
+    def held(*a, **k):
+        gate.wait(timeout=60)
+        return real(*a, **k)
+
+    monkeypatch.setattr(layout, "repack_r16", held)
+    e = Engine(kquant_model, n_ctx=64, n_threads=1)
+    threading.Timer(0.2, gate.set).start()  # the weight being copied finishes, then it stops
+    e.close()
+    assert e.layouts.done
+    if r16_types():
+        ws = _matrices(e.model)
+        assert ws[0].packed is not None and ws[-1].packed is None
+    e.kv.clear(0)
+    assert np.array_equal(e.step(Batch.for_sequence([1, 2, 3], 0, 0, "last")), ref)
