@@ -37,8 +37,10 @@ DEFAULT_CTX = 4096  # a context -c does not set: the trained one, up to this
 
 
 # A step of more rows than this waits for the r16 copies still being made (models/layout.py):
-# a prompt's prefill in r16 is 3-5x faster than row-major for the K-quants, a decode step of a
-# few rows about as fast (measured, BENCHMARKS.md issue 26 "Load in the background").
+# for the K-quants a prompt's prefill runs 3-9x faster in r16 than row-major (~560 against
+# 60-170 GFLOP/s), while a decode step of a few rows costs row-major at most about twice its
+# r16 time (N = 1: ~1.2x), and only until the copies are in (BENCHMARKS.md, issue 26, "Load
+# in the background, many streams, 8B Q4_0 / Q8_0").
 LAYOUT_WAIT_ROWS = 16
 
 
