@@ -42,6 +42,20 @@ def _logits(engine: Engine, steps: list[list[int]]) -> list[np.ndarray]:
     return out
 
 
+def _hold_repacks(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Make the background thread wait before each copy until the returned event is set, so
+    that the steps before it surely run row-major."""
+    gate = threading.Event()
+    real = layout.repack_r16
+
+    def held(*a, **k):
+        gate.wait(timeout=60)
+        return real(*a, **k)
+
+    monkeypatch.setattr(layout, "repack_r16", held)
+    return gate
+
+
 def test_only_types_with_the_same_bits_wait() -> None:
     assert r16_same_bits(QT.Q4_K) and r16_same_bits(QT.Q5_K) and r16_same_bits(QT.Q6_K)
     assert not any(r16_same_bits(t) for t in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.F16))
@@ -75,15 +89,7 @@ def test_steps_have_the_same_bits_before_during_and_after_the_copies(
     ref = _logits(ref_engine, steps)
 
     monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "0")
-    # hold the background thread until told, so the first steps surely run row-major
-    gate = threading.Event()
-    real = layout.repack_r16
-
-    def held(*a, **k):
-        gate.wait(timeout=60)
-        return real(*a, **k)
-
-    monkeypatch.setattr(layout, "repack_r16", held)
+    gate = _hold_repacks(monkeypatch)
     e = Engine(kquant_model, n_ctx=64, n_threads=1)
     ws = _matrices(e.model)
     if not r16_types():
@@ -147,14 +153,7 @@ def test_close_stops_the_copies_and_the_engine_still_answers(kquant_model, monke
     ref = ref_engine.step(Batch.for_sequence([1, 2, 3], 0, 0, "last")).copy()
 
     monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "0")
-    gate = threading.Event()
-    real = layout.repack_r16
-
-    def held(*a, **k):
-        gate.wait(timeout=60)
-        return real(*a, **k)
-
-    monkeypatch.setattr(layout, "repack_r16", held)
+    gate = _hold_repacks(monkeypatch)
     e = Engine(kquant_model, n_ctx=64, n_threads=1)
     threading.Timer(0.2, gate.set).start()  # the weight being copied finishes, then it stops
     e.close()
