@@ -16,10 +16,12 @@ NUMBA_CACHE_DIR, and LOCALLLM_COMPILE_WORKERS=0 so that one process measures eve
 KERNEL_LISTS: dict[str, dict] = {
     'gemma3 [0, 6, 8, 12, 14]': {
         "entries": [
+        ('localllm.kernels.cpu.region', '_touch',
+         "(Array(int64, 1, 'C', False, aligned=True),)"),
         ('localllm.kernels.cpu.kv_quant', '_store_rows',
          "(Array(float32, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True))"),
         ('localllm.kernels.cpu.kv_quant', '_attention_kernel',
-         "(Array(float32, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), int64, Array(int64, 1, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), Array(int64, 2, 'C', False, aligned=True), int64, int64, float32, float32, Array(float32, 1, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), int64, int64, int64, Array(float32, 3, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), Array(float32, 4, 'C', False, aligned=True))"),
+         "(Array(float32, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), Array(uint16, 3, 'C', False, aligned=True), int64, Array(int64, 1, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), Array(int64, 2, 'C', False, aligned=True), int64, int64, float32, float32, Array(float32, 1, 'C', False, aligned=True), Array(float32, 3, 'C', False, aligned=True), Array(int64, 1, 'C', False, aligned=True), int64, int64, int64, bool, Array(float32, 2, 'C', False, aligned=True), Array(float32, 2, 'C', False, aligned=True), Array(float32, 2, 'C', False, aligned=True))"),
         ('localllm.kernels.cpu.ops', '_rms_norm3',
          "(Array(float32, 3, 'C', False, aligned=True), Array(float32, 1, 'C', True, aligned=True), float64, Array(float32, 3, 'C', False, aligned=True), bool)"),
         ('localllm.kernels.cpu.ops', '_rope_apply',
@@ -46,8 +48,7 @@ KERNEL_LISTS: dict[str, dict] = {
         ('@kernel', 8, 'r16'),
         ('@kernel', 12, 'r16'),
         ('@kernel', 14, 'r16'),
-        ('@kernel', 8, True),
         ],
-        "seconds": {'localllm.kernels.cpu.dequant:_rows_q8_0': 0.36, 'localllm.kernels.cpu.kv_quant:_attention_kernel': 5.74, 'localllm.kernels.cpu.kv_quant:_store_rows': 0.61, 'localllm.kernels.cpu.mm_driver:_mm_multi': 3.58, 'localllm.kernels.cpu.mm_driver:_mm_simd': 0.75, 'localllm.kernels.cpu.mm_driver:_rows': 1.06, 'localllm.kernels.cpu.mm_r16:_rows_r16': 2.25, 'localllm.kernels.cpu.mm_r16k:_rows_r16k45': 2.87, 'localllm.kernels.cpu.mm_r16k:_rows_r16k6': 3.58, 'localllm.kernels.cpu.ops:_gelu_ggml_mul': 0.09, 'localllm.kernels.cpu.ops:_gelu_ggml_mul_par': 0.36, 'localllm.kernels.cpu.ops:_rms_norm3': 0.17, 'localllm.kernels.cpu.ops:_rope_apply': 0.14, 'localllm.kernels.cpu.quant_act:quantize_q8_0': 0.67, 'localllm.kernels.cpu.quant_act:quantize_q8_k': 0.37},
+        "seconds": {'localllm.kernels.cpu.dequant:_rows_q8_0': 0.39, 'localllm.kernels.cpu.kv_quant:_attention_kernel': 17.67, 'localllm.kernels.cpu.kv_quant:_store_rows': 0.56, 'localllm.kernels.cpu.mm_driver:_mm_multi': 3.72, 'localllm.kernels.cpu.mm_driver:_mm_simd': 0.70, 'localllm.kernels.cpu.mm_r16:_rows_r16': 4.32, 'localllm.kernels.cpu.mm_r16k:_repack_r16k': 0.91, 'localllm.kernels.cpu.mm_r16k:_rows_r16k45': 2.34, 'localllm.kernels.cpu.mm_r16k:_rows_r16k6': 2.56, 'localllm.kernels.cpu.ops:_gelu_ggml_mul': 0.09, 'localllm.kernels.cpu.ops:_gelu_ggml_mul_par': 0.33, 'localllm.kernels.cpu.ops:_rms_norm3': 0.29, 'localllm.kernels.cpu.ops:_rope_apply': 0.13, 'localllm.kernels.cpu.quant_act:quantize_q8_0': 0.96, 'localllm.kernels.cpu.quant_act:quantize_q8_k': 0.40, 'localllm.kernels.cpu.region:_touch': 0.16},
     },
 }
