@@ -8,11 +8,12 @@ of localllm and of llama.cpp's llama-simple, alternating, with each process's pe
 checkout installed (`python -m venv V --system-site-packages; V/bin/pip install --no-deps -e
 OLD`): PYTHONPATH alone does not do it, since an editable install maps the subpackages
 (localllm.models, .kernels, ...) to its own tree whatever the path says. Or --old-env
-VAR=VALUE: this checkout with VAR set (e.g. LOCALLLM_SYNC_LAYOUT=1). "new" is this checkout. One warm-up run of each localllm side first (the kernel compile
-cache warm, the file in the page cache), then --rounds rounds of old, new, llama-simple;
-prints every run and the medians. Run it alone on the machine (`flock -x LOCKFILE` when
-other jobs share it); on this VM the first touch of fresh anonymous memory swings between ~0.5 and
-~20 GB/s from run to run (the host's page backing), so read ranges, not single runs.
+VAR=VALUE: this checkout with VAR set (e.g. LOCALLLM_SYNC_LAYOUT=1). "new" is this
+checkout. One warm-up run of each localllm side first (the kernel compile cache warm, the
+file in the page cache), then --rounds rounds of old, new, llama-simple; prints every run
+and the medians. Run it alone on the machine (`flock -x LOCKFILE` when other jobs share
+it); on this VM the first touch of fresh anonymous memory swings between ~0.5 and ~20 GB/s
+from run to run (the host's page backing), so read ranges, not single runs.
 """
 
 from __future__ import annotations

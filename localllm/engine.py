@@ -243,7 +243,7 @@ class Engine:
             copying = not self.layouts.done
         n = self.threads.choose(rows)
         if copying:  # a core for the thread making the r16 copies
-            n = max(1, min(n, os.cpu_count() or 1) - 1) if n > 1 else n
+            n = max(1, min(n, os.cpu_count() or 1) - 1)
         if n != numba.get_num_threads():  # per calling thread: the engine thread's own
             numba.set_num_threads(n)
         t0 = time.perf_counter()

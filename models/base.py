@@ -130,19 +130,23 @@ class WeightGroup:
 
     def __init__(self, *weights: QWeight) -> None:
         self.weights = weights
-        self._parts = [(w.raw, w.qtype, w.packed) for w in weights]
         self.shared = can_share_activations([w.qtype for w in weights], weights[0].cols)
         # checked calls by (N, the outputs' ids); each plan holds its outputs, so an id in a
         # key cannot be reused by another array while the plan is kept
         self._plans: dict[tuple, MultiPlan] = {}
-        self._generation = layout.generation  # the weights' layouts the parts were taken at
+        self._take_parts()
+
+    def _take_parts(self) -> None:
+        """The weights as the kernels take them, in their layouts as of now (the plans made
+        from older parts are dropped)."""
+        self._parts = [(w.raw, w.qtype, w.packed) for w in self.weights]
+        self._generation = layout.generation  # the layouts' state the parts were taken at
+        self._plans.clear()
 
     def __call__(self, x: np.ndarray, outs: list[np.ndarray]) -> None:
         """x [N, cols] float32 (C-contiguous) -> outs[m] [N, rows_m] float32 (overwritten)."""
         if self._generation != layout.generation:  # a weight took its r16 copy since
-            self._parts = [(w.raw, w.qtype, w.packed) for w in self.weights]
-            self._plans.clear()
-            self._generation = layout.generation
+            self._take_parts()
         if not self.shared or not x.flags.c_contiguous:
             for w, out in zip(self.weights, outs, strict=True):
                 matmul(w.raw, w.qtype, x, out, packed=w.packed)
@@ -250,7 +254,8 @@ class WeightLoader:
             pending.append(q)
             self.packed_bytes += q.raw.nbytes
             return q
-        packed = repack_r16(q.raw, q.qtype, release=self._releaser(q) if release else None)
+        packed = repack_r16(q.raw, q.qtype,
+                            release=layout.rows_releaser(self.gf, q) if release else None)
         if expert_budget is None:
             self.packed_bytes += packed.nbytes
         else:
@@ -258,14 +263,6 @@ class WeightLoader:
         if release:
             self.gf.release_pages(self.gf.tensors[q.name])
         return replace(q, packed=packed)
-
-    def _releaser(self, q: QWeight) -> Callable[[int, int], None]:
-        """release(row0, row1) for repack_r16: gives back the file pages of those rows of
-        q.raw (a view of its tensor's bytes: an MoE expert starts inside its stack)."""
-        tensor = self.gf.tensors[q.name]
-        base = q.raw.ctypes.data - tensor.data.ctypes.data  # q.raw's first byte in the tensor
-        rb = q.raw.strides[0]
-        return lambda r0, r1: self.gf.release_pages(tensor, base + r0 * rb, base + r1 * rb)
 
     def vector(self, name: str, n: int) -> np.ndarray:
         t = self._get(name)

@@ -32,7 +32,7 @@ import contextvars
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -76,6 +76,15 @@ def pending_list() -> list[QWeight] | None:
     return _PENDING.get()
 
 
+def rows_releaser(gf: GGUFFile, q: QWeight) -> Callable[[int, int], None]:
+    """release(row0, row1) for repack_r16: gives back the file pages of those rows of q.raw
+    (a view of its tensor's bytes; an MoE expert starts inside its stack)."""
+    tensor = gf.tensors[q.name]
+    base = q.raw.ctypes.data - tensor.data.ctypes.data  # q.raw's first byte in the tensor
+    rb = q.raw.strides[0]
+    return lambda r0, r1: gf.release_pages(tensor, base + r0 * rb, base + r1 * rb)
+
+
 class PendingLayouts:
     """The r16 copies of `weights` (QWeights without one yet), made on a background thread
     and handed over on the engine thread (apply)."""
@@ -110,18 +119,12 @@ class PendingLayouts:
                 # one thread beside the steps (the engine leaves a core for it); all of the
                 # r16 pool's once the engine waits (a prompt's step)
                 packed = repack_r16(q.raw, q.qtype, threads=None if self._hurry.is_set() else 1,
-                                    release=self._release_rows(q))
+                                    release=rows_releaser(self._gf, q))
                 with self._lock:
                     self._made.append((q, packed))
         except BaseException as e:  # noqa: BLE001 - kept: the weights stay row-major (correct)
             with self._lock:
                 self.error = e
-
-    def _release_rows(self, q: QWeight):
-        """release(row0, row1) for repack_r16: the file pages of those rows of q (its whole
-        tensor: deferred weights are never slices)."""
-        tensor, rb = self._gf.tensors[q.name], q.raw.strides[0]
-        return lambda r0, r1: self._gf.release_pages(tensor, r0 * rb, r1 * rb)
 
     def apply(self) -> int:
         """On the engine thread, between steps: give the copies made so far to their
@@ -133,6 +136,8 @@ class PendingLayouts:
                 made, self._made = self._made, []
             for q, packed in made:
                 q.packed = packed
+                # again: a step between the copy and now read (and faulted back in) the
+                # pages the copying thread gave back
                 self._gf.release_pages(self._gf.tensors[q.name])
             # a weight is applied only once; identity, since QWeight compares by value
             applied = {id(q) for q, _ in made}
@@ -147,13 +152,11 @@ class PendingLayouts:
 
     def wait(self) -> None:
         """Block until every copy is made, then apply them (engine thread)."""
+        self._hurry.set()
+        self.start()  # (nothing when it has started, or there is nothing to make)
         if self._thread is not None:
-            self._hurry.set()
             self._thread.join()
         self.apply()
-        if self._todo and self.error is None and self._thread is None:  # never started
-            self.start()
-            self.wait()
 
     def close(self) -> None:
         """Stop after the weight being repacked (process exit, model unload)."""

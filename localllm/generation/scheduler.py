@@ -108,8 +108,8 @@ class Scheduler:
             self.batcher.closing = True
             self.batcher.lock.notify()
         self._thread.join(timeout)
-        if not drain:  # (an unloaded model: its background repack need not go on)
-            self.engine.layouts.close()
+        if not drain:  # an unloaded model: its background repack need not go on (not
+            self.engine.layouts.close()  # engine.close(): its apply() is the engine thread's)
 
     # --- engine thread --------------------------------------------------------------------------
 
