@@ -15,7 +15,7 @@ from localllm.commands.options import repeat_guard
 from localllm.generation.generate import generate
 from localllm.generation.repeat_guard import DEFAULT_MIN_TOKENS, RepeatGuard
 from localllm.generation.sampling import Sampler, SamplerConfig
-from localllm.generation.speculative import SpecOptions
+from localllm.generation.speculative import SpecOptions, StepCosts
 from localllm.kv.batch import Batch
 from localllm.server.common import ApiError, parse_options
 from localllm.server.openai_api import _finish_reason
@@ -123,11 +123,22 @@ class LoopEngine:
 LOOP = [1, 2, 3, 4, 5] + [2, 3, 4] * 200
 
 
+class WeightBoundCosts(StepCosts):
+    """Step costs of a weight-bound model, fixed: the fake engine's wall-clock times are
+    noise (a busy machine made the policy stop drafting), and the test is about the guard."""
+
+    def observe(self, n_rows: int, seconds: float) -> None:
+        pass
+
+    def relative(self, n_rows: int) -> float:
+        return 1.0 + 0.02 * (n_rows - 1)
+
+
 def _final(spec: SpecOptions, guard: int) -> tuple[object, int]:
     eng = LoopEngine(LOOP, n_prompt=2)
     cfg = SamplerConfig(temperature=0, repeat_penalty=1.0)
     final = list(generate(eng, [6, 7], Sampler(cfg), max_tokens=400, spec=spec,
-                          repeat_guard=guard))[-1]
+                          repeat_guard=guard, step_costs=WeightBoundCosts()))[-1]
     return final, eng.steps
 
 
