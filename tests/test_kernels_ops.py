@@ -175,6 +175,9 @@ def test_silu_mul() -> None:
     ops.silu_mul(gate, up, out)
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-30)
+    g2 = gate.copy()
+    ops.silu_mul(g2, up, g2)  # in place into `gate`: its own (vectorised) loop, the same bits
+    np.testing.assert_array_equal(g2.view(np.uint32), out.view(np.uint32))
     ops.silu_mul(gate, up, up)  # in place into `up`
     np.testing.assert_array_equal(up, out)
     # vectorised: an element's bits do not depend on its lane or the row count
@@ -201,6 +204,9 @@ def test_swiglu_oai_mul() -> None:
     out = np.empty_like(gate)
     ops.swiglu_oai_mul(gate, up, out)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+    g2 = gate.copy()
+    ops.swiglu_oai_mul(g2, up, g2)  # in place into `gate`
+    np.testing.assert_array_equal(g2.view(np.uint32), out.view(np.uint32))
     ops.swiglu_oai_mul(gate, up, up)  # in place into `up`
     np.testing.assert_array_equal(up, out)
     far = np.array([[-60.0, -1e30, 100.0, 0.0]], np.float32)
