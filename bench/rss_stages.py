@@ -19,6 +19,7 @@ on-disk cache on the second run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -122,9 +123,12 @@ def main() -> int:
     set_threads(None)
     gf = read_gguf(path)
     st("read_gguf (metadata, tensor table)")
+    from localllm.models.layout import PendingLayouts, deferred_layouts, layout_deferral
     from localllm.models.registry import load_model
 
-    model = load_model(gf)
+    # as Engine loads: K-quant weights take their r16 copies after the load (models/layout.py)
+    with (deferred_layouts() if layout_deferral() else contextlib.nullcontext([])) as pending:
+        model = load_model(gf)
     st("load_model (weights, repack)")
     from localllm.text.tokenizer import Tokenizer
 
@@ -140,6 +144,8 @@ def main() -> int:
     from localllm.threads import ThreadTuner
 
     eng.threads_requested, eng.threads = None, ThreadTuner(eng.n_threads)
+    eng.layouts = PendingLayouts(gf, pending)
+    eng.layouts.start()
     from localllm.kv.cache import KVCache
 
     cfg = model.cfg
