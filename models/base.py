@@ -110,12 +110,16 @@ class QWeight:
     rows: int  # output features
     cols: int  # input features
     packed: np.ndarray | None = None  # [ceil(rows/16)*16, row_bytes] u8 r16 records, or None
+    # its r16 copy is made after the load (models/layout.py): until it arrives, products from
+    # raw give the bits the copy will (matmul's r16_bits=)
+    r16_bits: bool = False
 
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """x [N, cols] float32 -> out [N, rows] float32."""
         if out is None:
             out = np.empty((x.shape[0], self.rows), dtype=np.float32)
-        matmul(self.raw, self.qtype, x, out, packed=self.packed)
+        matmul(self.raw, self.qtype, x, out, packed=self.packed,
+               r16_bits=self.r16_bits and self.packed is None)
         return out
 
 
@@ -140,6 +144,7 @@ class WeightGroup:
         """The weights as the kernels take them, in their layouts as of now (the plans made
         from older parts are dropped)."""
         self._parts = [(w.raw, w.qtype, w.packed) for w in self.weights]
+        self._r16_bits = [w.r16_bits and w.packed is None for w in self.weights]
         self._generation = layout.generation  # the layouts' state the parts were taken at
         self._plans.clear()
 
@@ -149,14 +154,15 @@ class WeightGroup:
             self._take_parts()
         if not self.shared or not x.flags.c_contiguous:
             for w, out in zip(self.weights, outs, strict=True):
-                matmul(w.raw, w.qtype, x, out, packed=w.packed)
+                w(x, out)
             return
         key = (x.shape[0], *map(id, outs))
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= 8:  # a few batch sizes at a time (as _buffers keeps)
                 self._plans.clear()
-            plan = self._plans[key] = plan_multi(self._parts, x.shape[0], x.shape[1], outs)
+            plan = self._plans[key] = plan_multi(self._parts, x.shape[0], x.shape[1], outs,
+                                                 self._r16_bits)
         run_multi(plan, x)
 
 
@@ -250,7 +256,7 @@ class WeightLoader:
                 and r16_same_bits(q.qtype):
             # made after the load (models/layout.py); a weight of its own, so that a tied
             # embedding's QWeight never changes
-            q = replace(q)
+            q = replace(q, r16_bits=True)
             pending.append(q)
             self.packed_bytes += q.raw.nbytes
             return q

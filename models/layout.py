@@ -2,13 +2,14 @@
 
 A load spends most of its time making the r16 copies (kernels/cpu/mm_r16.py): for a Llama 3.1
 8B Q4_K_M file, 4.6 GB of records written to fresh memory, seconds before the first token.
-Where a type's r16 kernels give the row-major kernels' bits exactly (the K-quants Q4_K, Q5_K,
-Q6_K: one integer per row and super-block, tests/test_kernels_kquant_contract.py), the copy
-need not exist before the first step: such a weight starts row-major, read straight from the
-file's pages, and takes its r16 copy between two steps once a background thread has made it.
-Every output keeps its bits whichever layout computed it, so a token never depends on when
-the copy arrived. Types whose two layouts differ in the last bits (Q4_0, Q8_0, ...) are
-still repacked during the load.
+The copy need not exist before the first step: a weight starts row-major, read straight from
+the file's pages, and takes its r16 copy between two steps once a background thread has made
+it. Until then its products run row-major kernels that give exactly the r16 kernels' bits
+(QWeight.r16_bits, matmul's r16_bits=: the K-quants' usual row-major kernels, one integer
+per row and super-block, tests/test_kernels_kquant_contract.py; for Q4_0 / Q4_1 / Q5_0 /
+Q5_1 / Q8_0, whose usual row-major kernels sum in another order, mm_b32's _dot1_b32r /
+_dot4_b32r, slower than those). Every output keeps its bits whichever layout computed it,
+so a token never depends on when the copy arrived.
 
 Who does what:
 - WeightLoader.laid_out (models/base.py), inside `deferred_layouts()`, lists such weights here
@@ -20,8 +21,8 @@ Who does what:
 - the engine thread calls apply() before each step: the copies made so far are set on their
   weights, the weight groups re-plan (`generation`), the file pages are given back. Only the
   engine thread ever changes a weight, and only between steps;
-- a step of many rows (a prompt) first waits for all copies (wait()): row-major K-quant
-  prefill runs at a fraction of r16's speed, so waiting costs less than it saves.
+- a step of many rows (a prompt) first waits for all copies (wait()): row-major prefill
+  runs at a fraction of r16's speed, so waiting costs less than it saves.
 """
 
 from __future__ import annotations

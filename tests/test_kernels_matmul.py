@@ -255,6 +255,44 @@ def test_r16_packed_argument_is_checked() -> None:
         mm.matmul(w, int(T.Q5_0), x, out, packed=packed.view(np.int8))
 
 
+@pytest.mark.skipif(not mm.r16_types(), reason="no r16 kernels here (AVX-512 VNNI, SIMD path)")
+@pytest.mark.parametrize("qt", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K,
+                                T.Q6_K], ids=lambda t: t.name)
+def test_r16_bits_from_the_row_major_blocks(qt: T) -> None:
+    """matmul(..., r16_bits=True) reads the row-major blocks and gives exactly the r16
+    copy's bits, for every N (the r16 kernels' N = 1 path, tiles of 4 and of 8) and row
+    count (a partial group of 16), alone and in a matmul_multi plan: a weight may switch to
+    its copy between two steps (models/layout.py)."""
+    rng = np.random.default_rng(40 + int(qt))
+    be = block_elems(qt)
+    for rows, k in ((37, 5 * be if be == 32 else be), (301, 8 * be if be == 32 else 3 * be)):
+        w = random_weight(qt, rows, k, rng)
+        packed = mm.repack_r16(w, int(qt))
+        for n in (1, 2, 4, 5, 8, 16, 33):
+            x = rng.standard_normal((n, k)).astype(np.float32)
+            x[0, :7] *= 20.0  # uneven block magnitudes
+            want = np.empty((n, rows), np.float32)
+            got = np.empty((n, rows), np.float32)
+            mm.matmul(w, int(qt), x, want, packed=packed)
+            mm.matmul(w, int(qt), x, got, r16_bits=True)
+            assert np.array_equal(want.view(np.uint32), got.view(np.uint32)), (rows, k, n)
+            planned = np.empty((n, rows), np.float32)
+            mm.run_multi(mm.plan_multi([(w, int(qt), None)], n, k, [planned], [True]), x)
+            assert np.array_equal(want.view(np.uint32), planned.view(np.uint32)), (rows, k, n)
+
+
+def test_r16_bits_argument_is_checked() -> None:
+    rng = np.random.default_rng(41)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    out = np.empty((1, 8), np.float32)
+    w = random_weight(T.Q3_K, 8, 256, rng)  # no r16 layout, so no r16 bits
+    with pytest.raises(ValueError, match="r16_bits"):
+        mm.matmul(w, int(T.Q3_K), x, out, r16_bits=True)
+    if not mm.r16_types():
+        with pytest.raises(ValueError, match="r16_bits"):
+            mm.matmul(random_weight(T.Q8_0, 8, 256, rng), int(T.Q8_0), x, out, r16_bits=True)
+
+
 @pytest.mark.parametrize("qt", [T.F32, T.F16, T.BF16], ids=lambda t: t.name)
 def test_float_weights_any_k(qt: T) -> None:
     """Float weights take any K (the SIMD kernels step by 8; other K go the portable way)."""

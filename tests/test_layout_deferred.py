@@ -1,6 +1,7 @@
 """Weights that take their r16 copy after the load (models/layout.py): the bits of every
-step are those of a load that made the copies first, whenever the copies arrive; only the
-types whose two layouts agree bit for bit wait, the others are repacked during the load."""
+step are those of a load that made the copies first, whenever the copies arrive (the
+K-quants' row-major kernels give r16's bits; the 32-weight types run row-major kernels made
+to, matmul's r16_bits=)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ def _matrices(m) -> list[base.QWeight]:
     return [w for L in m.layers for w in (L.wq, L.wk, L.wv, L.wo, L.w_gate, L.w_up, L.w_down)]
 
 
-@pytest.fixture(scope="module")
-def kquant_model(tmp_path_factory: pytest.TempPathFactory):
-    p = tmp_path_factory.mktemp("layout") / "llama-q4k.gguf"
-    write_tiny_model(p, "llama", qtype=QT.Q4_K, seed=3)
+@pytest.fixture(scope="module", params=[QT.Q4_K, QT.Q8_0, QT.Q4_0], ids=lambda t: t.name)
+def r16_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    qt = request.param
+    p = tmp_path_factory.mktemp("layout") / f"llama-{qt.name}.gguf"
+    write_tiny_model(p, "llama", qtype=qt, seed=3)
     return p
 
 
@@ -56,13 +58,14 @@ def _hold_repacks(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     return gate
 
 
-def test_only_types_with_the_same_bits_wait() -> None:
-    assert r16_same_bits(QT.Q4_K) and r16_same_bits(QT.Q5_K) and r16_same_bits(QT.Q6_K)
-    assert not any(r16_same_bits(t) for t in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.F16))
+def test_every_r16_type_may_wait() -> None:
+    assert all(r16_same_bits(t) for t in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q4_0, QT.Q4_1,
+                                          QT.Q5_0, QT.Q5_1, QT.Q8_0))
+    assert not any(r16_same_bits(t) for t in (QT.F16, QT.IQ4_NL, QT.Q2_K))
 
 
-def test_load_lists_kquant_weights_instead_of_repacking(kquant_model, tmp_path) -> None:
-    gf = read_gguf(kquant_model)
+def test_load_lists_the_weights_instead_of_repacking(r16_model) -> None:
+    gf = read_gguf(r16_model)
     with layout.deferred_layouts() as pending:
         m = load_model(gf)
     ws = _matrices(m)
@@ -70,27 +73,24 @@ def test_load_lists_kquant_weights_instead_of_repacking(kquant_model, tmp_path) 
         assert pending == [] and all(w.packed is None for w in ws)
         return
     assert {id(w) for w in ws} <= {id(q) for q in pending}
-    assert all(w.packed is None for w in ws)
+    assert all(w.packed is None and w.r16_bits for w in ws)
     assert m.token_embd.packed is None  # a tied head is a weight of its own
-    # a Q8_0 model (its two layouts differ in the last bits) is repacked during the load
-    p8 = tmp_path / "q8.gguf"
-    write_tiny_model(p8, "llama", qtype=QT.Q8_0, seed=3)
-    with layout.deferred_layouts() as pending8:
-        m8 = load_model(read_gguf(p8))
-    assert pending8 == [] and all(w.packed is not None for w in _matrices(m8))
+    # outside deferred_layouts() (LOCALLLM_SYNC_LAYOUT=1) the copies are made in the load
+    m2 = load_model(gf)
+    assert all(w.packed is not None and not w.r16_bits for w in _matrices(m2))
 
 
 def test_steps_have_the_same_bits_before_during_and_after_the_copies(
-        kquant_model, monkeypatch: pytest.MonkeyPatch) -> None:
+        r16_model, monkeypatch: pytest.MonkeyPatch) -> None:
     steps = [[1, 5, 9, 2], [7], [3], [11], [4]]
     monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "1")
-    ref_engine = Engine(kquant_model, n_ctx=64, n_threads=1)
+    ref_engine = Engine(r16_model, n_ctx=64, n_threads=1)
     assert ref_engine.layouts.done
     ref = _logits(ref_engine, steps)
 
     monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "0")
     gate = _hold_repacks(monkeypatch)
-    e = Engine(kquant_model, n_ctx=64, n_threads=1)
+    e = Engine(r16_model, n_ctx=64, n_threads=1)
     ws = _matrices(e.model)
     if not r16_types():
         assert e.layouts.done
@@ -113,9 +113,9 @@ def test_steps_have_the_same_bits_before_during_and_after_the_copies(
         assert np.array_equal(a, b)
 
 
-def test_a_prompt_step_waits_for_the_copies(kquant_model, monkeypatch) -> None:
+def test_a_prompt_step_waits_for_the_copies(r16_model, monkeypatch) -> None:
     monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "0")
-    e = Engine(kquant_model, n_ctx=64, n_threads=1)
+    e = Engine(r16_model, n_ctx=64, n_threads=1)
     e.kv.clear(0)
     from localllm.engine import LAYOUT_WAIT_ROWS
 
@@ -125,7 +125,7 @@ def test_a_prompt_step_waits_for_the_copies(kquant_model, monkeypatch) -> None:
         assert all(w.packed is not None for w in _matrices(e.model))
 
 
-def test_a_failed_copy_leaves_the_weights_row_major(kquant_model, monkeypatch) -> None:
+def test_a_failed_copy_leaves_the_weights_row_major(r16_model, monkeypatch) -> None:
     """A repack that raises (memory, say) is kept, not raised into a step: the weights
     stay in the layout they already compute right in."""
     monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "0")
@@ -134,7 +134,7 @@ def test_a_failed_copy_leaves_the_weights_row_major(kquant_model, monkeypatch) -
         raise MemoryError("no room for the copy")
 
     monkeypatch.setattr(layout, "repack_r16", broken)
-    e = Engine(kquant_model, n_ctx=64, n_threads=1)
+    e = Engine(r16_model, n_ctx=64, n_threads=1)
     e.wait_layout()
     e.kv.clear(0)
     logits = e.step(Batch.for_sequence([1, 2, 3], 0, 0, "last"))
@@ -144,17 +144,17 @@ def test_a_failed_copy_leaves_the_weights_row_major(kquant_model, monkeypatch) -
         assert all(w.packed is None for w in _matrices(e.model))
 
 
-def test_close_stops_the_copies_and_the_engine_still_answers(kquant_model, monkeypatch) -> None:
+def test_close_stops_the_copies_and_the_engine_still_answers(r16_model, monkeypatch) -> None:
     """An unloaded model's repack stops after the weight it is on; the weights it did not
     reach stay row-major, with the same bits."""
     monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "1")
-    ref_engine = Engine(kquant_model, n_ctx=64, n_threads=1)
+    ref_engine = Engine(r16_model, n_ctx=64, n_threads=1)
     ref_engine.kv.clear(0)
     ref = ref_engine.step(Batch.for_sequence([1, 2, 3], 0, 0, "last")).copy()
 
     monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "0")
     gate = _hold_repacks(monkeypatch)
-    e = Engine(kquant_model, n_ctx=64, n_threads=1)
+    e = Engine(r16_model, n_ctx=64, n_threads=1)
     threading.Timer(0.2, gate.set).start()  # the weight being copied finishes, then it stops
     e.close()
     assert e.layouts.done

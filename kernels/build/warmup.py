@@ -125,10 +125,10 @@ def load_kernels(entries: list[ManifestEntry]) -> int:
                 from localllm.kernels.cpu.mm_driver import kernel
 
                 # a list made on another CPU may name 512-bit kernels: never compile those
-                # where they cannot run (r16 is an AVX-512 VNNI layout)
-                if sig == "r16":
+                # where they cannot run (r16 and its bits are AVX-512 VNNI kernels)
+                if sig in ("r16", "r16b"):
                     if FEATURES.wide:
-                        kernel(attr, r16=True)
+                        kernel(attr, r16=sig == "r16", r16_bits=sig == "r16b")
                     continue
                 kernel(attr, wide=bool(sig) and FEATURES.wide)
             else:

@@ -26,7 +26,9 @@ Shapes: one loop structure serves all batch sizes.
   in the 16 lanes of a vector: no horizontal sums, ~5x fewer instructions than the row-major
   kernels below, for every N (the K-quants' r16 outputs are bit-identical to their row-major
   kernels'). The weight owns its copy (models/base.py QWeight.packed) and passes it as
-  `packed=`.
+  `packed=`. A weight whose copy is still being made (models/layout.py) passes `r16_bits=`:
+  row-major kernels with exactly the r16 kernels' bits (the 32-weight types' own, mm_b32;
+  the K-quants' usual ones).
 * Weights that read the same activations (a layer's q/k/v, gate/up) go through one
   `matmul_multi` call: one quantization, one parallel region, each output's bits unchanged.
 * The N = 1 kernels prefetch weights PREFETCH_BYTES ahead (mm_common): the hardware
@@ -56,6 +58,7 @@ Files, by job (each readable in one sitting):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -175,7 +178,7 @@ _F32 = np.dtype(np.float32)
 
 def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
            scratch: Scratch | None = None, *, packed: np.ndarray | None = None,
-           _wide: bool | None = None) -> None:
+           r16_bits: bool = False, _wide: bool | None = None) -> None:
     """out[N, rows] = x[N, K] @ dequant(w_raw)[rows, K]^T, with ggml's integer numerics.
 
     w_raw: [rows, row_bytes] uint8 raw GGUF blocks of one weight (e.g. a zero-copy mmap view);
@@ -184,9 +187,11 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
     scratch: optional buffers from make_scratch(N, K, kind) to use instead of the module cache.
     packed: the weight's r16 copy (repack_r16(w_raw, qtype); a type of r16_types() only): the
     product reads it instead of w_raw, which then only gives the shapes.
+    r16_bits: without packed, compute from w_raw exactly the bits the r16 copy would give (a
+    type of r16_types() only): a weight whose copy is on its way (models/layout.py).
     Raises TypeError / ValueError for arguments that do not fit together.
     """
-    spec, rows, rb = _check_weight(w_raw, qtype, x, out, packed, _wide is None)
+    spec, rows, rb = _check_weight(w_raw, qtype, x, out, packed, _wide is None, r16_bits)
     n, k = x.shape
     if n == 0 or rows == 0:
         return
@@ -220,6 +225,10 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
         fn = _KADDR.get(-qt)
         if fn is None:
             fn = _KADDR[-qt] = kernel(qt, r16=True).address
+    elif r16_bits:
+        fn = _KADDR.get((qt, "r16b"))
+        if fn is None:
+            fn = _KADDR[(qt, "r16b")] = kernel(qt, r16_bits=True).address
     elif _wide is None:
         fn = _KADDR.get(qt)
         if fn is None:
@@ -242,10 +251,11 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
 
 
 def _check_weight(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
-                  packed: np.ndarray | None, r16_ok: bool = True) -> tuple[tuple, int, int]:
+                  packed: np.ndarray | None, r16_ok: bool = True,
+                  r16_bits: bool = False) -> tuple[tuple, int, int]:
     """matmul's argument checks for one weight: (its spec, rows, row bytes). The hot path is
     a handful of cheap tests; the slow, descriptive ones run only on failure (TypeError /
-    ValueError). r16_ok: whether this call may take an r16 copy at all."""
+    ValueError). r16_ok: whether this call may take an r16 copy (or its bits) at all."""
     try:
         spec = _SPECS.get(qtype)
         n, k = x.shape
@@ -264,6 +274,10 @@ def _check_weight(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
             and packed.shape == r16_shape(rows, rb) and packed.flags.c_contiguous
             and _R16 and qtype in _R16_BYTES and r16_ok):
         raise _bad_packed(packed, qtype, rows, rb)
+    if r16_bits and not (_R16 and qtype in _R16_BYTES and r16_ok and not _PORTABLE):
+        raise ValueError(f"r16_bits= needs the r16 kernels of GGML type {qtype} "
+                         f"({dequant.qtype_name(int(qtype))}), which this machine or call does "
+                         f"not have (r16_types())")
     return spec, rows, rb
 
 
@@ -299,9 +313,10 @@ class MultiPlan(NamedTuple):
 
 
 def plan_multi(parts: list[tuple[np.ndarray, int, np.ndarray | None]], n: int, k: int,
-               outs: list[np.ndarray]) -> MultiPlan:
+               outs: list[np.ndarray], r16_bits: Sequence[bool] = ()) -> MultiPlan:
     """Check a matmul_multi call (parts and outs as there, x [n, k]) once and lay it out for
-    the driver. The plan holds the outputs' addresses: pass the same arrays to run_multi."""
+    the driver. The plan holds the outputs' addresses: pass the same arrays to run_multi.
+    r16_bits: per part, matmul's r16_bits= (missing ones False)."""
     if len(parts) != len(outs):
         raise ValueError(f"{len(parts)} weights but {len(outs)} outputs")
     if not parts or not can_share_activations([q for _, q, _ in parts], k):
@@ -312,14 +327,15 @@ def plan_multi(parts: list[tuple[np.ndarray, int, np.ndarray | None]], n: int, k
     keep: list[np.ndarray] = []
     task0 = total = 0
     for m, ((w_raw, qtype, packed), out) in enumerate(zip(parts, outs, strict=False)):
-        spec, rows, rb = _check_weight(w_raw, int(qtype), x_like, out, packed)
+        same = m < len(r16_bits) and bool(r16_bits[m])
+        spec, rows, rb = _check_weight(w_raw, int(qtype), x_like, out, packed, True, same)
         if rows == 0:
             raise _bad_call(w_raw, qtype, x_like, out)
         qt = int(qtype)
         if packed is not None:
             fn, w = kernel(qt, r16=True).address, packed
         else:
-            fn = kernel(qt).address
+            fn = kernel(qt, r16_bits=same).address
             w = w_raw if w_raw.flags.c_contiguous else np.ascontiguousarray(w_raw)
         keep += [w, out]
         be = spec[0]

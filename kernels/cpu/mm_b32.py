@@ -1,6 +1,7 @@
 """Row kernels of the 32-weight block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) against
-Q8_0 activation blocks: 256-bit kernels for one row (dot1) and tiles of four (dot4), and
-512-bit variants taking two blocks per instruction (AVX-512 VNNI)."""
+Q8_0 activation blocks: 256-bit kernels for one row (dot1) and tiles of four (dot4),
+512-bit variants taking two blocks per instruction (AVX-512 VNNI), and kernels that give the
+r16 kernels' bits from the row-major blocks (while a weight's r16 copy is being made)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ from localllm.kernels.cpu.simd import (
     dot_us,
     dot_us64,
     fma16,
+    fma_ff,
     fma_i,
+    fma_s,
+    hsum32,
     hsumf,
     hsumf16,
     iq4nl_table,
@@ -329,3 +333,58 @@ def _dot4_b32w(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n
         _store4(out, r, n0, n_act, v0 + cm * m0, v1 + cm * m1, v2 + cm * m2, v3 + cm * m3)
 
 
+
+
+# r16's bits from the row-major blocks. A weight whose r16 copy is made after the load
+# (models/layout.py) runs these until the copy replaces it between two steps, so no output
+# bit depends on when the copy arrived. The arithmetic is mm_r16's per row (its lane r):
+# per block one integer, the block's exact dot (vpdpbusd, then a horizontal integer sum),
+# and one FMA, a = fma(a, float(isum), d * dx), blocks in order; the c terms in a second
+# chain, m = fma(m, c, xc); the output fma(a, m, cmul). Slower than _dot1_b32w (a horizontal
+# sum and a serial FMA chain per block), which is fine for the seconds a copy takes.
+
+
+@njit
+def _dot1_b32r(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
+    bb = _b32_bytes(qt)
+    xo = n * nb * 32
+    cm = _b32_cmul(qt)
+    rb = w.shape[1]
+    for r in range(r0, r1):
+        o = r * rb
+        for po in range(0, rb, 64):  # the row PREFETCH_BYTES ahead, line by line
+            prefetch(w, o + PREFETCH_BYTES + po)
+        a = np.float32(0.0)
+        m = np.float32(0.0)
+        for b in range(nb):
+            q, d, c = _b32_dec(qt, w, o + b * bb)
+            a = fma_s(a, hsum32(dot_us(q, ld_i8x32(xq, xo + 32 * b))), d * xd[n, b])
+            m = fma_ff(m, c, xs[n, b])
+        out[n, r] = fma_ff(a, m, cm)
+
+
+@njit
+def _dot4_b32r(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_act):
+    # activation rows n0..n0+3 (padded), each row's arithmetic _dot1_b32r's
+    bb = _b32_bytes(qt)
+    k = nb * 32
+    x0 = n0 * k
+    cm = _b32_cmul(qt)
+    rb = w.shape[1]
+    for r in range(r0, r1):
+        o = r * rb
+        a0 = a1 = a2 = a3 = np.float32(0.0)
+        m0 = m1 = m2 = m3 = np.float32(0.0)
+        for b in range(nb):
+            q, d, c = _b32_dec(qt, w, o + b * bb)
+            xo = x0 + 32 * b
+            a0 = fma_s(a0, hsum32(dot_us(q, ld_i8x32(xq, xo))), d * xd[n0, b])
+            a1 = fma_s(a1, hsum32(dot_us(q, ld_i8x32(xq, xo + k))), d * xd[n0 + 1, b])
+            a2 = fma_s(a2, hsum32(dot_us(q, ld_i8x32(xq, xo + 2 * k))), d * xd[n0 + 2, b])
+            a3 = fma_s(a3, hsum32(dot_us(q, ld_i8x32(xq, xo + 3 * k))), d * xd[n0 + 3, b])
+            m0 = fma_ff(m0, c, xs[n0, b])
+            m1 = fma_ff(m1, c, xs[n0 + 1, b])
+            m2 = fma_ff(m2, c, xs[n0 + 2, b])
+            m3 = fma_ff(m3, c, xs[n0 + 3, b])
+        _store4(out, r, n0, n_act, fma_ff(a0, m0, cm), fma_ff(a1, m1, cm), fma_ff(a2, m2, cm),
+                fma_ff(a3, m3, cm))

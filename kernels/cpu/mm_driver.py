@@ -13,8 +13,10 @@ from localllm.kernels.cpu.cpu_features import FEATURES
 from localllm.kernels.cpu.mm_b32 import (
     _b32_mode,
     _dot1_b32,
+    _dot1_b32r,
     _dot1_b32w,
     _dot4_b32,
+    _dot4_b32r,
     _dot4_b32w,
 )
 from localllm.kernels.cpu.mm_common import (
@@ -112,6 +114,8 @@ _DOT4 = {Q2_K: _dot4_k23, Q3_K: _dot4_k23, Q4_K: _dot4_k45, Q5_K: _dot4_k45, Q6_
          IQ4_XS: _dot4_iq4xs, F32: _dot4_f, F16: _dot4_f, BF16: _dot4_f}
 _DOT1W = {t: _dot1_b32w for t in _B32_BYTES}  # the 512-bit variants
 _DOT4W = {t: _dot4_b32w for t in _B32_BYTES}
+_DOT1R = {t: _dot1_b32r for t in _B32_BYTES}  # r16's bits from row-major blocks
+_DOT4R = {t: _dot4_b32r for t in _B32_BYTES}
 for _t in _B32_BYTES:
     _DOT1[_t] = _dot1_b32
     _DOT4[_t] = _dot4_b32
@@ -121,14 +125,21 @@ for _t in (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S):  # the i-quants (mm_iquants)
 
 
 def _dot1(qt, wide, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
-    """Rows r0..r1 of weight type qt (a literal) against activation row n; wide (a literal
-    0/1) selects the 512-bit variant where there is one."""
+    """Rows r0..r1 of weight type qt (a literal) against activation row n; wide (a literal)
+    selects the 512-bit variant (1) or the one with the r16 kernels' bits (2) where there is
+    one."""
+
+
+def _variant(tables: tuple[dict, dict, dict], wide, t):
+    """The row kernel of type t in the variant `wide` (a literal 0/1/2) names, else the
+    256-bit one."""
+    return tables[_literal(wide) or 0].get(t, tables[0].get(t))
 
 
 @overload(_dot1, prefer_literal=True)
 def _ov_dot1(qt, wide, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
     t = _literal(qt)
-    fn = (_DOT1W if _literal(wide) else _DOT1).get(t, _DOT1.get(t))
+    fn = _variant((_DOT1, _DOT1W, _DOT1R), wide, t)
     if fn is None:
         return None
 
@@ -145,7 +156,7 @@ def _dot4(qt, wide, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, 
 @overload(_dot4, prefer_literal=True)
 def _ov_dot4(qt, wide, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_act):
     t = _literal(qt)
-    fn = (_DOT4W if _literal(wide) else _DOT4).get(t, _DOT4.get(t))
+    fn = _variant((_DOT4, _DOT4W, _DOT4R), wide, t)
     if fn is None:
         return None
 
@@ -158,8 +169,8 @@ def _ov_dot4(qt, wide, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n
 @njit
 def _rows(qt, wide, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xsp, xbsp, xb2p, xfp, outp, ldo,
           n_act):
-    """out[:, r0:r1] for weight type qt (a literal; `wide` a literal 0/1 choosing 512-bit
-    kernels where they exist); the arrays arrive as addresses:
+    """out[:, r0:r1] for weight type qt (a literal; `wide` a literal 0/1/2 choosing 512-bit
+    kernels or those with r16's bits where they exist); the arrays arrive as addresses:
     w [rows, rb] u8, xq [Np, k] i8, xd [Np, nb] + [nb, Np] f32, xs [Np, k/32] + [k/32, Np]
     f32, xbs [Np, k/16] i16, xb2 [Np, k/32] i16, xf [Np, k] f32 (Np = N padded to a multiple
     of 4 when N > 1) and out [N, ldo] f32. Arrays a type does not use are never read.
@@ -328,6 +339,30 @@ def _k_q6_k_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, 
     _rows_r16k6(w, rows, rb, r0, r1, nb, k, xq, xd, xbs, xb2, out, ldo, n)
 
 
+def _k_q4_0_r16b(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q4_0, 2, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q4_1_r16b(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q4_1, 2, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q5_0_r16b(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q5_0, 2, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q5_1_r16b(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q5_1, 2, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+def _k_q8_0_r16b(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
+    _rows(Q8_0, 2, w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n)
+
+
+# row-major kernels with the r16 kernels' bits (mm_b32's _dot1_b32r): the 32-weight types'
+# own; the K-quants' row-major kernels already give them
+_KERNEL_PY_R16B = {Q4_0: _k_q4_0_r16b, Q4_1: _k_q4_1_r16b, Q5_0: _k_q5_0_r16b,
+                   Q5_1: _k_q5_1_r16b, Q8_0: _k_q8_0_r16b}
 _KERNEL_PY_R16 = {Q4_0: _k_q4_0_r16, Q4_1: _k_q4_1_r16, Q5_0: _k_q5_0_r16,
                   Q5_1: _k_q5_1_r16, Q8_0: _k_q8_0_r16,
                   Q4_K: _k_q4_k_r16, Q5_K: _k_q5_k_r16, Q6_K: _k_q6_k_r16}  # repacked
@@ -344,12 +379,18 @@ _KERNEL_PY = {  # 256-bit kernels (every type)
     IQ3_S: _k_iq3_s,
 }
 _KERNEL_PY.update(LOWBIT_KERNELS)  # MXFP4, TQ1_0, TQ2_0, IQ1_S, IQ1_M (mm_lowbit)
-_KERNELS: dict[tuple[int, object], object] = {}  # (qtype, wide or "r16") -> numba.cfunc
+_KERNELS: dict[tuple[int, object], object] = {}  # (qtype, wide, "r16" or "r16b") -> cfunc
 
 
-def _kernel_py(qt: int, wide: bool | None, r16: bool = False):
+def _kernel_py(qt: int, wide: bool | None, r16: bool = False, r16_bits: bool = False):
     if wide is None:
         wide = FEATURES.wide
+    if r16_bits and not FEATURES.wide:
+        raise ValueError("r16_bits= needs the r16 kernels (AVX-512 VNNI)")
+    if r16_bits and qt in _KERNEL_PY_R16B:
+        return _KERNEL_PY_R16B[qt], "r16b"
+    if r16_bits and qt not in _KERNEL_PY_R16:
+        raise ValueError(f"no r16 kernel for GGML type {qt} ({dequant.qtype_name(qt)})")
     if r16:
         if qt not in _KERNEL_PY_R16:
             raise ValueError(f"no r16 kernel for GGML type {qt} ({dequant.qtype_name(qt)})")
@@ -359,12 +400,14 @@ def _kernel_py(qt: int, wide: bool | None, r16: bool = False):
     return (_KERNEL_PY_WIDE.get(qt) if wide else None) or _KERNEL_PY[qt], wide
 
 
-def kernel(qtype: int, wide: bool | None = None, r16: bool = False):
+def kernel(qtype: int, wide: bool | None = None, r16: bool = False, r16_bits: bool = False):
     """The compiled C kernel (numba.cfunc) of a weight type, compiling it on first use (and
     caching it on disk). wide: use the 512-bit variant if the type has one (default: where
     cpu_features says `wide`; forcing it on a CPU without AVX-512 VNNI would crash). r16: the
-    kernel of the row-interleaved layout (repack_r16; AVX-512 VNNI only)."""
-    py, variant = _kernel_py(int(qtype), wide, r16)
+    kernel of the row-interleaved layout (repack_r16; AVX-512 VNNI only). r16_bits: a kernel
+    of the row-major blocks that gives exactly the r16 kernel's bits (AVX-512 VNNI only; a
+    K-quant's own row-major kernel)."""
+    py, variant = _kernel_py(int(qtype), wide, r16, r16_bits)
     key = (int(qtype), variant)
     k = _KERNELS.get(key)
     if k is None:
@@ -372,13 +415,14 @@ def kernel(qtype: int, wide: bool | None = None, r16: bool = False):
     return k
 
 
-def kernel_asm(qtype: int, wide: bool | None = None, r16: bool = False) -> str:
+def kernel_asm(qtype: int, wide: bool | None = None, r16: bool = False,
+               r16_bits: bool = False) -> str:
     """Assembly of the SIMD row kernel of a weight type (a fresh, uncached compile: ~2 s).
 
     For checking what runs: e.g. that the integer dot products are vpmaddubsw/vpmaddwd or
     vpdpbusd. Only meaningful where the SIMD path is available (cpu_features).
     """
-    py, _ = _kernel_py(int(qtype), wide, r16)
+    py, _ = _kernel_py(int(qtype), wide, r16, r16_bits)
     lib = cfunc(_KSIG, nopython=True)(py)._library
     # the row loop may live in a library linked into the cfunc's (Numba links callees it
     # compiled separately): collect them all

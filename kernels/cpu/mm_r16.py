@@ -413,11 +413,13 @@ def r16_wanted(w_raw: np.ndarray, qtype: int, *, head: bool = False) -> bool:
 
 
 def r16_same_bits(qtype: int) -> bool:
-    """Whether the type's r16 kernels give exactly the row-major kernels' bits, at every N
-    (the K-quants: one integer per row and super-block, tests/test_kernels_kquant_contract.py),
-    so a weight may switch layouts between two steps (models/layout.py). The 32-weight
-    types' r16 kernels sum in another order: their two layouts differ in the last bits."""
-    return int(qtype) in R16K_BYTES
+    """Whether a weight of this type may run row-major and switch to its r16 copy between
+    two steps without changing a bit, at every N (models/layout.py): matmul(...,
+    r16_bits=True) has row-major kernels with exactly the r16 kernels' bits, the K-quants'
+    usual ones (one integer per row and super-block, tests/test_kernels_kquant_contract.py)
+    and, for the 32-weight types, mm_b32's _dot1_b32r / _dot4_b32r (their usual row-major
+    kernels sum in another order)."""
+    return int(qtype) in _R16_BYTES
 
 
 def r16_shape(rows: int, row_bytes: int) -> tuple[int, int]:

@@ -797,7 +797,21 @@ def fma_s(typingctx, acc, i, s):
     return types.float32(types.float32, i, types.float32), codegen
 
 
-__all__ += ["hsum32", "fma_s"]
+@intrinsic
+def fma_ff(typingctx, acc, a, b):
+    """acc + a * b rounded once, float32 scalars (one scalar vfmadd): the same op as fma16 in
+    one lane."""
+    if not all(t == types.float32 for t in (acc, a, b)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        f = _fn(builder, "llvm.fma.f32", _f32, [_f32, _f32, _f32])
+        return builder.call(f, [args[1], args[2], args[0]])
+
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+__all__ += ["hsum32", "fma_s", "fma_ff"]
 
 
 def _tree_sum(builder, v, n: int):
