@@ -163,3 +163,41 @@ def test_close_stops_the_copies_and_the_engine_still_answers(r16_model, monkeypa
         assert ws[0].packed is not None and ws[-1].packed is None
     e.kv.clear(0)
     assert np.array_equal(e.step(Batch.for_sequence([1, 2, 3], 0, 0, "last")), ref)
+
+
+def test_close_ends_a_big_copy_between_its_tasks(r16_model, monkeypatch) -> None:
+    """A weight copied in many tasks (an output head of hundreds of MB) is dropped after
+    the task under way when the engine closes, instead of holding the exit until it ends;
+    the weight stays row-major with the same bits."""
+    from localllm.kernels.cpu import r16_copy
+
+    monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "1")
+    ref_engine = Engine(r16_model, n_ctx=64, n_threads=1)
+    ref_engine.kv.clear(0)
+    ref = ref_engine.step(Batch.for_sequence([1, 2, 3], 0, 0, "last")).copy()
+
+    monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "0")
+    monkeypatch.setattr(r16_copy, "_TASK_BYTES", 1)  # a task per group of 16 rows
+    tasks: list[tuple[str, int]] = []
+    real = layout.PendingLayouts._releaser
+
+    def stopping(self, q):
+        done = real(self, q)
+
+        def first_task_done(r0: int, r1: int) -> None:
+            tasks.append((q.name, q.rows))
+            self._stop.set()  # as close() does, while the first weight is being copied
+            done(r0, r1)
+
+        return first_task_done
+
+    monkeypatch.setattr(layout.PendingLayouts, "_releaser", stopping)
+    e = Engine(r16_model, n_ctx=64, n_threads=1)
+    e.close()
+    assert e.layouts.done and e.layouts.error is None
+    if r16_types():
+        assert len(tasks) == 1 and tasks[0][1] > 16  # one task of a weight that had more
+        assert all(w.packed is None for w in _matrices(e.model))
+        assert e.model.output.packed is None
+    e.kv.clear(0)
+    assert np.array_equal(e.step(Batch.for_sequence([1, 2, 3], 0, 0, "last")), ref)
