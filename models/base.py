@@ -252,10 +252,13 @@ class WeightLoader:
                 and used + q.raw.nbytes <= limit):
             return q
         pending = layout.pending_list()
-        if pending is not None and release and expert_budget is None \
+        if pending is not None and release and expert_budget is None and not head \
                 and r16_same_bits(q.qtype):
             # made after the load (models/layout.py); a weight of its own, so that a tied
-            # embedding's QWeight never changes
+            # embedding's QWeight never changes. Not an output head: every step reads it
+            # whole, so row-major it would keep its file pages resident beside the copy
+            # being made (the default model's peak RSS +115 MiB) and its row-major kernel at
+            # N > 1 costs 3-4x r16's, for no earlier first token (measured: load_ab.py)
             q = replace(q, r16_bits=True)
             pending.append(q)
             self.packed_bytes += q.raw.nbytes

@@ -12,8 +12,9 @@ _dot4_b32r, slower than those). Every output keeps its bits whichever layout com
 so a token never depends on when the copy arrived.
 
 Who does what:
-- WeightLoader.laid_out (models/base.py), inside `deferred_layouts()`, lists such weights here
-  instead of repacking them (the model's r16 budget is counted as before);
+- WeightLoader.laid_out (models/base.py), inside `deferred_layouts()`, lists the layer
+  weights here instead of repacking them (the model's r16 budget is counted as before); an
+  output head is still repacked during the load (see there why);
 - PendingLayouts.start() repacks them in load order on one background thread, copying on
   that thread alone while steps run (Engine.step leaves it a core: a step's threads one
   fewer until the copies are in) and on all of the r16 pool's (kernels/cpu/r16_copy.py)
