@@ -288,6 +288,7 @@ class Engine:
         if self.is_encoder:
             self.encode([0] * n)
             return
+        self.layouts.load_kernels()
         self.step(Batch.for_sequence([0] * n, 0, slot, "last"))
         self.step(Batch.for_sequence([0], 0, slot, "last"))
         self.kv.clear(slot)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localllm.kernels.cpu.matmul import repack_r16
+from localllm.kernels.cpu.matmul import kernel, repack_r16
 
 if TYPE_CHECKING:
     from localllm.formats import GGUFFile
@@ -100,6 +100,15 @@ class PendingLayouts:
         self._hurry = threading.Event()  # the engine waits: repack on every core
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self.qtypes = sorted({int(q.qtype) for q in weights})  # of the weights listed
+
+    def load_kernels(self) -> None:
+        """Compile (or load from the disk cache) the row-major kernels the listed weights
+        run until their copies arrive (matmul's r16_bits=): a warm-up pass may find the
+        copies made already and never call them, and a later run's first steps would then
+        compile them in the way of the first token."""
+        for qt in self.qtypes:
+            kernel(qt, r16_bits=True)
 
     @property
     def done(self) -> bool:
