@@ -346,26 +346,63 @@ def _dot4_b32w(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n
 
 @njit
 def _dot1_b32r(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
+    # two weight rows at a time: each row's FMA chain waits on its own latency, so two
+    # chains side by side take about the time of one
     bb = _b32_bytes(qt)
     xo = n * nb * 32
     cm = _b32_cmul(qt)
     rb = w.shape[1]
+    for r in range(r0, r1, 2):
+        o = r * rb
+        o1 = o + rb if r + 1 < r1 else o  # an odd last row pairs with itself
+        for po in range(0, 2 * rb, 64):  # the rows PREFETCH_BYTES ahead, line by line
+            prefetch(w, o + PREFETCH_BYTES + po)
+        a0 = a1 = m0 = m1 = np.float32(0.0)
+        for b in range(nb):
+            xv = ld_i8x32(xq, xo + 32 * b)
+            dx = xd[n, b]
+            xc = xs[n, b]
+            q, d, c = _b32_dec(qt, w, o + b * bb)
+            a0 = fma_s(a0, hsum32(dot_us(q, xv)), d * dx)
+            m0 = fma_ff(m0, c, xc)
+            q, d, c = _b32_dec(qt, w, o1 + b * bb)
+            a1 = fma_s(a1, hsum32(dot_us(q, xv)), d * dx)
+            m1 = fma_ff(m1, c, xc)
+        out[n, r] = fma_ff(a0, m0, cm)
+        if r + 1 < r1:
+            out[n, r + 1] = fma_ff(a1, m1, cm)
+
+
+@njit
+def _dot2_b32r(qt, w, r0, r1, nb, xq, xd, xs, out, n0, n_act):
+    # activation rows n0, n0 + 1 (the second maybe padding), each row's arithmetic
+    # _dot1_b32r's: a first step's 2-token prompt computes half of what a tile of 4 would
+    bb = _b32_bytes(qt)
+    k = nb * 32
+    x0 = n0 * k
+    cm = _b32_cmul(qt)
+    rb = w.shape[1]
     for r in range(r0, r1):
         o = r * rb
-        for po in range(0, rb, 64):  # the row PREFETCH_BYTES ahead, line by line
-            prefetch(w, o + PREFETCH_BYTES + po)
-        a = np.float32(0.0)
-        m = np.float32(0.0)
+        a0 = a1 = m0 = m1 = np.float32(0.0)
         for b in range(nb):
             q, d, c = _b32_dec(qt, w, o + b * bb)
-            a = fma_s(a, hsum32(dot_us(q, ld_i8x32(xq, xo + 32 * b))), d * xd[n, b])
-            m = fma_ff(m, c, xs[n, b])
-        out[n, r] = fma_ff(a, m, cm)
+            xo = x0 + 32 * b
+            a0 = fma_s(a0, hsum32(dot_us(q, ld_i8x32(xq, xo))), d * xd[n0, b])
+            a1 = fma_s(a1, hsum32(dot_us(q, ld_i8x32(xq, xo + k))), d * xd[n0 + 1, b])
+            m0 = fma_ff(m0, c, xs[n0, b])
+            m1 = fma_ff(m1, c, xs[n0 + 1, b])
+        out[n0, r] = fma_ff(a0, m0, cm)
+        if n0 + 1 < n_act:
+            out[n0 + 1, r] = fma_ff(a1, m1, cm)
 
 
 @njit
 def _dot4_b32r(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_act):
     # activation rows n0..n0+3 (padded), each row's arithmetic _dot1_b32r's
+    if n_act - n0 <= 2:
+        _dot2_b32r(qt, w, r0, r1, nb, xq, xd, xs, out, n0, n_act)
+        return
     bb = _b32_bytes(qt)
     k = nb * 32
     x0 = n0 * k
