@@ -100,7 +100,7 @@ def test_shipped_kernel_lists_name_existing_kernels() -> None:
         assert m is not None and len(m.entries) == len(listed["entries"]), key
         for mod, attr, sig in m.entries:
             if mod == "@kernel":
-                assert attr in QTYPES and sig in (True, False, "r16")
+                assert attr in QTYPES and sig in (True, False, "r16", "r16b")
             else:
                 fn = getattr(importlib.import_module(mod), attr)
                 assert isinstance(fn, Dispatcher) and isinstance(sig, tuple), (mod, attr)
