@@ -344,6 +344,13 @@ def _dot4_b32w(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n
 # sum and a serial FMA chain per block), which is fine for the seconds a copy takes.
 
 
+@njit(inline="always")
+def _r16_step(a, m, q, d, c, xq, xo, dx, xc):
+    """One block of one activation row with the r16 kernels' arithmetic: (a, m) after it
+    (q, d, c: the decoded block; xo: its activation bytes; dx, xc: their scale and c sum)."""
+    return fma_s(a, hsum32(dot_us(q, ld_i8x32(xq, xo))), d * dx), fma_ff(m, c, xc)
+
+
 @njit
 def _dot1_b32r(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
     # two weight rows at a time: each row's FMA chain waits on its own latency, so two
@@ -359,50 +366,21 @@ def _dot1_b32r(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
             prefetch(w, o + PREFETCH_BYTES + po)
         a0 = a1 = m0 = m1 = np.float32(0.0)
         for b in range(nb):
-            xv = ld_i8x32(xq, xo + 32 * b)
-            dx = xd[n, b]
-            xc = xs[n, b]
+            x = xo + 32 * b
             q, d, c = _b32_dec(qt, w, o + b * bb)
-            a0 = fma_s(a0, hsum32(dot_us(q, xv)), d * dx)
-            m0 = fma_ff(m0, c, xc)
+            a0, m0 = _r16_step(a0, m0, q, d, c, xq, x, xd[n, b], xs[n, b])
             q, d, c = _b32_dec(qt, w, o1 + b * bb)
-            a1 = fma_s(a1, hsum32(dot_us(q, xv)), d * dx)
-            m1 = fma_ff(m1, c, xc)
+            a1, m1 = _r16_step(a1, m1, q, d, c, xq, x, xd[n, b], xs[n, b])
         out[n, r] = fma_ff(a0, m0, cm)
         if r + 1 < r1:
             out[n, r + 1] = fma_ff(a1, m1, cm)
 
 
 @njit
-def _dot2_b32r(qt, w, r0, r1, nb, xq, xd, xs, out, n0, n_act):
-    # activation rows n0, n0 + 1 (the second maybe padding), each row's arithmetic
-    # _dot1_b32r's: a first step's 2-token prompt computes half of what a tile of 4 would
-    bb = _b32_bytes(qt)
-    k = nb * 32
-    x0 = n0 * k
-    cm = _b32_cmul(qt)
-    rb = w.shape[1]
-    for r in range(r0, r1):
-        o = r * rb
-        a0 = a1 = m0 = m1 = np.float32(0.0)
-        for b in range(nb):
-            q, d, c = _b32_dec(qt, w, o + b * bb)
-            xo = x0 + 32 * b
-            a0 = fma_s(a0, hsum32(dot_us(q, ld_i8x32(xq, xo))), d * xd[n0, b])
-            a1 = fma_s(a1, hsum32(dot_us(q, ld_i8x32(xq, xo + k))), d * xd[n0 + 1, b])
-            m0 = fma_ff(m0, c, xs[n0, b])
-            m1 = fma_ff(m1, c, xs[n0 + 1, b])
-        out[n0, r] = fma_ff(a0, m0, cm)
-        if n0 + 1 < n_act:
-            out[n0 + 1, r] = fma_ff(a1, m1, cm)
-
-
-@njit
 def _dot4_b32r(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_act):
-    # activation rows n0..n0+3 (padded), each row's arithmetic _dot1_b32r's
-    if n_act - n0 <= 2:
-        _dot2_b32r(qt, w, r0, r1, nb, xq, xd, xs, out, n0, n_act)
-        return
+    # activation rows n0..n0+3, each row's arithmetic _dot1_b32r's; with one or two rows
+    # left (a first step's 2-token prompt), only those two: half the work of a padded tile
+    two = n_act - n0 <= 2
     bb = _b32_bytes(qt)
     k = nb * 32
     x0 = n0 * k
@@ -415,13 +393,12 @@ def _dot4_b32r(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n
         for b in range(nb):
             q, d, c = _b32_dec(qt, w, o + b * bb)
             xo = x0 + 32 * b
-            a0 = fma_s(a0, hsum32(dot_us(q, ld_i8x32(xq, xo))), d * xd[n0, b])
-            a1 = fma_s(a1, hsum32(dot_us(q, ld_i8x32(xq, xo + k))), d * xd[n0 + 1, b])
-            a2 = fma_s(a2, hsum32(dot_us(q, ld_i8x32(xq, xo + 2 * k))), d * xd[n0 + 2, b])
-            a3 = fma_s(a3, hsum32(dot_us(q, ld_i8x32(xq, xo + 3 * k))), d * xd[n0 + 3, b])
-            m0 = fma_ff(m0, c, xs[n0, b])
-            m1 = fma_ff(m1, c, xs[n0 + 1, b])
-            m2 = fma_ff(m2, c, xs[n0 + 2, b])
-            m3 = fma_ff(m3, c, xs[n0 + 3, b])
+            a0, m0 = _r16_step(a0, m0, q, d, c, xq, xo, xd[n0, b], xs[n0, b])
+            a1, m1 = _r16_step(a1, m1, q, d, c, xq, xo + k, xd[n0 + 1, b], xs[n0 + 1, b])
+            if not two:
+                a2, m2 = _r16_step(a2, m2, q, d, c, xq, xo + 2 * k, xd[n0 + 2, b],
+                                   xs[n0 + 2, b])
+                a3, m3 = _r16_step(a3, m3, q, d, c, xq, xo + 3 * k, xd[n0 + 3, b],
+                                   xs[n0 + 3, b])
         _store4(out, r, n0, n_act, fma_ff(a0, m0, cm), fma_ff(a1, m1, cm), fma_ff(a2, m2, cm),
                 fma_ff(a3, m3, cm))
