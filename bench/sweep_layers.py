@@ -4,12 +4,13 @@
 
 Loads MODEL (its r16 copies made: Engine.wait_layout), then times one decode step's layer
 products alone (each layer's q/k/v group, o, gate/up group and down at N = 1, in decode
-order, nothing between them) and the bandwidth probe's loop (kernels/cpu/bandwidth.py) over a
-buffer of the same size; prints both in GB/s of weight bytes, by weight type too. The gap
+order, nothing between them) and reads a buffer of the same size with the bandwidth probe
+(kernels/cpu/bandwidth.py read_bandwidth, as `localllm bench --bandwidth`: the best of its
+passes); prints both in GB/s of weight bytes, by weight type too. The gap
 between them is what the kernels lose to the memory system; the gap between this and
 `bench/profile_step.py`'s "matmul: layers" is what the rest of a step costs them (caches and
-prefetch streams disturbed by the other work). Medians of --runs; speeds are never asserted
-in tests.
+prefetch streams disturbed by the other work). Products: medians of --runs; speeds are never
+asserted in tests.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numba
 import numpy as np
 
 from localllm.engine import Engine
-from localllm.kernels.cpu.bandwidth import _parallel_sum
+from localllm.kernels.cpu.bandwidth import read_bandwidth
 
 
 def median_seconds(fn: Callable[[], object], runs: int) -> float:
@@ -37,10 +38,9 @@ def median_seconds(fn: Callable[[], object], runs: int) -> float:
     return statistics.median(samples)
 
 
-def read_seconds(nbytes: int, threads: int, runs: int) -> float:
-    """The bandwidth probe's loop over a buffer of nbytes (written once: its pages exist)."""
-    buf = np.ones(max(1, nbytes // 8), np.uint64)
-    return median_seconds(lambda: _parallel_sum(buf, 4 * threads), runs)
+def read_gbs(nbytes: int, threads: int, runs: int) -> float:
+    """GB/s of the bandwidth probe over a buffer of about nbytes."""
+    return read_bandwidth(threads, mib=max(1, nbytes >> 20), passes=runs) / 1e9
 
 
 def main() -> int:
@@ -80,12 +80,12 @@ def main() -> int:
 
     total = sum(nbytes(w) for L in layers for w in weights(L))
     t_mm = median_seconds(step, a.runs)
-    t_rd = read_seconds(total, a.threads, a.runs)
+    read = read_gbs(total, a.threads, a.runs)
     print(f"{a.model}: {len(layers)} layers, {total / 1e6:.0f} MB of layer weights, "
           f"{a.threads} thread(s)")
     print(f"  layer products in decode order: {t_mm * 1e3:.2f} ms = {total / t_mm / 1e9:.1f} "
-          f"GB/s; a pure read of as many bytes: {total / t_rd / 1e9:.1f} GB/s "
-          f"({t_rd / t_mm:.2f} of it)")
+          f"GB/s; a pure read of as many bytes: {read:.1f} GB/s "
+          f"({total / t_mm / 1e9 / read:.2f} of it)")
     by_type: dict[int, list] = {}
     for L in layers:
         for w in weights(L):
@@ -102,7 +102,7 @@ def main() -> int:
         t = median_seconds(sweep, a.runs)
         layout = "r16" if all(w.packed is not None for w in ws) else "row-major"
         print(f"  GGML type {qt} ({layout}): {len(ws)} weights, {nb / 1e6:.0f} MB, "
-              f"{nb / t / 1e9:.1f} GB/s (read {nb / read_seconds(nb, a.threads, a.runs) / 1e9:.1f})")
+              f"{nb / t / 1e9:.1f} GB/s (read {read_gbs(nb, a.threads, a.runs):.1f})")
     return 0
 
 

@@ -111,15 +111,14 @@ class QWeight:
     cols: int  # input features
     packed: np.ndarray | None = None  # [ceil(rows/16)*16, row_bytes] u8 r16 records, or None
     # its r16 copy is made after the load (models/layout.py): until it arrives, products from
-    # raw give the bits the copy will (matmul's r16_bits=)
+    # raw give the bits the copy will (matmul's r16_bits=, which a packed copy overrides)
     r16_bits: bool = False
 
     def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """x [N, cols] float32 -> out [N, rows] float32."""
         if out is None:
             out = np.empty((x.shape[0], self.rows), dtype=np.float32)
-        matmul(self.raw, self.qtype, x, out, packed=self.packed,
-               r16_bits=self.r16_bits and self.packed is None)
+        matmul(self.raw, self.qtype, x, out, packed=self.packed, r16_bits=self.r16_bits)
         return out
 
 
@@ -144,7 +143,7 @@ class WeightGroup:
         """The weights as the kernels take them, in their layouts as of now (the plans made
         from older parts are dropped)."""
         self._parts = [(w.raw, w.qtype, w.packed) for w in self.weights]
-        self._r16_bits = [w.r16_bits and w.packed is None for w in self.weights]
+        self._r16_bits = [w.r16_bits for w in self.weights]
         self._generation = layout.generation  # the layouts' state the parts were taken at
         self._plans.clear()
 

@@ -49,7 +49,7 @@ from typing import NamedTuple
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange
-from numba.core import cgutils, types
+from numba.core import types
 from numba.extending import intrinsic, overload
 
 from localllm.formats.qtypes import Q4_0_BYTES, Q8_0_BYTES, QK
@@ -62,6 +62,7 @@ from localllm.kernels.cpu.simd import (
     F32x16,
     addf16,
     fma16,
+    fmaf,
     hsumf16,
     mul16,
     splatf16,
@@ -173,21 +174,6 @@ def _store_f32(context, builder, arrty, arrval, elem_off, vec) -> None:
     """Store a float vector at element offset `elem_off` of a float32 array."""
     byte_off = builder.mul(elem_off, ir.Constant(elem_off.type, 4))
     builder.store(vec, _ptr_at(context, builder, arrty, arrval, byte_off, vec.type), align=4)
-
-
-@intrinsic
-def _fmaf(typingctx, a, b, c):
-    """a * b + c rounded once (llvm.fma.f32: one vfmadd; never split or re-fused)."""
-    if not all(isinstance(t, types.Float) for t in (a, b, c)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        f = [v if v.type == _FLT else builder.fptrunc(v, _FLT) for v in args]
-        fn = cgutils.get_or_insert_function(builder.module,
-                                            ir.FunctionType(_FLT, [_FLT] * 3), "llvm.fma.f32")
-        return builder.call(fn, f)
-
-    return types.float32(a, b, c), codegen
 
 
 def _is_array(t, dtype=None) -> bool:
@@ -487,7 +473,7 @@ _EXP_P = (np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8
           np.float32(4.1665795894e-2), np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))
 
 
-@njit(cache=True)  # strict: every fused step is an explicit _fmaf
+@njit(cache=True)  # strict: every fused step is an explicit fmaf
 def _expf(x: np.float32) -> np.float32:
     """exp(x) in float32 (Cephes expf polynomial, ~1 ulp), branch-free so loops vectorise.
 
@@ -495,15 +481,15 @@ def _expf(x: np.float32) -> np.float32:
     Returns exactly 0 for x <= -87 (so exp(-inf) of a masked logit is 0).
     """
     xc = min(max(x, _EXP_LO), _EXP_HI)
-    z = np.floor(_fmaf(xc, _LOG2E, np.float32(0.5)))
-    r = _fmaf(-z, _LN2_LO, xc - z * _LN2_HI)  # z * _LN2_HI is exact (9 + 8 bits)
+    z = np.floor(fmaf(xc, _LOG2E, np.float32(0.5)))
+    r = fmaf(-z, _LN2_LO, xc - z * _LN2_HI)  # z * _LN2_HI is exact (9 + 8 bits)
     p = _EXP_P[0]
-    p = _fmaf(p, r, _EXP_P[1])
-    p = _fmaf(p, r, _EXP_P[2])
-    p = _fmaf(p, r, _EXP_P[3])
-    p = _fmaf(p, r, _EXP_P[4])
-    p = _fmaf(p, r, _EXP_P[5])
-    y = _fmaf(p, r * r, r) + np.float32(1.0)
+    p = fmaf(p, r, _EXP_P[1])
+    p = fmaf(p, r, _EXP_P[2])
+    p = fmaf(p, r, _EXP_P[3])
+    p = fmaf(p, r, _EXP_P[4])
+    p = fmaf(p, r, _EXP_P[5])
+    y = fmaf(p, r * r, r) + np.float32(1.0)
     two_n = _u32_as_f32((np.int32(z) + np.int32(127)) << np.int32(23))
     return y * two_n if x > _EXP_LO else np.float32(0.0)
 

@@ -187,8 +187,9 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
     scratch: optional buffers from make_scratch(N, K, kind) to use instead of the module cache.
     packed: the weight's r16 copy (repack_r16(w_raw, qtype); a type of r16_types() only): the
     product reads it instead of w_raw, which then only gives the shapes.
-    r16_bits: without packed, compute from w_raw exactly the bits the r16 copy would give (a
-    type of r16_types() only): a weight whose copy is on its way (models/layout.py).
+    r16_bits: compute from w_raw exactly the bits the r16 copy would give (a type of
+    r16_types() only): a weight whose copy is on its way (models/layout.py); with packed, the
+    copy itself is read.
     Raises TypeError / ValueError for arguments that do not fit together.
     """
     spec, rows, rb = _check_weight(w_raw, qtype, x, out, packed, _wide is None, r16_bits)

@@ -31,9 +31,9 @@ from localllm.kernels.cpu.simd import (
     dot_us,
     dot_us64,
     fma16,
-    fma_ff,
     fma_i,
     fma_s,
+    fmaf,
     hsum32,
     hsumf,
     hsumf16,
@@ -333,8 +333,6 @@ def _dot4_b32w(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n
         _store4(out, r, n0, n_act, v0 + cm * m0, v1 + cm * m1, v2 + cm * m2, v3 + cm * m3)
 
 
-
-
 # r16's bits from the row-major blocks. A weight whose r16 copy is made after the load
 # (models/layout.py) runs these until the copy replaces it between two steps, so no output
 # bit depends on when the copy arrived. The arithmetic is mm_r16's per row (its lane r):
@@ -348,7 +346,7 @@ def _dot4_b32w(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n
 def _r16_step(a, m, q, d, c, xq, xo, dx, xc):
     """One block of one activation row with the r16 kernels' arithmetic: (a, m) after it
     (q, d, c: the decoded block; xo: its activation bytes; dx, xc: their scale and c sum)."""
-    return fma_s(a, hsum32(dot_us(q, ld_i8x32(xq, xo))), d * dx), fma_ff(m, c, xc)
+    return fma_s(a, hsum32(dot_us(q, ld_i8x32(xq, xo))), d * dx), fmaf(c, xc, m)
 
 
 @njit
@@ -371,9 +369,9 @@ def _dot1_b32r(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
             a0, m0 = _r16_step(a0, m0, q, d, c, xq, x, xd[n, b], xs[n, b])
             q, d, c = _b32_dec(qt, w, o1 + b * bb)
             a1, m1 = _r16_step(a1, m1, q, d, c, xq, x, xd[n, b], xs[n, b])
-        out[n, r] = fma_ff(a0, m0, cm)
+        out[n, r] = fmaf(m0, cm, a0)
         if r + 1 < r1:
-            out[n, r + 1] = fma_ff(a1, m1, cm)
+            out[n, r + 1] = fmaf(m1, cm, a1)
 
 
 @njit
@@ -400,5 +398,5 @@ def _dot4_b32r(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n
                                    xs[n0 + 2, b])
                 a3, m3 = _r16_step(a3, m3, q, d, c, xq, xo + 3 * k, xd[n0 + 3, b],
                                    xs[n0 + 3, b])
-        _store4(out, r, n0, n_act, fma_ff(a0, m0, cm), fma_ff(a1, m1, cm), fma_ff(a2, m2, cm),
-                fma_ff(a3, m3, cm))
+        _store4(out, r, n0, n_act, fmaf(m0, cm, a0), fmaf(m1, cm, a1), fmaf(m2, cm, a2),
+                fmaf(m3, cm, a3))

@@ -385,12 +385,14 @@ _KERNELS: dict[tuple[int, object], object] = {}  # (qtype, wide, "r16" or "r16b"
 def _kernel_py(qt: int, wide: bool | None, r16: bool = False, r16_bits: bool = False):
     if wide is None:
         wide = FEATURES.wide
-    if r16_bits and not FEATURES.wide:
-        raise ValueError("r16_bits= needs the r16 kernels (AVX-512 VNNI)")
-    if r16_bits and qt in _KERNEL_PY_R16B:
-        return _KERNEL_PY_R16B[qt], "r16b"
-    if r16_bits and qt not in _KERNEL_PY_R16:
-        raise ValueError(f"no r16 kernel for GGML type {qt} ({dequant.qtype_name(qt)})")
+    if r16_bits:
+        if not FEATURES.wide:
+            raise ValueError("r16_bits= needs the r16 kernels (AVX-512 VNNI)")
+        if qt in _KERNEL_PY_R16B:
+            return _KERNEL_PY_R16B[qt], "r16b"
+        if qt not in _KERNEL_PY_R16:
+            raise ValueError(f"no r16 kernel for GGML type {qt} ({dequant.qtype_name(qt)})")
+        # a K-quant: its usual row-major kernel gives the r16 bits
     if r16:
         if qt not in _KERNEL_PY_R16:
             raise ValueError(f"no r16 kernel for GGML type {qt} ({dequant.qtype_name(qt)})")

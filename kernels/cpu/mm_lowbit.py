@@ -71,6 +71,7 @@ from localllm.kernels.cpu.simd import (
     dot_ss_sc,
     dot_us,
     fma_i,
+    fmaf,
     hsumf,
     ld_f16,
     ld_i8x32,
@@ -212,22 +213,6 @@ _TAIL_C = _trit_op("tq1_tail_c", _QS16 + [26, 27, 28, 29] * 4,
 # Each: the dot of weight row `o` (byte offset) with activation row n over nb blocks.
 
 
-@intrinsic
-def _fma32(typingctx, a, b, c):
-    """float32 a * b + c rounded once (vfmadd): what a C compiler contracts `c += a * b` in
-    ggml's scalar tails into."""
-    if not all(t == types.float32 for t in (a, b, c)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        f32 = ir.FloatType()
-        fnty = ir.FunctionType(f32, [f32, f32, f32])
-        f = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.f32")
-        return builder.call(f, args)
-
-    return types.float32(types.float32, types.float32, types.float32), codegen
-
-
 @njit
 def _dot_mxfp4(w, o, nb, xq, xd, xbs, xb2, n):
     # ggml's x86 order: even blocks into one set of eight float lanes, odd ones into another,
@@ -252,7 +237,7 @@ def _dot_mxfp4(w, o, nb, xq, xd, xbs, xb2, n):
         q = lut16(tab, ld_nib16(w, ob + 1))
         d = xd[n, b] * _e8m0_half(ld_u8(w, ob))
         sumi = hsum_i32(dot_ss(q, ld_i8x32(xq, xo + 32 * b)))
-        sumf = _fma32(d, np.float32(sumi), sumf)
+        sumf = fmaf(d, np.float32(sumi), sumf)  # what C contracts ggml's `sumf += d * sumi` to
     return sumf
 
 
@@ -339,7 +324,7 @@ def _dot_iq1_s(w, o, nb, xq, xd, xbs, xb2, n):
             sumi1 += -ls * xs if qh & 0x8000 else ls * xs
         d = xd[n, b] * ld_f16(w, ob)
         acc = fma_i(acc, lanes, d)
-        acc1 = _fma32(d, np.float32(sumi1), acc1)
+        acc1 = fmaf(d, np.float32(sumi1), acc1)
     return hsumf(acc) + _F_DELTA * acc1
 
 
@@ -439,12 +424,12 @@ def _dot4_mxfp4(w, o, nb, xq, xd, xbs, xb2, n0):
         q = lut16(tab, ld_nib16(w, ob + 1))
         e = _e8m0_half(ld_u8(w, ob))
         xb = 32 * b
-        s0 = _fma32(xd[n0, b] * e, np.float32(hsum_i32(dot_ss(q, ld_i8x32(xq, x0 + xb)))), s0)
-        s1 = _fma32(xd[n0 + 1, b] * e, np.float32(hsum_i32(dot_ss(q, ld_i8x32(xq, x1 + xb)))),
+        s0 = fmaf(xd[n0, b] * e, np.float32(hsum_i32(dot_ss(q, ld_i8x32(xq, x0 + xb)))), s0)
+        s1 = fmaf(xd[n0 + 1, b] * e, np.float32(hsum_i32(dot_ss(q, ld_i8x32(xq, x1 + xb)))),
                     s1)
-        s2 = _fma32(xd[n0 + 2, b] * e, np.float32(hsum_i32(dot_ss(q, ld_i8x32(xq, x2 + xb)))),
+        s2 = fmaf(xd[n0 + 2, b] * e, np.float32(hsum_i32(dot_ss(q, ld_i8x32(xq, x2 + xb)))),
                     s2)
-        s3 = _fma32(xd[n0 + 3, b] * e, np.float32(hsum_i32(dot_ss(q, ld_i8x32(xq, x3 + xb)))),
+        s3 = fmaf(xd[n0 + 3, b] * e, np.float32(hsum_i32(dot_ss(q, ld_i8x32(xq, x3 + xb)))),
                     s3)
     return s0, s1, s2, s3
 
@@ -495,10 +480,10 @@ def _dot4_iq1_s(w, o, nb, xq, xd, xbs, xb2, n0):
         d2, d3 = xd[n0 + 2, b] * dw, xd[n0 + 3, b] * dw
         a0, a1 = fma_i(a0, l0, d0), fma_i(a1, l1, d1)
         a2, a3 = fma_i(a2, l2, d2), fma_i(a3, l3, d3)
-        c0 = _fma32(d0, np.float32(_sum1_iq1s(xb2, n0, b, qhs)), c0)
-        c1 = _fma32(d1, np.float32(_sum1_iq1s(xb2, n0 + 1, b, qhs)), c1)
-        c2 = _fma32(d2, np.float32(_sum1_iq1s(xb2, n0 + 2, b, qhs)), c2)
-        c3 = _fma32(d3, np.float32(_sum1_iq1s(xb2, n0 + 3, b, qhs)), c3)
+        c0 = fmaf(d0, np.float32(_sum1_iq1s(xb2, n0, b, qhs)), c0)
+        c1 = fmaf(d1, np.float32(_sum1_iq1s(xb2, n0 + 1, b, qhs)), c1)
+        c2 = fmaf(d2, np.float32(_sum1_iq1s(xb2, n0 + 2, b, qhs)), c2)
+        c3 = fmaf(d3, np.float32(_sum1_iq1s(xb2, n0 + 3, b, qhs)), c3)
     return (hsumf(a0) + _F_DELTA * c0, hsumf(a1) + _F_DELTA * c1,
             hsumf(a2) + _F_DELTA * c2, hsumf(a3) + _F_DELTA * c3)
 

@@ -798,20 +798,21 @@ def fma_s(typingctx, acc, i, s):
 
 
 @intrinsic
-def fma_ff(typingctx, acc, a, b):
-    """acc + a * b rounded once, float32 scalars (one scalar vfmadd): the same op as fma16 in
-    one lane."""
-    if not all(t == types.float32 for t in (acc, a, b)):
+def fmaf(typingctx, a, b, c):
+    """a * b + c rounded once to float32 (llvm.fma.f32: one scalar vfmadd, never split or
+    re-fused): the same op as fma16 in one lane. Float64 arguments are narrowed first."""
+    if not all(isinstance(t, types.Float) for t in (a, b, c)):
         return None
 
     def codegen(context, builder, sig, args):
         f = _fn(builder, "llvm.fma.f32", _f32, [_f32, _f32, _f32])
-        return builder.call(f, [args[1], args[2], args[0]])
+        return builder.call(f, [v if v.type == _f32 else builder.fptrunc(v, _f32)
+                                for v in args])
 
-    return types.float32(types.float32, types.float32, types.float32), codegen
+    return types.float32(a, b, c), codegen
 
 
-__all__ += ["hsum32", "fma_s", "fma_ff"]
+__all__ += ["hsum32", "fma_s", "fmaf"]
 
 
 def _tree_sum(builder, v, n: int):
