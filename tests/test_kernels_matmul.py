@@ -149,7 +149,7 @@ def check_product(qt: T, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
 # there, their 256-bit kernels are tested as well.
 _B32 = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL]
 # Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K weights passed with their r16 copy (packed=) take the
-# row-interleaved kernels where the CPU has AVX-512 VNNI.
+# row-interleaved kernels on every SIMD CPU (mm_r16h reads them 8 rows at a time without AVX-512).
 _VARIANTS = [(t, None) for t in ALL_TYPES] + (
     [(t, False) for t in _B32] if FEATURES.wide and mm.kernel_path() != "portable" else []) + [
     (T(t), "r16") for t in mm.r16_types()]
@@ -255,7 +255,7 @@ def test_r16_packed_argument_is_checked() -> None:
         mm.matmul(w, int(T.Q5_0), x, out, packed=packed.view(np.int8))
 
 
-@pytest.mark.skipif(not mm.r16_types(), reason="no r16 kernels here (AVX-512 VNNI, SIMD path)")
+@pytest.mark.skipif(not mm.r16_types(), reason="no r16 kernels here (SIMD path, LOCALLLM_NO_REPACK)")
 @pytest.mark.parametrize("qt", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K,
                                 T.Q6_K], ids=lambda t: t.name)
 def test_r16_bits_from_the_row_major_blocks(qt: T) -> None:
@@ -572,8 +572,13 @@ def test_simd_kernels_use_integer_dot_instructions() -> None:
     if FEATURES.wide:  # two blocks per 512-bit vpdpbusd
         assert re.search(r"vpdpbusd\s[^\n]*%zmm", mm.kernel_asm(int(T.Q5_0)))
     if mm.r16_types():  # r16: one vpdpbusd per 4 weights x 16 rows, activation broadcast
-        assert re.search(r"vpdpbusd\s[^\n]*\{1to16\}[^\n]*%zmm",
-                         mm.kernel_asm(int(T.Q5_0), r16=True))
+        asm16 = mm.kernel_asm(int(T.Q5_0), r16=True)
+        if FEATURES.wide:
+            assert re.search(r"vpdpbusd\s[^\n]*\{1to16\}[^\n]*%zmm", asm16)
+        elif FEATURES.avx_vnni:  # 8 rows a ymm (mm_r16h)
+            assert re.search(r"vpdpbusd\s[^\n]*%ymm", asm16)
+        else:  # words of several vectors summed before one vpmaddwd (mm_r16h)
+            assert "vpmaddubsw" in asm16 and "vpmaddwd" in asm16 and "zmm" not in asm16
     asm = mm.kernel_asm(int(T.Q6_K))  # per-16 scales applied by vpmaddwd
     assert "vpmaddubsw" in asm and "vpmaddwd" in asm
 

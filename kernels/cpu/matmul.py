@@ -158,7 +158,7 @@ def _bad_packed(packed, qtype, rows: int, rb: int) -> Exception:
     """The exception describing why `packed` is not the r16 copy of a [rows, rb] weight."""
     if not r16_types():
         return ValueError("packed= needs the r16 kernels, which this machine does not have "
-                          "(AVX-512 VNNI, SIMD path, LOCALLLM_NO_REPACK unset)")
+                          "(the SIMD path, LOCALLLM_NO_REPACK unset)")
     if int(qtype) not in _R16_BYTES:
         return ValueError(f"GGML type {qtype} ({dequant.qtype_name(int(qtype))}) has no r16 "
                           f"layout")

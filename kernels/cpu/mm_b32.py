@@ -343,10 +343,22 @@ def _dot4_b32w(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n
 
 
 @njit(inline="always")
-def _r16_step(a, m, q, d, c, xq, xo, dx, xc):
+def _r16_step(qt, a, m, q, d, c, xq, xo, dx, xc):
     """One block of one activation row with the r16 kernels' arithmetic: (a, m) after it
-    (q, d, c: the decoded block; xo: its activation bytes; dx, xc: their scale and c sum)."""
-    return fma_s(a, hsum32(dot_us(q, ld_i8x32(xq, xo))), d * dx), fmaf(c, xc, m)
+    (q, d, c: the decoded block; xo: its activation bytes; dx, xc: their scale and c sum;
+    signed quants, _b32_mode 0, have no c term and never read xc)."""
+    a = fma_s(a, hsum32(_b32_dot(qt, q, ld_i8x32(xq, xo))), d * dx)
+    if _b32_mode(qt) == 0:
+        return a, m
+    return a, fmaf(c, xc, m)
+
+
+@njit(inline="always")
+def _r16_fin(qt, a, m, cm):
+    """A row's output from its a and c chains (mm_r16's _r16_out, one lane)."""
+    if _b32_mode(qt) == 0:
+        return a
+    return fmaf(m, cm, a)
 
 
 @njit
@@ -366,12 +378,12 @@ def _dot1_b32r(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
         for b in range(nb):
             x = xo + 32 * b
             q, d, c = _b32_dec(qt, w, o + b * bb)
-            a0, m0 = _r16_step(a0, m0, q, d, c, xq, x, xd[n, b], xs[n, b])
+            a0, m0 = _r16_step(qt, a0, m0, q, d, c, xq, x, xd[n, b], xs[n, b])
             q, d, c = _b32_dec(qt, w, o1 + b * bb)
-            a1, m1 = _r16_step(a1, m1, q, d, c, xq, x, xd[n, b], xs[n, b])
-        out[n, r] = fmaf(m0, cm, a0)
+            a1, m1 = _r16_step(qt, a1, m1, q, d, c, xq, x, xd[n, b], xs[n, b])
+        out[n, r] = _r16_fin(qt, a0, m0, cm)
         if r + 1 < r1:
-            out[n, r + 1] = fmaf(m1, cm, a1)
+            out[n, r + 1] = _r16_fin(qt, a1, m1, cm)
 
 
 @njit
@@ -391,12 +403,12 @@ def _dot4_b32r(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n
         for b in range(nb):
             q, d, c = _b32_dec(qt, w, o + b * bb)
             xo = x0 + 32 * b
-            a0, m0 = _r16_step(a0, m0, q, d, c, xq, xo, xd[n0, b], xs[n0, b])
-            a1, m1 = _r16_step(a1, m1, q, d, c, xq, xo + k, xd[n0 + 1, b], xs[n0 + 1, b])
+            a0, m0 = _r16_step(qt, a0, m0, q, d, c, xq, xo, xd[n0, b], xs[n0, b])
+            a1, m1 = _r16_step(qt, a1, m1, q, d, c, xq, xo + k, xd[n0 + 1, b], xs[n0 + 1, b])
             if not two:
-                a2, m2 = _r16_step(a2, m2, q, d, c, xq, xo + 2 * k, xd[n0 + 2, b],
+                a2, m2 = _r16_step(qt, a2, m2, q, d, c, xq, xo + 2 * k, xd[n0 + 2, b],
                                    xs[n0 + 2, b])
-                a3, m3 = _r16_step(a3, m3, q, d, c, xq, xo + 3 * k, xd[n0 + 3, b],
+                a3, m3 = _r16_step(qt, a3, m3, q, d, c, xq, xo + 3 * k, xd[n0 + 3, b],
                                    xs[n0 + 3, b])
-        _store4(out, r, n0, n_act, fmaf(m0, cm, a0), fmaf(m1, cm, a1), fmaf(m2, cm, a2),
-                fmaf(m3, cm, a3))
+        _store4(out, r, n0, n_act, _r16_fin(qt, a0, m0, cm), _r16_fin(qt, a1, m1, cm),
+                _r16_fin(qt, a2, m2, cm), _r16_fin(qt, a3, m3, cm))

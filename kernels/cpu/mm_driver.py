@@ -386,8 +386,8 @@ def _kernel_py(qt: int, wide: bool | None, r16: bool = False, r16_bits: bool = F
     if wide is None:
         wide = FEATURES.wide
     if r16_bits:
-        if not FEATURES.wide:
-            raise ValueError("r16_bits= needs the r16 kernels (AVX-512 VNNI)")
+        if not FEATURES.simd:
+            raise ValueError("r16_bits= needs the r16 kernels (the SIMD path)")
         if qt in _KERNEL_PY_R16B:
             return _KERNEL_PY_R16B[qt], "r16b"
         if qt not in _KERNEL_PY_R16:

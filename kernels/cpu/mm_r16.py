@@ -26,6 +26,7 @@ from localllm.kernels.cpu.mm_common import (
     _p_u8,
     _store16,
 )
+from localllm.kernels.cpu.mm_r16h import _dot4_r16h
 from localllm.kernels.cpu.mm_r16k import R16K_BYTES, _repack_r16k
 from localllm.kernels.cpu.r16_copy import copy_units, repack_groups, word_views
 from localllm.kernels.cpu.simd import (
@@ -33,6 +34,7 @@ from localllm.kernels.cpu.simd import (
     add32x16,
     cvtf16,
     dot_bcast64,
+    dot_bcast64_ss,
     fma16,
     ld_f16x16,
     ld_i8x64,
@@ -74,6 +76,9 @@ from localllm.kernels.cpu.simd import (
 # alone the tile's loop makes ~5.6 G vpdpbusd/s (~710 GFLOP/s); a whole N = 512 product,
 # with its activation quantization, ~620 (was ~550 with 4-row tiles and 16-row tasks).
 
+# Prefill on CPUs without AVX-512 reads the records 8 rows at a time (mm_r16h).
+_HALF: bool = not FEATURES.wide
+
 # bytes of a record (16 blocks), by type: and the K-quants Q4_K / Q5_K / Q6_K (layout and
 # kernels: mm_r16k)
 _R16_BYTES = {**{t: _B32_BYTES[t] * 16 for t in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)}, **R16K_BYTES}
@@ -89,6 +94,10 @@ def _r16_qoff(qt):
 def _r16_dec(qt, w, p):
     """The 8 unsigned quant vectors (I8x64) of the r16 record at byte p (see above)."""
     q = p + _r16_qoff(qt)
+    if qt == Q8_0 and _b32_mode(qt) == 0:  # AVX2 without VNNI: signed q (dot_bcast64_ss)
+        return (ld_i8x64(w, q), ld_i8x64(w, q + 64), ld_i8x64(w, q + 128),
+                ld_i8x64(w, q + 192), ld_i8x64(w, q + 256), ld_i8x64(w, q + 320),
+                ld_i8x64(w, q + 384), ld_i8x64(w, q + 448))
     if qt == Q8_0:
         return (add8x64(ld_i8x64(w, q), 0x80), add8x64(ld_i8x64(w, q + 64), 0x80),
                 add8x64(ld_i8x64(w, q + 128), 0x80), add8x64(ld_i8x64(w, q + 192), 0x80),
@@ -108,28 +117,48 @@ def _r16_dec(qt, w, p):
             nib_hi64(n0), nib_hi64(n1), nib_hi64(n2), nib_hi64(n3))
 
 
+@njit(inline="always")
+def _r16_bdot(qt, acc, v, xq, o):
+    """acc + the 16 rows' dots of one decoded vector v with the 4 activation bytes at o:
+    unsigned quants (vpdpbusd), or signed ones (_b32_mode 0: the AVX2 path's Q8_0)."""
+    if _b32_mode(qt) == 0:
+        return dot_bcast64_ss(acc, v, xq, o)
+    return dot_bcast64(acc, v, xq, o)
+
+
 @njit
-def _r16_dot(u, xq, xo):
+def _r16_dot(qt, u, xq, xo):
     """16 per-row integer dots of the decoded vectors u with the 32 activation bytes at xo."""
     # two chains of four: vpdpbusd's latency (not its throughput) bounds one chain of eight
-    i = dot_bcast64(zero32x16(), u[0], xq, xo)
-    j = dot_bcast64(zero32x16(), u[1], xq, xo + 4)
-    i = dot_bcast64(i, u[2], xq, xo + 8)
-    j = dot_bcast64(j, u[3], xq, xo + 12)
-    i = dot_bcast64(i, u[4], xq, xo + 16)
-    j = dot_bcast64(j, u[5], xq, xo + 20)
-    i = dot_bcast64(i, u[6], xq, xo + 24)
-    j = dot_bcast64(j, u[7], xq, xo + 28)
+    i = _r16_bdot(qt, zero32x16(), u[0], xq, xo)
+    j = _r16_bdot(qt, zero32x16(), u[1], xq, xo + 4)
+    i = _r16_bdot(qt, i, u[2], xq, xo + 8)
+    j = _r16_bdot(qt, j, u[3], xq, xo + 12)
+    i = _r16_bdot(qt, i, u[4], xq, xo + 16)
+    j = _r16_bdot(qt, j, u[5], xq, xo + 20)
+    i = _r16_bdot(qt, i, u[6], xq, xo + 24)
+    j = _r16_bdot(qt, j, u[7], xq, xo + 28)
     return add32x16(i, j)
 
 
 @njit
 def _r16_c(qt, w, p, dw):
     """The 16 rows' c terms of the record at p (see _b32_dec): the block mins m for Q4_1 /
-    Q5_1, d for the offset types."""
+    Q5_1, d for the offset types, none (zeros) for signed quants."""
+    if _b32_mode(qt) == 0:
+        return zerof16()
     if qt == Q4_1 or qt == Q5_1:
         return ld_f16x16(w, p + 32)
     return dw
+
+
+@njit(inline="always")
+def _r16_out(qt, a, m, cm):
+    """The 16 rows' outputs: the a terms plus cmul times the c terms (none for signed
+    quants, whose c terms are never read: the activation sums they pair with are not made)."""
+    if _b32_mode(qt) == 0:
+        return a
+    return fma16(a, m, cm)
 
 
 @njit
@@ -155,46 +184,47 @@ def _dot4_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act):
             dw = ld_f16x16(w, p)
             cw = _r16_c(qt, w, p, dw)
             xo = x0 + 32 * b
-            a0 = fma16(a0, cvtf16(_r16_dot(u, xq, xo)), mul16(dw, splatf16(xd[n0, b])))
-            a1 = fma16(a1, cvtf16(_r16_dot(u, xq, xo + k)), mul16(dw, splatf16(xd[n0 + 1, b])))
-            a2 = fma16(a2, cvtf16(_r16_dot(u, xq, xo + 2 * k)),
+            a0 = fma16(a0, cvtf16(_r16_dot(qt, u, xq, xo)), mul16(dw, splatf16(xd[n0, b])))
+            a1 = fma16(a1, cvtf16(_r16_dot(qt, u, xq, xo + k)), mul16(dw, splatf16(xd[n0 + 1, b])))
+            a2 = fma16(a2, cvtf16(_r16_dot(qt, u, xq, xo + 2 * k)),
                        mul16(dw, splatf16(xd[n0 + 2, b])))
-            a3 = fma16(a3, cvtf16(_r16_dot(u, xq, xo + 3 * k)),
+            a3 = fma16(a3, cvtf16(_r16_dot(qt, u, xq, xo + 3 * k)),
                        mul16(dw, splatf16(xd[n0 + 3, b])))
-            m0 = fma16(m0, cw, splatf16(xc[n0, b]))
-            m1 = fma16(m1, cw, splatf16(xc[n0 + 1, b]))
-            m2 = fma16(m2, cw, splatf16(xc[n0 + 2, b]))
-            m3 = fma16(m3, cw, splatf16(xc[n0 + 3, b]))
+            if _b32_mode(qt) != 0:
+                m0 = fma16(m0, cw, splatf16(xc[n0, b]))
+                m1 = fma16(m1, cw, splatf16(xc[n0 + 1, b]))
+                m2 = fma16(m2, cw, splatf16(xc[n0 + 2, b]))
+                m3 = fma16(m3, cw, splatf16(xc[n0 + 3, b]))
         r = 16 * g
-        _store16(out, n0, n_act, r, r1, fma16(a0, m0, cm))
-        _store16(out, n0 + 1, n_act, r, r1, fma16(a1, m1, cm))
-        _store16(out, n0 + 2, n_act, r, r1, fma16(a2, m2, cm))
-        _store16(out, n0 + 3, n_act, r, r1, fma16(a3, m3, cm))
+        _store16(out, n0, n_act, r, r1, _r16_out(qt, a0, m0, cm))
+        _store16(out, n0 + 1, n_act, r, r1, _r16_out(qt, a1, m1, cm))
+        _store16(out, n0 + 2, n_act, r, r1, _r16_out(qt, a2, m2, cm))
+        _store16(out, n0 + 3, n_act, r, r1, _r16_out(qt, a3, m3, cm))
 
 
 @njit(inline="always")  # inlined in Numba's IR: a call would return the sums through memory
-def _r16_step8(s, v, xq, o, k):
+def _r16_step8(qt, s, v, xq, o, k):
     """s[c] + the dot of the decoded vector v with the 4 activation bytes at o + c*k, c < 8."""
-    return (dot_bcast64(s[0], v, xq, o), dot_bcast64(s[1], v, xq, o + k),
-            dot_bcast64(s[2], v, xq, o + 2 * k), dot_bcast64(s[3], v, xq, o + 3 * k),
-            dot_bcast64(s[4], v, xq, o + 4 * k), dot_bcast64(s[5], v, xq, o + 5 * k),
-            dot_bcast64(s[6], v, xq, o + 6 * k), dot_bcast64(s[7], v, xq, o + 7 * k))
+    return (_r16_bdot(qt, s[0], v, xq, o), _r16_bdot(qt, s[1], v, xq, o + k),
+            _r16_bdot(qt, s[2], v, xq, o + 2 * k), _r16_bdot(qt, s[3], v, xq, o + 3 * k),
+            _r16_bdot(qt, s[4], v, xq, o + 4 * k), _r16_bdot(qt, s[5], v, xq, o + 5 * k),
+            _r16_bdot(qt, s[6], v, xq, o + 6 * k), _r16_bdot(qt, s[7], v, xq, o + 7 * k))
 
 
 @njit(inline="always")
-def _r16_dot8(u, xq, xo, k):
+def _r16_dot8(qt, u, xq, xo, k):
     """_r16_dot of the decoded vectors u for the 8 activation rows at xo, xo + k, ..., xo + 7k
     (8 x 16 integer dots: exact, so the same integers in any order), issued vector by vector
     across the 8 rows: eight independent vpdpbusd after each other (one chain per row)."""
     z = zero32x16()
-    s = _r16_step8((z, z, z, z, z, z, z, z), u[0], xq, xo, k)
-    s = _r16_step8(s, u[1], xq, xo + 4, k)
-    s = _r16_step8(s, u[2], xq, xo + 8, k)
-    s = _r16_step8(s, u[3], xq, xo + 12, k)
-    s = _r16_step8(s, u[4], xq, xo + 16, k)
-    s = _r16_step8(s, u[5], xq, xo + 20, k)
-    s = _r16_step8(s, u[6], xq, xo + 24, k)
-    return _r16_step8(s, u[7], xq, xo + 28, k)
+    s = _r16_step8(qt, (z, z, z, z, z, z, z, z), u[0], xq, xo, k)
+    s = _r16_step8(qt, s, u[1], xq, xo + 4, k)
+    s = _r16_step8(qt, s, u[2], xq, xo + 8, k)
+    s = _r16_step8(qt, s, u[3], xq, xo + 12, k)
+    s = _r16_step8(qt, s, u[4], xq, xo + 16, k)
+    s = _r16_step8(qt, s, u[5], xq, xo + 20, k)
+    s = _r16_step8(qt, s, u[6], xq, xo + 24, k)
+    return _r16_step8(qt, s, u[7], xq, xo + 28, k)
 
 
 @njit
@@ -228,7 +258,7 @@ def _dot8_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act):
             p = (g * nb + b) * rec
             u = _r16_dec(qt, w, p)
             dw = ld_f16x16(w, p)
-            s0, s1, s2, s3, s4, s5, s6, s7 = _r16_dot8(u, xq, n0 * k + 32 * b, k)
+            s0, s1, s2, s3, s4, s5, s6, s7 = _r16_dot8(qt, u, xq, n0 * k + 32 * b, k)
             a0 = _a_r16(a0, s0, dw, xd, n0, b)
             a1 = _a_r16(a1, s1, dw, xd, n0 + 1, b)
             a2 = _a_r16(a2, s2, dw, xd, n0 + 2, b)
@@ -245,7 +275,7 @@ def _dot8_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act):
         m5 = zerof16()
         m6 = zerof16()
         m7 = zerof16()
-        for b in range(nb):
+        for b in range(nb if _b32_mode(qt) != 0 else 0):
             p = (g * nb + b) * rec
             cw = _r16_c(qt, w, p, ld_f16x16(w, p))
             m0 = fma16(m0, cw, splatf16(xc[n0, b]))
@@ -257,14 +287,14 @@ def _dot8_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act):
             m6 = fma16(m6, cw, splatf16(xc[n0 + 6, b]))
             m7 = fma16(m7, cw, splatf16(xc[n0 + 7, b]))
         r = 16 * g
-        _store16(out, n0, n_act, r, r1, fma16(a0, m0, cm))
-        _store16(out, n0 + 1, n_act, r, r1, fma16(a1, m1, cm))
-        _store16(out, n0 + 2, n_act, r, r1, fma16(a2, m2, cm))
-        _store16(out, n0 + 3, n_act, r, r1, fma16(a3, m3, cm))
-        _store16(out, n0 + 4, n_act, r, r1, fma16(a4, m4, cm))
-        _store16(out, n0 + 5, n_act, r, r1, fma16(a5, m5, cm))
-        _store16(out, n0 + 6, n_act, r, r1, fma16(a6, m6, cm))
-        _store16(out, n0 + 7, n_act, r, r1, fma16(a7, m7, cm))
+        _store16(out, n0, n_act, r, r1, _r16_out(qt, a0, m0, cm))
+        _store16(out, n0 + 1, n_act, r, r1, _r16_out(qt, a1, m1, cm))
+        _store16(out, n0 + 2, n_act, r, r1, _r16_out(qt, a2, m2, cm))
+        _store16(out, n0 + 3, n_act, r, r1, _r16_out(qt, a3, m3, cm))
+        _store16(out, n0 + 4, n_act, r, r1, _r16_out(qt, a4, m4, cm))
+        _store16(out, n0 + 5, n_act, r, r1, _r16_out(qt, a5, m5, cm))
+        _store16(out, n0 + 6, n_act, r, r1, _r16_out(qt, a6, m6, cm))
+        _store16(out, n0 + 7, n_act, r, r1, _r16_out(qt, a7, m7, cm))
 
 
 @njit
@@ -280,10 +310,11 @@ def _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out):
             for po in range(0, rec, 64):  # the record PREFETCH_BYTES ahead
                 prefetch(w, p + PREFETCH_BYTES + po)
             dw = ld_f16x16(w, p)
-            a0 = fma16(a0, cvtf16(_r16_dot(_r16_dec(qt, w, p), xq, 32 * b)),
+            a0 = fma16(a0, cvtf16(_r16_dot(qt, _r16_dec(qt, w, p), xq, 32 * b)),
                        mul16(dw, splatf16(xd[0, b])))
-            m0 = fma16(m0, _r16_c(qt, w, p, dw), splatf16(xc[0, b]))
-        _store16(out, 0, 1, 16 * g, r1, fma16(a0, m0, cm))
+            if _b32_mode(qt) != 0:
+                m0 = fma16(m0, _r16_c(qt, w, p, dw), splatf16(xc[0, b]))
+        _store16(out, 0, 1, 16 * g, r1, _r16_out(qt, a0, m0, cm))
 
 
 @njit
@@ -301,6 +332,10 @@ def _rows_r16(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xsp, outp, ldo, n_act):
     out = carray(_p_f32(outp), (n_act, ldo))
     if n_act == 1:
         _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out)
+        return
+    if _HALF:  # without AVX-512: tiles of 8 weight rows x 4 activation rows (mm_r16h)
+        for n0 in range(0, n_act, 4):
+            _dot4_r16h(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act)
         return
     n8 = n_act // 8 * 8  # tiles of 8 activation rows, then of 4 for the rest (padded)
     for n0 in range(0, n8, 8):
@@ -393,7 +428,7 @@ def _mem_available() -> int | None:
         return None
 
 
-_R16: bool = (not simd_disabled_by_env() and FEATURES.simd and FEATURES.wide
+_R16: bool = (not simd_disabled_by_env() and FEATURES.simd
               and os.environ.get("LOCALLLM_NO_REPACK", "").strip().lower()
               in ("", "0", "false", "no"))
 

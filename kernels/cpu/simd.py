@@ -828,9 +828,90 @@ def _tree_sum(builder, v, n: int):
     return builder.extract_element(v, ir.Constant(_i32, 0))
 
 
+# ----------------------------------------------------------------------------- 256-bit, rows
+# For the r16 records read 8 rows at a time (mm_r16h, CPUs without AVX-512): each dword lane
+# of a vector belongs to one weight row and the 4 activation bytes are broadcast.
+
+
+def _bcast_x(context, builder, sig, args, i):
+    """The 4 bytes at byte args[i + 1] of array args[i], broadcast to an I8x32."""
+    x = builder.load(_ptr(context, builder, sig.args[i], args[i], args[i + 1], _i32), align=1)
+    return builder.bitcast(_splat(builder, _V32, x), _V8)
+
+
+@intrinsic
+def mad_bcast(typingctx, u, arr, off):
+    """vpmaddubsw of unsigned u with the 4 activation bytes at byte `off` of arr broadcast:
+    per word the sum of two u8 x s8 products (exact for u < 128; sums of several such words
+    stay exact while they fit an i16, which the caller's bounds decide)."""
+    if u != I8x32 or not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _maddubs(builder, args[0], _bcast_x(context, builder, sig, args, 1))
+
+    return I16x16(I8x32, arr, types.intp), codegen
+
+
+@intrinsic
+def mad_bcast_ss(typingctx, q, arr, off):
+    """mad_bcast for signed q by the sign trick (|q| <= 128, |x| <= 127: exact words)."""
+    if q != I8x32 or not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = _bcast_x(context, builder, sig, args, 1)
+        return _maddubs(builder, _abs8(builder, args[0]), _sign(builder, x, args[0]))
+
+    return I16x16(I8x32, arr, types.intp), codegen
+
+
+@intrinsic
+def dot_bcast(typingctx, acc, u, arr, off):
+    """acc + per-dword u8(u) x s8(x) sums, x the 4 bytes at byte `off` of arr broadcast
+    (vpdpbusd with AVX-VNNI, else vpmaddubsw + vpmaddwd: exact for u < 128)."""
+    if acc != I32x8 or u != I8x32 or not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _dot_us(builder, args[0], args[1], _bcast_x(context, builder, sig, args, 2))
+
+    return I32x8(I32x8, I8x32, arr, types.intp), codegen
+
+
+@intrinsic
+def add16(typingctx, a, b):
+    """Lanewise a + b of two I16x16 (wrapping)."""
+    if a != I16x16 or b != I16x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], args[1])
+
+    return I16x16(I16x16, I16x16), codegen
+
+
+@intrinsic
+def st_f32x8(typingctx, arr, off, v):
+    """Store an F32x8 at byte offset `off` of a C-contiguous array (unaligned)."""
+    if not _is_byte_array(arr) or v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _VF),
+                      align=1)
+        return context.get_dummy_value()
+
+    return types.void(arr, types.intp, F32x8), codegen
+
+
+__all__ += ["mad_bcast", "mad_bcast_ss", "dot_bcast", "add16", "st_f32x8"]
+
+
 # ============================================================================= 512-bit
-# Used only where cpu_features says `wide` (AVX-512 BW/VL + VNNI): the 32-weight block kernels
-# handle two blocks per instruction with these.
+# The 32-weight block kernels where cpu_features says `wide` (AVX-512 BW/VL + VNNI) handle two
+# blocks per instruction with these; the r16 kernels use them on every SIMD CPU (without
+# AVX-512, LLVM runs each as two 256-bit halves and the dots are emulated: _dot_bus512).
 
 I8x64 = VecType("I8x64", ir.VectorType(ir.IntType(8), 64))
 I32x16 = VecType("I32x16", ir.VectorType(ir.IntType(32), 16))
@@ -838,6 +919,45 @@ F32x16 = VecType("F32x16", ir.VectorType(ir.FloatType(), 16))
 _W8 = I8x64.lltype
 _W32 = I32x16.lltype
 _WF = F32x16.lltype
+
+
+# Without AVX-512 (the AVX2 path runs the r16 kernels too): a 512-bit integer dot is done as
+# two 256-bit halves, vpdpbusd.256 with AVX-VNNI, else vpmaddubsw + vpmaddwd (exact while each
+# pair of u8 x s8 products fits an i16: u < 128, or the sign trick's |q| <= 128 with |x| <=
+# 127). LLVM splits the other 512-bit vector operations into halves by itself.
+
+
+def _half(builder, v, h: int, vty):
+    """Half h (0 low, 1 high) of a 512-bit vector, as the 256-bit type vty."""
+    n = v.type.count // 2
+    idx = ir.Constant(ir.VectorType(_i32, n), list(range(h * n, h * n + n)))
+    return builder.bitcast(builder.shuffle_vector(v, v, idx), vty)
+
+
+def _join(builder, lo, hi):
+    """Two I32x8 halves as one I32x16."""
+    return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_i32, 16), list(range(16))))
+
+
+def _dot_bus512(builder, acc, u, x):
+    """acc + per-dword u8(u) x s8(x) sums on I32x16 (acc, u, x all <16 x i32>)."""
+    if FEATURES.wide:
+        f = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", _W32, [_W32, _W32, _W32])
+        return builder.call(f, [acc, u, x])
+    return _join(builder, *(_dot_us(builder, _half(builder, acc, h, _V32),
+                                    _half(builder, u, h, _V8), _half(builder, x, h, _V8))
+                            for h in (0, 1)))
+
+
+def _dot_wd512(builder, acc, a, b):
+    """acc + per-dword signed word pair products on I32x16 (vpdpwssd; exact, wrapping)."""
+    if FEATURES.wide:
+        f = _fn(builder, "llvm.x86.avx512.vpdpwssd.512", _W32, [_W32, _W32, _W32])
+        return builder.call(f, [acc, a, b])
+    return _join(builder, *(builder.add(_half(builder, acc, h, _V32),
+                                        _maddwd(builder, _half(builder, a, h, _V16),
+                                                _half(builder, b, h, _V16)))
+                            for h in (0, 1)))
 
 
 @intrinsic
@@ -1116,8 +1236,29 @@ def dot_bcast64(typingctx, acc, u, arr, off):
 
     def codegen(context, builder, sig, args):
         x = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], _i32), align=1)
-        f = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", _W32, [_W32, _W32, _W32])
-        return builder.call(f, [args[0], builder.bitcast(args[1], _W32), _splat(builder, _W32, x)])
+        return _dot_bus512(builder, args[0], builder.bitcast(args[1], _W32),
+                           _splat(builder, _W32, x))
+
+    return I32x16(I32x16, I8x64, arr, types.intp), codegen
+
+
+@intrinsic
+def dot_bcast64_ss(typingctx, acc, q, arr, off):
+    """dot_bcast64 for signed quants q (the AVX2 path's Q8_0, whose q + 128 would saturate
+    vpmaddubsw): acc + per-dword s8(q) x s8(x) sums by the sign trick, exact for |x| <= 127."""
+    if acc != I32x16 or q != I8x64 or not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], _i32), align=1)
+        xv = _splat(builder, _W32, x)
+        halves = []
+        for h in (0, 1):
+            qh = _half(builder, args[1], h, _V8)
+            xh = _half(builder, xv, h, _V8)
+            halves.append(_dot_us(builder, _half(builder, args[0], h, _V32),
+                                  _abs8(builder, qh), _sign(builder, xh, qh)))
+        return _join(builder, *halves)
 
     return I32x16(I32x16, I8x64, arr, types.intp), codegen
 
@@ -1166,7 +1307,8 @@ def st_f32x16(typingctx, arr, off, v):
 
 
 __all__ += [
-    "nib_lo64", "nib_hi64", "add8x64", "or_bits64", "zero32x16", "dot_bcast64", "ld_f16x16",
+    "nib_lo64", "nib_hi64", "add8x64", "or_bits64", "zero32x16", "dot_bcast64",
+    "dot_bcast64_ss", "ld_f16x16",
     "splatf16", "st_f32x16",
 ]
 
@@ -1303,8 +1445,7 @@ def dot_bcast32x16(typingctx, acc, u, arr, off):
 
     def codegen(context, builder, sig, args):
         x = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], _i32), align=1)
-        f = _fn(builder, "llvm.x86.avx512.vpdpbusd.512", _W32, [_W32, _W32, _W32])
-        return builder.call(f, [args[0], args[1], _splat(builder, _W32, x)])
+        return _dot_bus512(builder, args[0], args[1], _splat(builder, _W32, x))
 
     return I32x16(I32x16, I32x16, arr, types.intp), codegen
 
@@ -1317,8 +1458,7 @@ def dot_wd16(typingctx, acc, a, b):
         return None
 
     def codegen(context, builder, sig, args):
-        f = _fn(builder, "llvm.x86.avx512.vpdpwssd.512", _W32, [_W32, _W32, _W32])
-        return builder.call(f, [args[0], args[1], args[2]])
+        return _dot_wd512(builder, args[0], args[1], args[2])
 
     return I32x16(I32x16, I32x16, I32x16), codegen
 
@@ -1333,8 +1473,7 @@ def dot_wd_bcast16(typingctx, acc, a, arr, off):
 
     def codegen(context, builder, sig, args):
         x = builder.load(_ptr(context, builder, sig.args[2], args[2], args[3], _i32), align=1)
-        f = _fn(builder, "llvm.x86.avx512.vpdpwssd.512", _W32, [_W32, _W32, _W32])
-        return builder.call(f, [args[0], args[1], _splat(builder, _W32, x)])
+        return _dot_wd512(builder, args[0], args[1], _splat(builder, _W32, x))
 
     return I32x16(I32x16, I32x16, arr, types.intp), codegen
 
