@@ -52,7 +52,7 @@ def test_repack_r16k_layout(qt: T) -> None:
 
 
 needs_r16 = pytest.mark.skipif(not set(map(int, _KQ)) <= set(mm.r16_types()),
-                               reason="no r16 kernels on this path (SIMD path only)")
+                               reason="the K-quants are not repacked on this path (AVX-512 only: r16_types())")
 
 
 @needs_r16

@@ -28,6 +28,8 @@ def _matrices(m) -> list[base.QWeight]:
 @pytest.fixture(scope="module", params=[QT.Q4_K, QT.Q8_0, QT.Q4_0], ids=lambda t: t.name)
 def r16_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     qt = request.param
+    if r16_types() and int(qt) not in r16_types():
+        pytest.skip(f"this machine keeps {qt.name} row-major (r16_types())")
     p = tmp_path_factory.mktemp("layout") / f"llama-{qt.name}.gguf"
     write_tiny_model(p, "llama", qtype=qt, seed=3)
     return p

@@ -85,6 +85,7 @@ from localllm.kernels.cpu.mm_portable import matmul_portable
 from localllm.kernels.cpu.mm_r16 import (
     _R16,
     _R16_BYTES,
+    _R16_HERE,
     R16_MAX_HEAD,
     r16_budget,
     r16_same_bits,
@@ -162,6 +163,9 @@ def _bad_packed(packed, qtype, rows: int, rb: int) -> Exception:
     if int(qtype) not in _R16_BYTES:
         return ValueError(f"GGML type {qtype} ({dequant.qtype_name(int(qtype))}) has no r16 "
                           f"layout")
+    if int(qtype) not in _R16_HERE:
+        return ValueError(f"this machine keeps GGML type {qtype} ({dequant.qtype_name(int(qtype))})"
+                          f" row-major (r16_types(): its r16 kernels are for AVX-512)")
     if not isinstance(packed, np.ndarray) or packed.dtype != np.uint8:
         return TypeError("packed must be a uint8 array from repack_r16")
     if packed.shape != r16_shape(rows, rb):
@@ -273,9 +277,9 @@ def _check_weight(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
     if packed is not None and not (
             isinstance(packed, np.ndarray) and packed.dtype == _U8
             and packed.shape == r16_shape(rows, rb) and packed.flags.c_contiguous
-            and _R16 and qtype in _R16_BYTES and r16_ok):
+            and _R16 and qtype in _R16_HERE and r16_ok):
         raise _bad_packed(packed, qtype, rows, rb)
-    if r16_bits and not (_R16 and qtype in _R16_BYTES and r16_ok and not _PORTABLE):
+    if r16_bits and not (_R16 and qtype in _R16_HERE and r16_ok and not _PORTABLE):
         raise ValueError(f"r16_bits= needs the r16 kernels of GGML type {qtype} "
                          f"({dequant.qtype_name(int(qtype))}), which this machine or call does "
                          f"not have (r16_types())")

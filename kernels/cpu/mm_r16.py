@@ -433,17 +433,25 @@ _R16: bool = (not simd_disabled_by_env() and FEATURES.simd
               in ("", "0", "false", "no"))
 
 
+# The types this machine repacks. Without AVX-512 the 32-weight types only: the K-quants'
+# r16 kernels (mm_r16k) run there as two 256-bit halves and spill, and measured on Zen 3
+# (1B Q4_K_M, one thread) they decode at 4.6 tok/s against the row-major kernels' 7.2 (prefill
+# 35 against 27 pp512); the 32-weight types gain both ways (mm_r16h).
+_R16_HERE: frozenset[int] = frozenset(
+    _R16_BYTES if FEATURES.wide else (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
+
+
 def r16_types() -> tuple[int, ...]:
     """Weight types that have r16 kernels on this machine (empty without AVX-512 VNNI, on the
     portable path, or with LOCALLLM_NO_REPACK=1)."""
-    return tuple(sorted(_R16_BYTES)) if _R16 else ()
+    return tuple(sorted(_R16_HERE)) if _R16 else ()
 
 
 def r16_wanted(w_raw: np.ndarray, qtype: int, *, head: bool = False) -> bool:
     """Whether this machine multiplies the weight w_raw [rows, row_bytes] u8 of this type
     faster from its r16 copy (a K-quant output head: only up to R16_MAX_HEAD bytes; the per-model
     budget, r16_budget(), is the loader's to keep)."""
-    return (_R16 and int(qtype) in _R16_BYTES
+    return (_R16 and int(qtype) in _R16_HERE
             and (not head or int(qtype) not in R16K_BYTES or w_raw.nbytes <= R16_MAX_HEAD))
 
 
