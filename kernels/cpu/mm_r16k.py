@@ -67,8 +67,6 @@ from localllm.kernels.cpu.mm_common import (
     _store16,
 )
 from localllm.kernels.cpu.simd import (
-    USE_VNNI,
-    add16x32,
     add32x16,
     and32x16,
     cvtf16,
@@ -78,7 +76,6 @@ from localllm.kernels.cpu.simd import (
     fma16,
     ld_f16x16,
     ld_i32x16,
-    mad_bcast32x16,
     mul16,
     or32x16,
     prefetch,
@@ -95,10 +92,6 @@ from localllm.kernels.cpu.simd import (
 
 # bytes of a record (16 super-blocks)
 R16K_BYTES = {Q4_K: Q4_K_BYTES * 16, Q5_K: Q5_K_BYTES * 16, Q6_K: Q6_K_BYTES * 16}
-
-# Without VNNI (the AVX2 path, where the 512-bit ops run as two 256-bit halves) the Q4_K /
-# Q5_K dots sum vpmaddubsw words before a vpmaddwd applies the scale (_k45_dot).
-_WORDS: bool = not USE_VNNI
 
 # Record offsets. Q4_K: d, dmin, 3 scale vectors, 32 quant vectors.
 _K4_DMIN, _K4_SC, _K4_QS = 32, 64, 256
@@ -161,12 +154,6 @@ def _k45_dot(qt, i, u0, u1, u2, u3, xq, xb, s):
     while the dot fits an i16 (Q4_K: 16 * 15 * 127 = 30480; Q5_K's 31 allow 8 positions),
     then one vpdpwssd with the sub-block scale s (its low word; high word 0)."""
     z = zero32x16()
-    if _WORDS:  # no VNNI: the vpmaddubsw words of the 4 vectors summed as i16 (each word
-        # lane holds 8 positions: Q4_K 8 * 15 * 127 = 15240, Q5_K 8 * 31 * 127 = 31496), then
-        # one vpmaddwd against the scale in both words: s * the same 16-position dot
-        t = add16x32(add16x32(mad_bcast32x16(u0, xq, xb), mad_bcast32x16(u1, xq, xb + 4)),
-                     add16x32(mad_bcast32x16(u2, xq, xb + 8), mad_bcast32x16(u3, xq, xb + 12)))
-        return dot_wd16(i, t, or32x16(s, shl32x16(s, 16)))
     if qt == Q5_K:
         i = dot_wd16(i, dot_bcast32x16(dot_bcast32x16(z, u0, xq, xb), u1, xq, xb + 4), s)
         return dot_wd16(i, dot_bcast32x16(dot_bcast32x16(z, u2, xq, xb + 8), u3, xq, xb + 12),

@@ -1515,38 +1515,3 @@ def addf16(typingctx, a, b):
 __all__ += ["ld_i32x16", "splat32x16", "and32x16", "or32x16", "sub32x16", "mul32x16",
             "shl32x16", "srl32x16", "sra32x16", "dot_bcast32x16", "dot_wd16", "addf16",
             "dot_wd_bcast16", "shl16x32", "sra16x32"]
-
-
-@intrinsic
-def mad_bcast32x16(typingctx, u, arr, off):
-    """Without VNNI, the words of a dot_bcast32x16 before they are summed: per word the sum of
-    two u8(u) x s8(x) products (vpmaddubsw; x the 4 bytes at byte `off` broadcast), as an
-    I32x16 holding 32 words (exact for u < 128; the caller bounds sums of such words)."""
-    if u != I32x16 or not _is_byte_array(arr):
-        return None
-
-    def codegen(context, builder, sig, args):
-        x = builder.load(_ptr(context, builder, sig.args[1], args[1], args[2], _i32), align=1)
-        xv = _splat(builder, _W32, x)
-        halves = [builder.bitcast(_maddubs(builder, _half(builder, args[0], h, _V8),
-                                           _half(builder, xv, h, _V8)), _V32) for h in (0, 1)]
-        return _join(builder, *halves)
-
-    return I32x16(I32x16, arr, types.intp), codegen
-
-
-@intrinsic
-def add16x32(typingctx, a, b):
-    """Lanewise a + b of the 32 words of two I32x16 (wrapping)."""
-    if a != I32x16 or b != I32x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        v16 = ir.VectorType(_i16, 32)
-        return builder.bitcast(builder.add(builder.bitcast(args[0], v16),
-                                           builder.bitcast(args[1], v16)), _W32)
-
-    return I32x16(I32x16, I32x16), codegen
-
-
-__all__ += ["mad_bcast32x16", "add16x32"]
