@@ -21,7 +21,8 @@ Shapes: one loop structure serves all batch sizes.
 * N == 1 (decode): a matrix-vector product is bound by memory bandwidth; a prange over groups
   of rows streams every weight byte exactly once.
 * Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weights (the layer weights, and
-  output heads up to R16_MAX_HEAD bytes) are, with AVX-512 VNNI, repacked at load into groups of 16 interleaved rows
+  output heads up to R16_MAX_HEAD bytes) are repacked at load (the K-quants only with AVX-512;
+  r16_types()) into groups of 16 interleaved rows
   (r16, see mm_r16 and, for the K-quants, mm_r16k) whose kernels keep 16 rows' dot products
   in the 16 lanes of a vector: no horizontal sums, ~5x fewer instructions than the row-major
   kernels below, for every N (the K-quants' r16 outputs are bit-identical to their row-major
@@ -50,7 +51,7 @@ Files, by job (each readable in one sitting):
 * mm_common: type ids, block shapes and activation formats, the shared tile store, addresses;
 * mm_b32 / mm_kquants / mm_iquants / mm_float: the row kernels of the 32-weight block types,
   the K-quants (and IQ4_XS), the grid i-quants (IQ2_*, IQ3_*), the float types; mm_r16: the row-interleaved layout, its kernels and repacking
-  (mm_r16k: the same for Q4_K / Q5_K / Q6_K);
+  (mm_r16k: the same for Q4_K / Q5_K / Q6_K; mm_r16h: the r16 prefill tile without AVX-512);
 * mm_driver: one C-callable row kernel per type and the parallel driver that calls them;
 * mm_portable: the path for any CPU; scratch: the activation buffers;
 * this module: the entry point (argument checks, path choice, tiling).

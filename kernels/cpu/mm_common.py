@@ -39,7 +39,7 @@ from localllm.formats.qtypes import (  # noqa: F401 - the ids, re-exported to th
     QTYPES,
 )
 from localllm.kernels.cpu.cpu_features import FEATURES, simd_disabled_by_env
-from localllm.kernels.cpu.simd import lanef16, st_f32x16
+from localllm.kernels.cpu.simd import lanef, lanef16, st_f32x8, st_f32x16
 
 # GGML type ids (F32 ... IQ4_XS, the ids the kernels branch on), block shapes and activation
 # formats come from the one table of weight types (formats/qtypes.py, ids from gguf).
@@ -114,6 +114,19 @@ def _store16(out, n, n_act, r, r1, v):
     else:
         for j in range(r1 - r):
             out[n, r + j] = lanef16(v, j)
+
+
+@njit
+def _store8(out, n, n_act, r, r1, v):
+    """out[n, r:r+8] = v, an F32x8 of 8 rows' results (only rows < r1; nothing for a padding
+    activation row n >= N)."""
+    if n >= n_act:
+        return
+    if r + 8 <= r1:
+        st_f32x8(out, (n * out.shape[1] + r) * 4, v)
+    else:
+        for j in range(r1 - r):
+            out[n, r + j] = lanef(v, j)
 
 
 # Addresses: the row kernels are C functions taking int64 arguments only, and rebuild their

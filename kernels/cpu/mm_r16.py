@@ -50,7 +50,7 @@ from localllm.kernels.cpu.simd import (
 )
 
 # ---------------------------------------------------------------- row-interleaved (r16)
-# With AVX-512 VNNI, Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights are repacked once (repack_r16)
+# On every SIMD CPU, Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 weights are repacked once (repack_r16)
 # into groups of 16 rows (the last group zero-padded), stored block column by block column: the
 # 16 blocks of column b of a group form one record of 16 x the block's bytes,
 #   d [16] fp16 | (Q4_1, Q5_1: m [16] fp16 |) the quants as 64-byte vectors whose dword lane r
@@ -442,7 +442,7 @@ _R16_HERE: frozenset[int] = frozenset(
 
 
 def r16_types() -> tuple[int, ...]:
-    """Weight types that have r16 kernels on this machine (empty without AVX-512 VNNI, on the
+    """Weight types this machine repacks (the K-quants only with AVX-512; empty on the
     portable path, or with LOCALLLM_NO_REPACK=1)."""
     return tuple(sorted(_R16_HERE)) if _R16 else ()
 
@@ -475,7 +475,7 @@ def repack_r16(w_raw: np.ndarray, qtype: int, threads: int | None = None,
     """The row-interleaved copy of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weight
     [rows, row_bytes] u8: returns [ceil(rows/16) * 16, row_bytes] u8 (read-only) holding the
     r16 records (layout in the comment above _r16_dec, and mm_r16k's docstring for the
-    K-quants; padding rows are zero). Any CPU can build it; only AVX-512 VNNI kernels read it.
+    K-quants; padding rows are zero). Any CPU can build it; the SIMD kernels read it.
     threads: how many threads copy (default: the kernels' count, r16_copy.repack_threads).
     release(row0, row1): told when source rows row0..row1-1 are copied (the loader gives
     their file pages back as it goes, so a weight is never resident twice over)."""

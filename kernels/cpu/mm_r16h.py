@@ -26,7 +26,7 @@ from __future__ import annotations
 from numba import njit
 
 from localllm.kernels.cpu.mm_b32 import _b32_bytes, _b32_cmul, _b32_mode
-from localllm.kernels.cpu.mm_common import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from localllm.kernels.cpu.mm_common import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, _store8
 from localllm.kernels.cpu.simd import (
     USE_VNNI,
     add8,
@@ -36,7 +36,6 @@ from localllm.kernels.cpu.simd import (
     cvtf,
     dot_bcast,
     fma_f,
-    lanef,
     ld_bits32,
     ld_f16x8,
     ld_i8x32,
@@ -49,7 +48,6 @@ from localllm.kernels.cpu.simd import (
     splat16,
     splatf,
     srl8,
-    st_f32x8,
     zero32,
     zerof,
 )
@@ -138,19 +136,6 @@ def _h_dots(qt, w, q, h, xq, xo, k):
             t = _h_fl4(qt, t)
     t = _h_fl4(qt, t)
     return t[1], t[3], t[5], t[7]
-
-
-@njit(inline="always")
-def _store8(out, n, n_act, r, r1, v):
-    """out[n, r:r+8] = v, an F32x8 of 8 rows' results (only rows < r1; nothing for a padding
-    activation row n >= N)."""
-    if n >= n_act:
-        return
-    if r + 8 <= r1:
-        st_f32x8(out, (n * out.shape[1] + r) * 4, v)
-    else:
-        for j in range(r1 - r):
-            out[n, r + j] = lanef(v, j)
 
 
 @njit
