@@ -104,6 +104,13 @@ def _store4(out, r, n0, n_act, v0, v1, v2, v3):
 
 
 @njit
+def _r16_qoff(qt):
+    """Byte offset of the quant vectors in an r16 record of a 32-weight type (mm_r16's
+    layout, read by mm_r16 and mm_r16h): after d [16] (and, Q4_1 / Q5_1, m [16]) fp16."""
+    return 64 if qt == Q4_1 or qt == Q5_1 else 32
+
+
+@njit
 def _store16(out, n, n_act, r, r1, v):
     """out[n, r:r+16] = v, an F32x16 of 16 rows' results (r16 kernels; only rows < r1;
     nothing for a padding activation row n >= N)."""

@@ -24,6 +24,7 @@ from localllm.kernels.cpu.mm_common import (
     _p_f32,
     _p_i8,
     _p_u8,
+    _r16_qoff,
     _store16,
 )
 from localllm.kernels.cpu.mm_r16h import _dot4_r16h
@@ -82,12 +83,6 @@ _HALF: bool = not FEATURES.wide
 # bytes of a record (16 blocks), by type: and the K-quants Q4_K / Q5_K / Q6_K (layout and
 # kernels: mm_r16k)
 _R16_BYTES = {**{t: _B32_BYTES[t] * 16 for t in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)}, **R16K_BYTES}
-
-
-@njit
-def _r16_qoff(qt):
-    """Byte offset of the quant vectors in a record: after d [16] (and m [16]) fp16."""
-    return 64 if qt == Q4_1 or qt == Q5_1 else 32
 
 
 @njit

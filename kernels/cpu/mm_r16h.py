@@ -26,7 +26,7 @@ from __future__ import annotations
 from numba import njit
 
 from localllm.kernels.cpu.mm_b32 import _b32_bytes, _b32_cmul, _b32_mode
-from localllm.kernels.cpu.mm_common import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, _store8
+from localllm.kernels.cpu.mm_common import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, _r16_qoff, _store8
 from localllm.kernels.cpu.simd import (
     USE_VNNI,
     add8,
@@ -51,12 +51,6 @@ from localllm.kernels.cpu.simd import (
     zero32,
     zerof,
 )
-
-
-@njit(inline="always")
-def _h_qoff(qt):
-    """Byte offset of the quant vectors in a record (mm_r16's _r16_qoff)."""
-    return 64 if qt == Q4_1 or qt == Q5_1 else 32
 
 
 @njit(inline="always")
@@ -158,7 +152,7 @@ def _dot4_r16h(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act):
             for b in range(nb):
                 p = (g * nb + b) * rec
                 dw = ld_f16x8(w, p + 16 * h)
-                i0, i1, i2, i3 = _h_dots(qt, w, p + _h_qoff(qt), h, xq, n0 * k + 32 * b, k)
+                i0, i1, i2, i3 = _h_dots(qt, w, p + _r16_qoff(qt), h, xq, n0 * k + 32 * b, k)
                 a0 = fma_f(a0, cvtf(i0), mulf(dw, splatf(xd[n0, b])))
                 a1 = fma_f(a1, cvtf(i1), mulf(dw, splatf(xd[n0 + 1, b])))
                 a2 = fma_f(a2, cvtf(i2), mulf(dw, splatf(xd[n0 + 2, b])))
