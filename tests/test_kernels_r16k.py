@@ -105,3 +105,26 @@ def test_r16k_bits_do_not_depend_on_threads_or_groups() -> None:
                 assert np.array_equal(wide[:, :333], ref6) and np.array_equal(wide[:, 333:], ref4)
     finally:
         numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("qt", _KQ, ids=lambda t: t.name)
+def test_prefill_tiles_equal_one_row_at_a_time(qt: T) -> None:
+    """Without AVX-512 the row-major K-quants' prefill interleaves 16 rows at a time into r16
+    records (mm_r16kh, from K_TILE_MIN_N activation rows on); with AVX-512 they are repacked.
+    Either way each output row must be bit for bit what that activation row alone gives
+    (N = 1, the decode kernels): row counts that leave a partial group, and N past the tile
+    threshold with and without a padded tile of 4."""
+    from localllm.kernels.cpu.mm_driver import K_TILE_MIN_N
+
+    rng = np.random.default_rng(41)
+    for rows, k in ((37, 512), (16, 768)):
+        w = random_weight(qt, rows, k, rng)
+        packed = mm.repack_r16(w, int(qt)) if int(qt) in mm.r16_types() else None
+        for n in (K_TILE_MIN_N, K_TILE_MIN_N + 3, 2 * K_TILE_MIN_N + 1):
+            x = rng.standard_normal((n, k)).astype(np.float32)
+            out = np.empty((n, rows), np.float32)
+            mm.matmul(w, int(qt), x, out, packed=packed)
+            for i in range(n):
+                one = np.empty((1, rows), np.float32)
+                mm.matmul(w, int(qt), x[i:i + 1], one, packed=packed)
+                np.testing.assert_array_equal(out[i], one[0])

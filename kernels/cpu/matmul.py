@@ -68,6 +68,7 @@ from localllm.kernels.cpu import dequant
 from localllm.kernels.cpu.cpu_features import FEATURES
 from localllm.kernels.cpu.mm_common import (
     _GROUP_BYTES,
+    _HALF,
     _PORTABLE,
     _R16_GROUP_BYTES,
     _SERIAL_BYTES,
@@ -76,6 +77,7 @@ from localllm.kernels.cpu.mm_common import (
     ACT_Q8_K,
 )
 from localllm.kernels.cpu.mm_driver import (
+    K_TILE_MIN_N,
     T_COLS,
     _mm_multi,
     _mm_simd,
@@ -95,6 +97,7 @@ from localllm.kernels.cpu.mm_r16 import (
     r16_wanted,
     repack_r16,
 )
+from localllm.kernels.cpu.mm_r16k import R16K_BYTES
 from localllm.kernels.cpu.quant_act import quantize_q8_0, quantize_q8_k
 from localllm.kernels.cpu.scratch import Scratch, _get_scratch, make_scratch
 
@@ -242,7 +245,7 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
     else:  # tests: a given kernel variant
         fn = kernel(qt, _wide).address
     par = rows * rb * n >= _SERIAL_BYTES
-    group = _group(n, rows, rb, packed is not None)
+    group = _group(n, rows, rb, packed is not None or _k_tiled(qt, n))
     if packed is not None:
         w_raw = packed
     quantized = False
@@ -285,6 +288,12 @@ def _check_weight(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
                          f"({dequant.qtype_name(int(qtype))}), which this machine or call does "
                          f"not have (r16_types())")
     return spec, rows, rb
+
+
+def _k_tiled(qt: int, n: int) -> bool:
+    """Whether a row-major weight of type qt at N = n runs mm_r16kh's tiles (16 rows
+    interleaved at a time): its tasks are then whole 16-row groups, as for the r16 copies."""
+    return _HALF and not _PORTABLE and n >= K_TILE_MIN_N and qt in R16K_BYTES
 
 
 def _group(n: int, rows: int, rb: int, r16: bool) -> int:
@@ -345,7 +354,7 @@ def plan_multi(parts: list[tuple[np.ndarray, int, np.ndarray | None]], n: int, k
             w = w_raw if w_raw.flags.c_contiguous else np.ascontiguousarray(w_raw)
         keep += [w, out]
         be = spec[0]
-        group = _group(n, rows, rb, packed is not None)
+        group = _group(n, rows, rb, packed is not None or _k_tiled(qt, n))
         tab[m] = (fn, w.ctypes.data, rows, rb, k // 8 if be == 1 else k // be,
                   out.ctypes.data, out.strides[0] // 4, group, task0)
         task0 += (rows + group - 1) // group

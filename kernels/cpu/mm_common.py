@@ -110,6 +110,19 @@ def _r16_qoff(qt):
     return 64 if qt == Q4_1 or qt == Q5_1 else 32
 
 
+# Byte offsets in the K-quants' r16 records (mm_r16k's layout, read by mm_r16k and mm_r16kh).
+# Q4_K: d [16] f16, dmin [16] f16, 3 scale vectors, 32 quant vectors.
+_K4_DMIN, _K4_SC, _K4_QS = 32, 64, 256
+# Q5_K: as Q4_K, then 8 qh vectors (vector l = qh[4l .. +3]), then the 32 quant vectors.
+_K5_QH, _K5_QS = 256, 768
+# Q6_K: d [16] f16, 4 scale vectors, 32 ql vectors, 16 qh vectors.
+_K6_SC, _K6_QL, _K6_QH = 32, 288, 2336
+
+# Without AVX-512 the r16 records are read 8 rows at a time with 256-bit vectors (mm_r16h,
+# mm_r16kh).
+_HALF: bool = not FEATURES.wide
+
+
 @njit
 def _store16(out, n, n_act, r, r1, v):
     """out[n, r:r+16] = v, an F32x16 of 16 rows' results (r16 kernels; only rows < r1;

@@ -15,6 +15,7 @@ from localllm.kernels.cpu.cpu_features import FEATURES, simd_disabled_by_env
 from localllm.kernels.cpu.mm_b32 import _b32_bytes, _b32_cmul, _b32_mode
 from localllm.kernels.cpu.mm_common import (
     _B32_BYTES,
+    _HALF,
     PREFETCH_BYTES,
     Q4_0,
     Q4_1,
@@ -76,9 +77,6 @@ from localllm.kernels.cpu.simd import (
 # chains (one chain per column: the tile's 8 columns are the independent chains). Measured
 # alone the tile's loop makes ~5.6 G vpdpbusd/s (~710 GFLOP/s); a whole N = 512 product,
 # with its activation quantization, ~620 (was ~550 with 4-row tiles and 16-row tasks).
-
-# Prefill on CPUs without AVX-512 reads the records 8 rows at a time (mm_r16h).
-_HALF: bool = not FEATURES.wide
 
 # bytes of a record (16 blocks), by type: and the K-quants Q4_K / Q5_K / Q6_K (layout and
 # kernels: mm_r16k)
@@ -430,8 +428,9 @@ _R16: bool = (not simd_disabled_by_env() and FEATURES.simd
 
 # The types this machine repacks. Without AVX-512 the 32-weight types only: the K-quants'
 # r16 kernels (mm_r16k) run there as two 256-bit halves and spill, and measured on Zen 3
-# (1B Q4_K_M, one thread) they decode at 4.6 tok/s against the row-major kernels' 7.2 (prefill
-# 35 against 27 pp512); the 32-weight types gain both ways (mm_r16h).
+# (1B Q4_K_M, one thread) they decode at 4.6 tok/s against the row-major kernels' 7.2; 8-row
+# 256-bit kernels over the records streamed no faster than row-major either. Their prefill
+# reads records all the same: interleaved 16 rows at a time as it goes (mm_r16kh).
 _R16_HERE: frozenset[int] = frozenset(
     _R16_BYTES if FEATURES.wide else (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
 
@@ -465,6 +464,16 @@ def r16_shape(rows: int, row_bytes: int) -> tuple[int, int]:
     return (rows + 15) // 16 * 16, row_bytes
 
 
+def _zeros64(shape: tuple[int, ...]) -> np.ndarray:
+    """np.zeros of uint8 whose first byte is 64-byte aligned. Large numpy arrays start 16
+    bytes into a page (glibc's chunk header), so every 64-byte record vector would straddle
+    two cache lines, and on CPUs without AVX-512 every other 32-byte half (mm_r16h) would."""
+    n = int(np.prod(shape))
+    buf = np.zeros(n + 64, np.uint8)
+    off = -buf.ctypes.data % 64
+    return buf[off:off + n].reshape(shape)
+
+
 def repack_r16(w_raw: np.ndarray, qtype: int, threads: int | None = None,
                release: Callable[[int, int], None] | None = None) -> np.ndarray:
     """The row-interleaved copy of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weight
@@ -486,7 +495,7 @@ def repack_r16(w_raw: np.ndarray, qtype: int, threads: int | None = None,
     if src.flags.writeable:  # one compiled signature (read-only mmap views)
         src = src.view()
         src.flags.writeable = False
-    dst = np.zeros((n_groups, rb // bb, 16 * bb), np.uint8)  # [groups, nb, record]
+    dst = _zeros64((n_groups, rb // bb, 16 * bb))  # [groups, nb, record]
     if rows:
         done = None if release is None else (
             lambda g0, g1: release(16 * g0, min(16 * g1, rows)))

@@ -56,6 +56,14 @@ from numba import carray, njit
 
 from localllm.formats.qtypes import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES
 from localllm.kernels.cpu.mm_common import (
+    _K4_DMIN,
+    _K4_QS,
+    _K4_SC,
+    _K5_QH,
+    _K5_QS,
+    _K6_QH,
+    _K6_QL,
+    _K6_SC,
     PREFETCH_BYTES,
     Q4_K,
     Q5_K,
@@ -92,13 +100,6 @@ from localllm.kernels.cpu.simd import (
 
 # bytes of a record (16 super-blocks)
 R16K_BYTES = {Q4_K: Q4_K_BYTES * 16, Q5_K: Q5_K_BYTES * 16, Q6_K: Q6_K_BYTES * 16}
-
-# Record offsets. Q4_K: d, dmin, 3 scale vectors, 32 quant vectors.
-_K4_DMIN, _K4_SC, _K4_QS = 32, 64, 256
-# Q5_K: as Q4_K, then 8 qh vectors (vector l = qh[4l .. +3]), then the 32 quant vectors.
-_K5_QH, _K5_QS = 256, 768
-# Q6_K: d, 4 scale vectors, 32 ql vectors, 16 qh vectors.
-_K6_SC, _K6_QL, _K6_QH = 32, 288, 2336
 
 _M0F = 0x0F0F0F0F
 _M3F = 0x3F3F3F3F
@@ -559,23 +560,42 @@ def _repack_r16k(qt, w, dst, g0, g1) -> None:
         for b in range(nb):
             o = (g * nb + b) * rec  # the record's first byte
             for r in range(min(16, rows - 16 * g)):
-                row = (16 * g + r) * rb  # the row's first byte
-                if qt == Q4_K:
-                    s = row + b * Q4_K_BYTES
-                    _interleave(w, s, d16, d32, o, r, 0, 2, 0, 2)  # d
-                    _interleave(w, s, d16, d32, o, r, 2, 2, _K4_DMIN, 2)
-                    _interleave(w, s, d16, d32, o, r, 4, 12, _K4_SC, 4)
-                    _interleave(w, s, d16, d32, o, r, 16, 128, _K4_QS, 4)
-                elif qt == Q5_K:
-                    s = row + b * Q5_K_BYTES
-                    _interleave(w, s, d16, d32, o, r, 0, 2, 0, 2)  # d
-                    _interleave(w, s, d16, d32, o, r, 2, 2, _K4_DMIN, 2)
-                    _interleave(w, s, d16, d32, o, r, 4, 12, _K4_SC, 4)
-                    _interleave(w, s, d16, d32, o, r, 16, 32, _K5_QH, 4)
-                    _interleave(w, s, d16, d32, o, r, 48, 128, _K5_QS, 4)
-                else:
-                    s = row + b * Q6_K_BYTES
-                    _interleave(w, s, d16, d32, o, r, 208, 2, 0, 2)  # d
-                    _interleave(w, s, d16, d32, o, r, 192, 16, _K6_SC, 4)
-                    _interleave(w, s, d16, d32, o, r, 0, 128, _K6_QL, 4)
-                    _interleave(w, s, d16, d32, o, r, 128, 64, _K6_QH, 4)
+                _record_row(qt, w, (16 * g + r) * rb, b, d16, d32, o, r)
+
+
+@njit(inline="always")
+def _record_row(qt, w, row, b, d16, d32, o, r) -> None:
+    """Super-block b of the row at byte `row` of w into lane r of the record at byte o (d16 /
+    d32: the destination's word views): the layout, field by field."""
+    if qt == Q4_K:
+        s = row + b * Q4_K_BYTES
+        _interleave(w, s, d16, d32, o, r, 0, 2, 0, 2)  # d
+        _interleave(w, s, d16, d32, o, r, 2, 2, _K4_DMIN, 2)
+        _interleave(w, s, d16, d32, o, r, 4, 12, _K4_SC, 4)
+        _interleave(w, s, d16, d32, o, r, 16, 128, _K4_QS, 4)
+    elif qt == Q5_K:
+        s = row + b * Q5_K_BYTES
+        _interleave(w, s, d16, d32, o, r, 0, 2, 0, 2)  # d
+        _interleave(w, s, d16, d32, o, r, 2, 2, _K4_DMIN, 2)
+        _interleave(w, s, d16, d32, o, r, 4, 12, _K4_SC, 4)
+        _interleave(w, s, d16, d32, o, r, 16, 32, _K5_QH, 4)
+        _interleave(w, s, d16, d32, o, r, 48, 128, _K5_QS, 4)
+    else:
+        s = row + b * Q6_K_BYTES
+        _interleave(w, s, d16, d32, o, r, 208, 2, 0, 2)  # d
+        _interleave(w, s, d16, d32, o, r, 192, 16, _K6_SC, 4)
+        _interleave(w, s, d16, d32, o, r, 0, 128, _K6_QL, 4)
+        _interleave(w, s, d16, d32, o, r, 128, 64, _K6_QH, 4)
+
+
+@njit
+def group_records(qt, w, ra, m, dst) -> None:
+    """Rows ra..ra+m-1 (m <= 16) of the row-major weight w [rows, rb] u8 as one group's
+    records in dst [1, nb, record] u8 (lanes m.. untouched: the caller zeroes them). What
+    repack_r16 makes of a group, for mm_r16kh's prefill, which interleaves as it goes."""
+    rb = w.shape[1]
+    nb, rec = dst.shape[1], dst.shape[2]
+    d16, d32 = word_views(dst)
+    for b in range(nb):
+        for r in range(m):
+            _record_row(qt, w, (ra + r) * rb, b, d16, d32, b * rec, r)

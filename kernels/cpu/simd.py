@@ -908,6 +908,72 @@ def st_f32x8(typingctx, arr, off, v):
 __all__ += ["mad_bcast", "mad_bcast_ss", "dot_bcast", "add16", "st_f32x8"]
 
 
+# The K-quants' half records (mm_r16kh): their scales are bytes of dword lanes (lane r = row
+# r) and multiply vpmaddubsw word sums, so they are moved into words with one vpshufb.
+
+
+def _words_idx(builder, i, j, lo: int, hi: int):
+    """The vpshufb index putting byte i of each dword at byte `lo` of the dword and byte j at
+    byte `hi` (the other two bytes zeroed: index 0x80). A constant once i and j are."""
+    base, sel_i, sel_j = [], [], []
+    for b in range(32):
+        d = 4 * ((b % 16) // 4)  # the dword's first byte within its 128-bit lane
+        pos = b % 4
+        base.append(d if pos in (lo, hi) else 0x80)
+        sel_i.append(0xFF if pos == lo else 0)
+        sel_j.append(0xFF if pos == hi else 0)
+    bi = _splat(builder, _V8, builder.trunc(i, _i8))
+    bj = _splat(builder, _V8, builder.trunc(j, _i8))
+    idx = builder.add(ir.Constant(_V8, base), builder.and_(bi, ir.Constant(_V8, sel_i)))
+    return builder.add(idx, builder.and_(bj, ir.Constant(_V8, sel_j)))
+
+
+def _words8(signed: bool, name: str):
+    def impl(typingctx, v, i, j):
+        if v != I8x32 or not isinstance(i, types.Integer) or not isinstance(j, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            shuf = _fn(builder, "llvm.x86.avx2.pshuf.b", _V8, [_V8, _V8])
+            if not signed:
+                idx = _words_idx(builder, args[1], args[2], 0, 2)
+                return builder.bitcast(builder.call(shuf, [args[0], idx]), _V16)
+            # the bytes into the words' high bytes, then an arithmetic shift sign-extends them
+            idx = _words_idx(builder, args[1], args[2], 1, 3)
+            v16 = builder.bitcast(builder.call(shuf, [args[0], idx]), _V16)
+            return builder.ashr(v16, ir.Constant(_V16, [8] * 16))
+
+        return I16x16(I8x32, i, j), codegen
+
+    impl.__name__ = name
+    impl.__doc__ = (f"Bytes i and j (0..3) of each dword of an I8x32, {'sign' if signed else 'zero'}"
+                    "-extended, as its low and high word (I16x16): with i == j one byte in both"
+                    " words, a vpmaddwd operand for a vpmaddubsw word sum; with j = i + 1 a"
+                    " pair against two adjacent i16 sums.")
+    return intrinsic(impl)
+
+
+words_u8 = _words8(False, "words_u8")
+words_s8 = _words8(True, "words_s8")
+
+
+@intrinsic
+def madd_bcast(typingctx, a, arr, off):
+    """vpmaddwd of a with the dword at byte `off` of arr broadcast (two i16 there: x0, x1):
+    a.lo16 * x0 + a.hi16 * x1 per dword, as I32x8."""
+    if a != I16x16 or not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = builder.load(_ptr(context, builder, sig.args[1], args[1], args[2], _i32), align=1)
+        return _maddwd(builder, args[0], builder.bitcast(_splat(builder, _V32, x), _V16))
+
+    return I32x8(I16x16, arr, types.intp), codegen
+
+
+__all__ += ["words_u8", "words_s8", "madd_bcast"]
+
+
 # ============================================================================= 512-bit
 # The 32-weight block kernels where cpu_features says `wide` (AVX-512 BW/VL + VNNI) handle two
 # blocks per instruction with these; the r16 kernels use them on every SIMD CPU (without
