@@ -51,7 +51,8 @@ Files, by job (each readable in one sitting):
 * mm_common: type ids, block shapes and activation formats, the shared tile store, addresses;
 * mm_b32 / mm_kquants / mm_iquants / mm_float: the row kernels of the 32-weight block types,
   the K-quants (and IQ4_XS), the grid i-quants (IQ2_*, IQ3_*), the float types; mm_r16: the row-interleaved layout, its kernels and repacking
-  (mm_r16k: the same for Q4_K / Q5_K / Q6_K; mm_r16h: the r16 prefill tile without AVX-512);
+  (mm_r16k: the same for Q4_K / Q5_K / Q6_K; mm_r16h: the r16 prefill tile without AVX-512;
+  mm_r16kh: the K-quants' prefill without AVX-512, records interleaved as it goes);
 * mm_driver: one C-callable row kernel per type and the parallel driver that calls them;
 * mm_portable: the path for any CPU; scratch: the activation buffers;
 * this module: the entry point (argument checks, path choice, tiling).
