@@ -72,7 +72,7 @@ from localllm.kernels.cpu.mm_lowbit import LOWBIT_KERNELS
 from localllm.kernels.cpu.mm_r16 import (
     _rows_r16,
 )
-from localllm.kernels.cpu.mm_r16k import _rows_r16k6, _rows_r16k45
+from localllm.kernels.cpu.mm_r16k import R16K_BYTES, _rows_r16k6, _rows_r16k45
 from localllm.kernels.cpu.mm_r16kh import rows_k_tiles
 from localllm.kernels.cpu.quant_act import (
     quantize_row_q8_0,
@@ -182,7 +182,7 @@ def _ktiles(qt, w, r0, r1, nb, xq, xd, xbs, xb2, out, n_act):
 
 @overload(_ktiles, prefer_literal=True)
 def _ov_ktiles(qt, w, r0, r1, nb, xq, xd, xbs, xb2, out, n_act):
-    if not (_HALF and _literal(qt) in (Q4_K, Q5_K, Q6_K)):
+    if not (_HALF and _literal(qt) in R16K_BYTES):
         def impl(qt, w, r0, r1, nb, xq, xd, xbs, xb2, out, n_act):
             return False
 

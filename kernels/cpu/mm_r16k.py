@@ -567,19 +567,16 @@ def _repack_r16k(qt, w, dst, g0, g1) -> None:
 def _record_row(qt, w, row, b, d16, d32, o, r) -> None:
     """Super-block b of the row at byte `row` of w into lane r of the record at byte o (d16 /
     d32: the destination's word views): the layout, field by field."""
-    if qt == Q4_K:
-        s = row + b * Q4_K_BYTES
+    if qt == Q4_K or qt == Q5_K:  # Q5_K: Q4_K's fields with qh[32] before the quants
+        s = row + b * (Q5_K_BYTES if qt == Q5_K else Q4_K_BYTES)
         _interleave(w, s, d16, d32, o, r, 0, 2, 0, 2)  # d
         _interleave(w, s, d16, d32, o, r, 2, 2, _K4_DMIN, 2)
         _interleave(w, s, d16, d32, o, r, 4, 12, _K4_SC, 4)
-        _interleave(w, s, d16, d32, o, r, 16, 128, _K4_QS, 4)
-    elif qt == Q5_K:
-        s = row + b * Q5_K_BYTES
-        _interleave(w, s, d16, d32, o, r, 0, 2, 0, 2)  # d
-        _interleave(w, s, d16, d32, o, r, 2, 2, _K4_DMIN, 2)
-        _interleave(w, s, d16, d32, o, r, 4, 12, _K4_SC, 4)
-        _interleave(w, s, d16, d32, o, r, 16, 32, _K5_QH, 4)
-        _interleave(w, s, d16, d32, o, r, 48, 128, _K5_QS, 4)
+        if qt == Q5_K:
+            _interleave(w, s, d16, d32, o, r, 16, 32, _K5_QH, 4)
+            _interleave(w, s, d16, d32, o, r, 48, 128, _K5_QS, 4)
+        else:
+            _interleave(w, s, d16, d32, o, r, 16, 128, _K4_QS, 4)
     else:
         s = row + b * Q6_K_BYTES
         _interleave(w, s, d16, d32, o, r, 208, 2, 0, 2)  # d

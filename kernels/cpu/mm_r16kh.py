@@ -75,10 +75,11 @@ from localllm.kernels.cpu.simd import (
     zerof,
 )
 
-# Everything below the entries (_dot*_r16h) is inlined at the Numba level with constant
-# sub-block / position arguments, and the loops over them are written out: as a loop, the
-# scale shuffles and byte shifts that depend on them were computed at run time and the
-# vectors spilled (measured: half the speed of the row-major kernels).
+# The sub-blocks and positions reach the helpers below as constants (the calls are written
+# out, not looped over), so the scale shuffles and byte shifts that depend on them are
+# constants once LLVM inlines the helpers: as a loop they were computed at run time and the
+# vectors spilled (measured: half the speed of the row-major kernels). Only the helpers that
+# take many vectors are inlined at the Numba level: nested, that compiled for minutes.
 
 # ---------------------------------------------------------------- Q4_K / Q5_K
 
@@ -142,8 +143,10 @@ def _k45_fin(acc, isum, msum, d, dm, dx):
 
 @njit(inline="always")
 def _k45_sub4(qt, w, p, q, hq, s, hf, xq, xb, k, i0, i1, i2, i3):
-    """_k45_sub1 for rows 8hf..8hf+7 and 4 activation rows (xb, xb + k, ...): each decoded
-    vector feeds all four."""
+    """(i0..i3) + sub-block s's scaled dots for rows 8hf..8hf+7 of the record at p against 4
+    activation rows (their 32 bytes at xb + 32 s, xb + k + 32 s, ...): the vpmaddubsw words
+    of 8 (Q4_K) / 4 (Q5_K) quant vectors summed as i16, then a vpmaddwd with the scale in
+    both words; each decoded vector feeds all four rows."""
     sw = words_u8(_k45_sc(w, p, hf, s), s & 3, s & 3)
     a0 = a1 = a2 = a3 = splat16(0)
     for ln in range(8):
@@ -296,7 +299,9 @@ def _k6_pair4(u, v, xq, o, k, i0, i1, i2, i3, sw):
 
 @njit(inline="always")
 def _k6_sub4(w, p, hf, hh, c, l0, xq, xb, k, i0, i1, i2, i3):
-    """_k6_sub1 for 4 activation rows (xb, xb + k, ...): each chunk decoded once for all."""
+    """(i0..i3) + the scaled dots of chunk c at lane positions l0..l0+3 (one 16-weight
+    sub-block) of half hh, rows 8hf..8hf+7, against 4 activation rows (xb, xb + k, ...):
+    two vpmaddubsw added as words per vpmaddwd, each chunk decoded once for all four."""
     sw = _k6_scale(w, p, hf, 8 * hh + 2 * c + (l0 >> 2))
     o = xb + 128 * hh + 32 * c + 4 * l0
     q0, h0 = _k6_at(p, hf, hh, c, l0)
@@ -363,13 +368,7 @@ def rows_k_tiles(qt, w, r0, r1, nb, xq, xd, xbs, xb2, out, n_act):
     activation rows reads it), then the tiles of 8 weight rows x 4 activation rows run over
     them. The weight stays row-major (what decode reads best here); the interleave costs one
     pass over the rows per call, shared by all activation rows."""
-    if qt == Q6_K:
-        rec = Q6_K_BYTES * 16
-    elif qt == Q5_K:
-        rec = Q5_K_BYTES * 16
-    else:
-        rec = Q4_K_BYTES * 16
-    buf = np.zeros((1, nb, rec), np.uint8)
+    buf = np.zeros((1, nb, 16 * (w.shape[1] // nb)), np.uint8)  # a record: 16 super-blocks
     recs = buf.reshape(-1)
     for ra in range(r0, r1, 16):
         m = min(16, r1 - ra)
