@@ -72,8 +72,8 @@ from localllm.kernels.cpu.mm_lowbit import LOWBIT_KERNELS
 from localllm.kernels.cpu.mm_r16 import (
     _rows_r16,
 )
-from localllm.kernels.cpu.mm_r16k import R16K_BYTES, _rows_r16k6, _rows_r16k45
-from localllm.kernels.cpu.mm_r16kh import rows_k_tiles
+from localllm.kernels.cpu.mm_r16k import _rows_r16k6, _rows_r16k45
+from localllm.kernels.cpu.mm_r16kh import K_TILES, rows_k_tiles
 from localllm.kernels.cpu.quant_act import (
     quantize_row_q8_0,
     quantize_row_q8_k,
@@ -182,16 +182,18 @@ def _ktiles(qt, w, r0, r1, nb, xq, xd, xbs, xb2, out, n_act):
 
 @overload(_ktiles, prefer_literal=True)
 def _ov_ktiles(qt, w, r0, r1, nb, xq, xd, xbs, xb2, out, n_act):
-    if not (_HALF and _literal(qt) in R16K_BYTES):
+    if not (_HALF and _literal(qt) in K_TILES):
         def impl(qt, w, r0, r1, nb, xq, xd, xbs, xb2, out, n_act):
             return False
 
         return impl
 
+    q6 = _literal(qt) == Q6_K
+
     def impl(qt, w, r0, r1, nb, xq, xd, xbs, xb2, out, n_act):  # noqa: F811
         if n_act < K_TILE_MIN_N:
             return False
-        rows_k_tiles(qt, w, r0, r1, nb, xq, xd, xbs, xb2, out, n_act)
+        rows_k_tiles(qt, w, r0, r1, nb, xq, xd, xbs if q6 else xb2, out, n_act)
         return True
 
     return impl

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.extending import overload
 
 from localllm.formats.qtypes import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES
 from localllm.kernels.cpu.mm_common import (
@@ -46,6 +47,7 @@ from localllm.kernels.cpu.mm_common import (
     Q4_K,
     Q5_K,
     Q6_K,
+    _literal,
     _store8,
 )
 from localllm.kernels.cpu.mm_r16k import group_records
@@ -359,26 +361,38 @@ def _dot4_q6k_r16h(w, nb, xq, xd, xbs, out, n, n_act, ro, r1):
 # ---------------------------------------------------------------- rows
 
 
-@njit
-def rows_k_tiles(qt, w, r0, r1, nb, xq, xd, xbs, xb2, out, n_act):
-    """out[:, r0:r1] of a row-major Q4_K / Q5_K / Q6_K weight w [rows, rb] u8 for N = n_act
-    > 1 activation rows (padded to a multiple of 4; the Q8_K scratch of mm_driver._rows):
-    16 rows at a time are interleaved into one group's records (mm_r16k's layout, a scratch
-    of nb records: 18 KiB for a 2048-wide Q4_K row, it stays in L1 / L2 while every tile of
+K_TILES = {Q4_K: _dot4_q4k_r16h, Q5_K: _dot4_q5k_r16h, Q6_K: _dot4_q6k_r16h}
+
+
+def rows_k_tiles(qt, w, r0, r1, nb, xq, xd, xsum, out, n_act):
+    """out[:, r0:r1] of a row-major Q4_K / Q5_K / Q6_K (qt: a literal) weight w [rows, rb] u8
+    for N = n_act > 1 activation rows (padded to a multiple of 4; the Q8_K scratch of
+    mm_driver._rows, xsum its per-16 sums xbs for Q6_K, its per-32 sums xb2 else): 16 rows at
+    a time are interleaved into one group's records (mm_r16k's layout, a scratch of nb
+    records: 18 KiB for a 2048-wide Q4_K row, it stays in L1 / L2 while every tile of
     activation rows reads it), then the tiles of 8 weight rows x 4 activation rows run over
     them. The weight stays row-major (what decode reads best here); the interleave costs one
     pass over the rows per call, shared by all activation rows."""
-    buf = np.zeros((1, nb, 16 * (w.shape[1] // nb)), np.uint8)  # a record: 16 super-blocks
-    recs = buf.reshape(-1)
-    for ra in range(r0, r1, 16):
-        m = min(16, r1 - ra)
-        if m < 16:  # the rows past the weight's end: zero (d = 0), never stored
-            buf[:] = 0
-        group_records(qt, w, ra, m, buf)
-        for n in range(0, n_act, 4):
-            if qt == Q6_K:
-                _dot4_q6k_r16h(recs, nb, xq, xd, xbs, out, n, n_act, ra, r1)
-            elif qt == Q5_K:
-                _dot4_q5k_r16h(recs, nb, xq, xd, xb2, out, n, n_act, ra, r1)
-            else:
-                _dot4_q4k_r16h(recs, nb, xq, xd, xb2, out, n, n_act, ra, r1)
+
+
+# The tile is chosen when the caller is compiled (qt a literal), so a type's kernel links only
+# its own tiles: chosen by qt at run time, every K-quant kernel carried all three (the first
+# K-quant compile on Zen 3 took 41 s).
+@overload(rows_k_tiles, prefer_literal=True)
+def _ov_rows_k_tiles(qt, w, r0, r1, nb, xq, xd, xsum, out, n_act):
+    tile = K_TILES.get(_literal(qt))
+    if tile is None:
+        return None
+
+    def impl(qt, w, r0, r1, nb, xq, xd, xsum, out, n_act):
+        buf = np.zeros((1, nb, 16 * (w.shape[1] // nb)), np.uint8)  # a record: 16 blocks
+        recs = buf.reshape(-1)
+        for ra in range(r0, r1, 16):
+            m = min(16, r1 - ra)
+            if m < 16:  # the rows past the weight's end: zero (d = 0), never stored
+                buf[:] = 0
+            group_records(qt, w, ra, m, buf)
+            for n in range(0, n_act, 4):
+                tile(recs, nb, xq, xd, xsum, out, n, n_act, ra, r1)
+
+    return impl
