@@ -17,7 +17,11 @@ from localllm.kernels.cpu.attn_vec import ld_f32x16
 from localllm.kernels.cpu.simd import fma16, hsumf16, st_f32x16, zerof16
 
 QUANT = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}
-PAIRS = [(k, v) for k in kq.KV_TYPES for v in kq.KV_TYPES]
+# Each (K type, V type) pair is its own compiled attention kernel (~50 s cold on a 2-core
+# CI machine), but K and V are decoded by separate code chosen per storage array: every type
+# as both K and V, plus two pairs whose K and V differ in dtype and row width, reach every
+# path. (All 16 pairs cost the suite ~14 minutes of compiling.)
+PAIRS = [(t, t) for t in kq.KV_TYPES] + [("f16", "q8_0"), ("q4_0", "f32")]
 
 # Kernel vs float64 on the same (dequantized) cache: only float32 rounding differs (logits,
 # the ~1 ulp exp, sums). Outputs are convex combinations of values of size ~1; measured <= 1.2e-6.
