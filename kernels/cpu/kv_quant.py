@@ -923,18 +923,22 @@ def _attention_item(
         r = i // g
         for e in range(q.shape[2]):
             qb[i, e] = q[r0 + r, hk * g + (i - r * g), e]
-    if split:
-        _chunk_pass(r0, nr, hk, c, q, ks, vs, rows, keys, opts, work, bufs)
-        _write_partials(r0, nr, hk, c, g, m, den, acc, dst)
-        return
     for i in range(ni):
         ll[i] = np.float32(0.0)
-    for c in range(n_chunks):  # every chunk of the rows' span, merged in position order
-        _chunk_pass(r0, nr, hk, c, q, ks, vs, rows, keys, opts, work, bufs)
+    # split: the item's one chunk c, its partials written; else every chunk of the rows'
+    # span, merged in position order. One loop, so that the inlined chunk pass (most of the
+    # kernel) is compiled once, not twice (it was half of a KV type pair's compile time).
+    for cc in range(1 if split else n_chunks):
+        ci = c if split else cc
+        _chunk_pass(r0, nr, hk, ci, q, ks, vs, rows, keys, opts, work, bufs)
+        if split:
+            _write_partials(r0, nr, hk, ci, g, m, den, acc, dst)
+        else:
+            for i in range(ni):
+                _fold(mm, ll, aa, i, m[i], den[i], acc, i, out.shape[2])
+    if not split:
         for i in range(ni):
-            _fold(mm, ll, aa, i, m[i], den[i], acc, i, out.shape[2])
-    for i in range(ni):
-        _finish(mm, ll, aa, i, out, r0 + i // g, hk * g + i % g, opts[3])
+            _finish(mm, ll, aa, i, out, r0 + i // g, hk * g + i % g, opts[3])
 
 
 @njit(cache=True, inline="always")
