@@ -17,11 +17,13 @@ from localllm.kernels.cpu.attn_vec import ld_f32x16
 from localllm.kernels.cpu.simd import fma16, hsumf16, st_f32x16, zerof16
 
 QUANT = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0}
-# Each (K type, V type) pair is its own compiled attention kernel (~50 s cold on a 2-core
+# Each (K type, V type) pair is its own compiled attention kernel (~30 s cold on a 2-core
 # CI machine), but K and V are decoded by separate code chosen per storage array: every type
 # as both K and V, plus two pairs whose K and V differ in dtype and row width, reach every
-# path. (All 16 pairs cost the suite ~14 minutes of compiling.)
-PAIRS = [(t, t) for t in kq.KV_TYPES] + [("f16", "q8_0"), ("q4_0", "f32")]
+# path. The other tests keep to these pairs too. (All 16 pairs and four more in the other
+# tests cost the suite ~14 minutes of compiling.)
+MIXED = [("f16", "q8_0"), ("q8_0", "q4_0")]
+PAIRS = [(t, t) for t in kq.KV_TYPES] + MIXED
 
 # Kernel vs float64 on the same (dequantized) cache: only float32 rounding differs (logits,
 # the ~1 ulp exp, sums). Outputs are convex combinations of values of size ~1; measured <= 1.2e-6.
@@ -312,7 +314,7 @@ def test_attention_ring_order_with_empty_entries() -> None:
     rng = np.random.default_rng(6)
     q, k, v, q_pos, kv_pos = setup(rng, n=5, hkv=1, t=60)
     window = 24
-    for k_type, v_type in [("f32", "f32"), ("q4_0", "f16"), ("q8_0", "q4_0")]:
+    for k_type, v_type in [("f32", "f32"), *MIXED]:
         ks = make_cache(k_type, k, kv_pos, 60)
         vs = make_cache(v_type, v, kv_pos, 60)
         want = run(k_type, v_type, q, ks, vs, q_pos, kv_pos, window)
@@ -336,14 +338,14 @@ def test_attention_rows_without_visible_keys() -> None:
     rng = np.random.default_rng(7)
     q, k, v, _, kv_pos = setup(rng, n=4, hkv=1, t=30)
     kv_pos = kv_pos + 10  # positions 10..39
-    ks, vs = make_cache("q4_0", k, np.arange(30), 30), make_cache("f16", v, np.arange(30), 30)
+    ks, vs = make_cache("q8_0", k, np.arange(30), 30), make_cache("q4_0", v, np.arange(30), 30)
     q_pos = np.array([3, 9, 10, 45])  # before the cache, before, first key, after the window
-    got = run("q4_0", "f16", q, ks, vs, q_pos, kv_pos, window=5)
+    got = run("q8_0", "q4_0", q, ks, vs, q_pos, kv_pos, window=5)
     assert (got[[0, 1, 3]] == 0).all()
-    want = kq.load("f16", vs, [0])[0]  # only key 0 (position 10) is visible to row 2
+    want = kq.load("q4_0", vs, [0])[0]  # only key 0 (position 10) is visible to row 2
     np.testing.assert_allclose(got[2], np.broadcast_to(want, got[2].shape), atol=1e-6)
     empty_pos = np.full(30, kq.EMPTY_POS, dtype=np.int64)
-    assert (run("q4_0", "f16", q, ks, vs, q_pos, empty_pos) == 0).all()  # all slots empty
+    assert (run("q8_0", "q4_0", q, ks, vs, q_pos, empty_pos) == 0).all()  # all slots empty
     # and an empty cache
     e = run("f16", "f16", q, kq.allocate("f16", 0, 1, 64), kq.allocate("f16", 0, 1, 64), q_pos,
             np.zeros(0, np.int64))
@@ -406,8 +408,8 @@ def test_attention_slots_rows_equal_alone(window: int) -> None:
     n_slots, t, hkv, d = 3, 300, 2, 64
     k = rng.standard_normal((n_slots, t, hkv, d)).astype(np.float32)
     v = rng.standard_normal((n_slots, t, hkv, d)).astype(np.float32)
-    ks = np.stack([make_cache("q8_0", k[s], np.arange(t), t) for s in range(n_slots)])
-    vs = np.stack([make_cache("f16", v[s], np.arange(t), t) for s in range(n_slots)])
+    ks = np.stack([make_cache("f16", k[s], np.arange(t), t) for s in range(n_slots)])
+    vs = np.stack([make_cache("q8_0", v[s], np.arange(t), t) for s in range(n_slots)])
     kv_pos = np.tile(np.arange(t, dtype=np.int64), (n_slots, 1))
     kv_pos[1, 40:] = kq.EMPTY_POS  # slot 1 holds 40 positions, slot 2 has holes
     kv_pos[2, ::9] = kq.EMPTY_POS
@@ -416,15 +418,15 @@ def test_attention_slots_rows_equal_alone(window: int) -> None:
     q_pos = np.array([299, *range(30, 40), 150, 151], np.int64)
     q = (rng.standard_normal((len(q_pos), 4, d)) * 3).astype(np.float32)
     out = np.full((len(q_pos), 4, d), np.nan, np.float32)
-    kq.attention_slots("q8_0", "f16", q, ks, vs, q_pos, row_slot, kv_pos, window, 0.25, 0.0,
+    kq.attention_slots("f16", "q8_0", q, ks, vs, q_pos, row_slot, kv_pos, window, 0.25, 0.0,
                        out)
     for i in range(len(q_pos)):
         s = row_slot[i]
-        alone = run("q8_0", "f16", q[i : i + 1], ks[s], vs[s], q_pos[i : i + 1], kv_pos[s],
+        alone = run("f16", "q8_0", q[i : i + 1], ks[s], vs[s], q_pos[i : i + 1], kv_pos[s],
                     window=window)
         assert np.array_equal(alone[0], out[i]), i
     with pytest.raises(IndexError):
-        kq.attention_slots("q8_0", "f16", q, ks, vs, q_pos, row_slot + 1, kv_pos, window,
+        kq.attention_slots("f16", "q8_0", q, ks, vs, q_pos, row_slot + 1, kv_pos, window,
                            0.25, 0.0, out)
 
 
@@ -442,25 +444,25 @@ def test_attention_decode_shape_default_plan() -> None:
 def test_attention_argument_checks_and_strided_out() -> None:
     rng = np.random.default_rng(10)
     q, k, v, q_pos, kv_pos = setup(rng, n=2, hq=4, hkv=2, t=10)
-    ks, vs = make_cache("q8_0", k, kv_pos, 10), make_cache("f32", v, kv_pos, 10)
+    ks, vs = make_cache("q8_0", k, kv_pos, 10), make_cache("q4_0", v, kv_pos, 10)
     big = np.zeros((2, 4, 128), np.float32)
     out = big[:, :, ::2]  # not contiguous: written through a temporary
-    kq.attention("q8_0", "f32", q, ks, vs, q_pos, kv_pos, 0, 0.25, 0.0, out)
-    np.testing.assert_allclose(out, run("q8_0", "f32", q, ks, vs, q_pos, kv_pos), atol=0)
+    kq.attention("q8_0", "q4_0", q, ks, vs, q_pos, kv_pos, 0, 0.25, 0.0, out)
+    np.testing.assert_allclose(out, run("q8_0", "q4_0", q, ks, vs, q_pos, kv_pos), atol=0)
     assert (big[:, :, 1::2] == 0).all()
     good = np.empty((2, 4, 64), np.float32)
     with pytest.raises(ValueError, match="dtype"):
-        kq.attention("f16", "f32", q, ks, vs, q_pos, kv_pos, 0, 0.25, 0.0, good)
+        kq.attention("f16", "q4_0", q, ks, vs, q_pos, kv_pos, 0, 0.25, 0.0, good)
     with pytest.raises(ValueError, match="whole blocks"):
-        kq.attention("q4_0", "f32", q, ks, vs, q_pos, kv_pos, 0, 0.25, 0.0, good)
+        kq.attention("q4_0", "q4_0", q, ks, vs, q_pos, kv_pos, 0, 0.25, 0.0, good)
     with pytest.raises(ValueError, match="multiple"):
-        kq.attention("q8_0", "f32", q[:, :3], ks, vs, q_pos, kv_pos, 0, 0.25, 0.0, good[:, :3])
+        kq.attention("q8_0", "q4_0", q[:, :3], ks, vs, q_pos, kv_pos, 0, 0.25, 0.0, good[:, :3])
     with pytest.raises(ValueError, match="head size"):
-        kq.attention("q8_0", "f32", q[:, :, :32], ks, vs, q_pos, kv_pos, 0, 0.25, 0.0, good)
+        kq.attention("q8_0", "q4_0", q[:, :, :32], ks, vs, q_pos, kv_pos, 0, 0.25, 0.0, good)
     with pytest.raises(ValueError, match="kv_pos"):
-        kq.attention("q8_0", "f32", q, ks, vs, q_pos, kv_pos[:5], 0, 0.25, 0.0, good)
+        kq.attention("q8_0", "q4_0", q, ks, vs, q_pos, kv_pos[:5], 0, 0.25, 0.0, good)
     with pytest.raises(ValueError, match="unknown KV cache type"):
-        kq.attention("bf16", "f32", q, ks, vs, q_pos, kv_pos, 0, 0.25, 0.0, good)
+        kq.attention("bf16", "q4_0", q, ks, vs, q_pos, kv_pos, 0, 0.25, 0.0, good)
 
 
 def ref_attention_sinks(q, k, v, q_pos, kv_pos, window, scale, sinks) -> np.ndarray:
