@@ -282,6 +282,20 @@ def test_cli_show_prompt_with_the_real_templates(smollm2_path, default_model_pat
         assert "warning" not in captured.err
 
 
+def test_show_prompt_loads_no_weights(smollm2_path, capsys, monkeypatch) -> None:
+    """--show-prompt reads the tokenizer and template from the file's metadata: no Engine
+    (no weights loaded, no kernel compiled)."""
+    import localllm.engine
+    from localllm.cli import main
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("--show-prompt built an Engine")
+
+    monkeypatch.setattr(localllm.engine, "Engine", refuse)
+    assert main(["run", str(smollm2_path), "Hi", "--show-prompt"]) == 0
+    assert "<|im_start|>user\nHi<|im_end|>" in capsys.readouterr().out
+
+
 def test_tool_call_end_to_end_on_a_template_without_tools(smol: Engine) -> None:
     """SmolLM2's template has no tool support: the tool list goes into the system message,
     a schema forces the polyfill's call syntax, and the parser reads the call back."""

@@ -167,6 +167,11 @@ def cmd_run(ns: argparse.Namespace) -> int:
 
     if interactive:  # `localllm run MODEL` on a terminal: the line chat, as `chat --no-tui`
         return _line_chat(path, ns, cfg, spec)
+    if ns.show_prompt:  # the file's tokenizer and template only: no weights, no kernels
+        text = PromptText(path)
+        ids, rendered = _prompt_ids(text, prompt or "", ns, history=[])
+        sys.stdout.write((text.tokenizer.decode(ids) if ns.raw else rendered) + "\n")
+        return 0
 
     from localllm.engine import Engine
     from localllm.generation.speculative import StepCosts, make_drafter
@@ -191,10 +196,6 @@ def cmd_run(ns: argparse.Namespace) -> int:
     load_s = time.perf_counter() - t0
     if engine.device_note:  # --device auto found a GPU that could not take the model
         print(f"note: {engine.device_note}", file=sys.stderr)
-    if ns.show_prompt:
-        ids, rendered = _prompt_ids(engine, prompt or "", ns, history=[])
-        sys.stdout.write((engine.tokenizer.decode(ids) if ns.raw else rendered) + "\n")
-        return 0
     ids, rendered = _prompt_ids(engine, prompt, ns, history=[])
     if fmt is not None and _harmony(engine, ns):
         from localllm.text.harmony import open_final
@@ -203,7 +204,7 @@ def cmd_run(ns: argparse.Namespace) -> int:
     return _one_shot(session, ids, cfg, load_s, str(path), _thinking_split(engine, ns, rendered))
 
 
-def check_think(engine: Engine, think: bool | str | None, raw: bool = False) -> None:
+def check_think(engine: Engine | PromptText, think: bool | str | None, raw: bool = False) -> None:
     """--think for a model whose chat template cannot think: one error line (Ollama's 400)."""
     if think and not raw and not engine.template.caps.thinking:
         raise InvalidValueError(f"{engine.path.name} does not support thinking (its chat "
@@ -228,7 +229,24 @@ def _thinking_split(engine: Engine, ns: argparse.Namespace, rendered: str) -> ob
     return reply_splitter(_harmony(engine, ns), rendered)
 
 
-def _prompt_ids(engine: Engine, text: str, ns: argparse.Namespace,
+class PromptText:
+    """What rendering a prompt needs of a model, read from its file's metadata: the tokenizer
+    and the chat template (with `path` for messages), as an Engine has them. `run
+    --show-prompt` uses it so that showing a prompt neither loads the weights nor compiles a
+    kernel (a cold first run of a new model type compiles for a minute)."""
+
+    def __init__(self, path: Path) -> None:
+        from localllm.formats import read_gguf
+        from localllm.text.chat_template import ChatTemplate
+        from localllm.text.tokenizer import Tokenizer
+
+        self.path = Path(path)
+        metadata = read_gguf(self.path).metadata
+        self.tokenizer = Tokenizer.from_metadata(metadata)
+        self.template = ChatTemplate.from_metadata(metadata, self.tokenizer)
+
+
+def _prompt_ids(engine: Engine | PromptText, text: str, ns: argparse.Namespace,
                 history: list[dict]) -> tuple[list[int], str]:
     """The prompt's token ids and its text (the chat template's rendering unless --raw)."""
     tok = engine.tokenizer
