@@ -372,7 +372,8 @@ def rows_k_tiles(qt, w, r0, r1, nb, xq, xd, xsum, out, n_act):
     records: 18 KiB for a 2048-wide Q4_K row, it stays in L1 / L2 while every tile of
     activation rows reads it), then the tiles of 8 weight rows x 4 activation rows run over
     them. The weight stays row-major (what decode reads best here); the interleave costs one
-    pass over the rows per call, shared by all activation rows."""
+    pass over the rows per call, shared by all activation rows. Compiled code only."""
+    raise NotImplementedError
 
 
 # The tile is chosen when the caller is compiled (qt a literal), so a type's kernel links only
