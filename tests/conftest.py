@@ -60,3 +60,33 @@ def smollm2_path() -> Path:
                 dst.write(chunk)
     tmp.replace(target)
     return target
+
+
+_RECORDER = pytest.StashKey()  # the suite_kernels.Recorder of a recording session
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """On a cold kernel cache, compile the suite's kernels first, on every core
+    (suite_kernels.py); with LOCALLLM_RECORD_SUITE_KERNELS=1, record that list instead."""
+    import suite_kernels
+
+    if suite_kernels.recording():
+        session.config.stash[_RECORDER] = suite_kernels.Recorder()
+        return
+    try:
+        said = suite_kernels.precompile()
+    except Exception as e:  # noqa: BLE001 - only time is lost: kernels compile on first use
+        said = f"precompiling failed ({type(e).__name__}: {e}); kernels compile on first use"
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"suite kernels: {said}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    recorder = session.config.stash.get(_RECORDER, None)
+    if recorder is not None:
+        n = recorder.write()
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"suite kernels: recorded {n} entries")
+

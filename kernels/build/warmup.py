@@ -123,12 +123,14 @@ def load_kernels(entries: list[ManifestEntry]) -> int:
         try:
             if mod_name == "@kernel":
                 from localllm.kernels.cpu.mm_driver import kernel
+                from localllm.kernels.cpu.mm_r16 import r16_types
 
-                # a list made on another CPU may name 512-bit kernels: never compile those
-                # where they cannot run (r16 and its bits are AVX-512 VNNI kernels)
+                # a list made on another CPU may name r16 kernels of types this one keeps
+                # row-major (the K-quants without AVX-512): never compile those
                 if sig in ("r16", "r16b"):
-                    if FEATURES.wide:
+                    if attr in r16_types():
                         kernel(attr, r16=sig == "r16", r16_bits=sig == "r16b")
+                        n += 1
                     continue
                 kernel(attr, wide=bool(sig) and FEATURES.wide)
             else:
