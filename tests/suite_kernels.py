@@ -41,16 +41,24 @@ def _read_list() -> Any:
     """The recorded list as a warmup.Manifest (signatures evaluated back to Numba types;
     one this Numba does not know is left to compile on first use), or None."""
     from localllm.kernels.build.warmup import Manifest, _types_namespace
+    from localllm.kernels.cpu.cpu_features import FEATURES
+    from localllm.kernels.cpu.matmul import kernel_path
 
     try:
         data = json.loads(LIST.read_text())
     except (OSError, ValueError):
         return None
+    # Recorded on a SIMD path, the list names SIMD kernels: any SIMD path compiles them
+    # (AVX-512 machines run the same 256-bit kernels beside their own), the portable path
+    # must not (without AVX2 they would not even compile) and uses other kernels anyway.
+    if "portable" in (data.get("path"), kernel_path()):
+        return None
     ns = _types_namespace()
     entries = []
     for mod, attr, sig in data.get("entries", []):
         if mod == "@kernel":
-            entries.append((mod, attr, sig))
+            # a row-major kernel as this machine asks for it (512-bit where it has those)
+            entries.append((mod, attr, sig if sig in ("r16", "r16b") else FEATURES.wide))
             continue
         try:
             entries.append((mod, attr, eval(sig, ns)))  # noqa: S307 - our own recorded reprs
@@ -70,7 +78,7 @@ def precompile() -> str:
         return "kernel cache warm"
     manifest = _read_list()
     if manifest is None:
-        return f"no kernel list at {LIST.name}"
+        return f"no kernel list for this kernel path in {LIST.name}"
     t0 = time.perf_counter()
     workers = default_workers()
     compile_in_workers(manifest.entries, workers, manifest.cost)
@@ -96,6 +104,7 @@ class Recorder:
             callable_from_python,
             used_kernels,
         )
+        from localllm.kernels.cpu.matmul import kernel_path
 
         self.progress.__exit__(None, None, None)
         ns = _types_namespace()
@@ -112,5 +121,6 @@ class Recorder:
             count[(mod, attr)] = count.get((mod, attr), 0) + 1
         seconds = {f"{k[0]}:{k[1]}": round(v / count.get(k, 1), 2)
                    for k, v in sorted(self.progress.seconds.items())}
-        LIST.write_text(json.dumps({"entries": rows, "seconds": seconds}, indent=0) + "\n")
+        LIST.write_text(json.dumps({"path": kernel_path(), "entries": rows, "seconds": seconds},
+                                   indent=0) + "\n")
         return len(rows)
