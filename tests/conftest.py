@@ -66,12 +66,28 @@ _RECORDER = pytest.StashKey()  # the suite_kernels.Recorder of a recording sessi
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """On a cold kernel cache, compile the suite's kernels first, on every core
-    (suite_kernels.py); with LOCALLLM_RECORD_SUITE_KERNELS=1, record that list instead."""
+    """With LOCALLLM_RECORD_SUITE_KERNELS=1, record the list of kernels the session compiles
+    (suite_kernels.py)."""
     import suite_kernels
 
     if suite_kernels.recording():
         session.config.stash[_RECORDER] = suite_kernels.Recorder()
+
+
+# Compiling the whole list pays off for a run of the whole suite (CI, a fresh clone); a run of
+# a few files after a kernel change would wait for kernels it never uses.
+PRECOMPILE_MIN_FILES = 20
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On a cold kernel cache, compile the suite's kernels on every core before the first
+    test (suite_kernels.py), when the run takes in most of the suite."""
+    import suite_kernels
+
+    if suite_kernels.recording() or session.config.option.collectonly:
+        return
+    files = {item.nodeid.split("::", 1)[0] for item in session.items}
+    if len(files) < PRECOMPILE_MIN_FILES:
         return
     try:
         said = suite_kernels.precompile()

@@ -3,7 +3,8 @@
 Numba compiles each kernel on first use, in the process that uses it, one at a time: on an
 empty kernel cache the suite spent most of its time compiling, on one core of CI's two. Given
 the list of compiled functions the suite uses (data/suite_kernels.json), conftest.py
-compiles them before the first test, split over this process and worker processes
+compiles them before the first test of a run that takes in most of the suite (a few files
+compile only what they use), split over this process and worker processes
 (kernels/build/compile_workers.py, as a cold `localllm run` does), then marks the keyed
 cache folder so that later sessions on the same cache skip the step.
 
