@@ -127,3 +127,20 @@ def test_kernel_lists_follow_the_kv_cache_types() -> None:
     assert stores == ["int8", "uint8"]  # q4_0's bytes reach the kernels as int8
     rest = [e for e in got if not e[0].endswith("kv_quant")]
     assert rest == [e for e in m.entries if not e[0].endswith("kv_quant")]
+
+
+def test_load_kernels_compiles_the_r16_kernels_this_machine_repacks() -> None:
+    """A kernel list names r16 row kernels by type; load_kernels compiles those of the types
+    this machine repacks (r16_types(): the 32-weight types with AVX2, the K-quants too with
+    AVX-512) and skips the rest, which may be 512-bit code this CPU cannot run."""
+    from gguf import GGMLQuantizationType as QT
+
+    from localllm.kernels.build.warmup import load_kernels
+    from localllm.kernels.cpu import mm_driver
+    from localllm.kernels.cpu.mm_r16 import r16_types
+
+    for qt in (int(QT.Q4_0), int(QT.Q4_K)):
+        here = qt in r16_types()
+        assert load_kernels([("@kernel", qt, "r16")]) == int(here)
+        if here:
+            assert (qt, "r16") in mm_driver._KERNELS
