@@ -39,10 +39,9 @@ def _stamp() -> Path:
 
 
 def _read_list() -> Any:
-    """The recorded list as a warmup.Manifest (signatures evaluated back to Numba types;
-    one this Numba does not know is left to compile on first use), or None."""
-    from localllm.kernels.build.warmup import Manifest, _types_namespace
-    from localllm.kernels.cpu.cpu_features import FEATURES
+    """The recorded list as a warmup.Manifest (a signature this Numba does not know is left
+    to compile on first use), or None where it does not apply."""
+    from localllm.kernels.build.warmup import manifest_from_listing
     from localllm.kernels.cpu.matmul import kernel_path
 
     try:
@@ -54,19 +53,7 @@ def _read_list() -> Any:
     # must not (without AVX2 they would not even compile) and uses other kernels anyway.
     if "portable" in (data.get("path"), kernel_path()):
         return None
-    ns = _types_namespace()
-    entries = []
-    for mod, attr, sig in data.get("entries", []):
-        if mod == "@kernel":
-            # a row-major kernel as this machine asks for it (512-bit where it has those)
-            entries.append((mod, attr, sig if sig in ("r16", "r16b") else FEATURES.wide))
-            continue
-        try:
-            entries.append((mod, attr, eval(sig, ns)))  # noqa: S307 - our own recorded reprs
-        except Exception:  # noqa: BLE001
-            continue
-    seconds = {tuple(k.split(":")): v for k, v in data.get("seconds", {}).items()}
-    return Manifest(entries, seconds)
+    return manifest_from_listing(data)
 
 
 def precompile() -> str:
@@ -100,21 +87,11 @@ class Recorder:
         self.progress.__enter__()
 
     def write(self) -> int:
-        from localllm.kernels.build.warmup import (
-            _types_namespace,
-            callable_from_python,
-            used_kernels,
-        )
+        from localllm.kernels.build.warmup import listable, used_kernels
         from localllm.kernels.cpu.matmul import kernel_path
 
         self.progress.__exit__(None, None, None)
-        ns = _types_namespace()
-        rows: list[list[Any]] = []
-        for mod, attr, sig in used_kernels(self.progress.nested):
-            if mod == "@kernel":
-                rows.append([mod, attr, sig])
-            elif callable_from_python((mod, attr, sig)) and eval(repr(sig), ns) == sig:  # noqa: S307
-                rows.append([mod, attr, repr(sig)])
+        rows = listable(used_kernels(self.progress.nested))
         # the CPU seconds of a function's compiles, shared by its signatures (warmup.Manifest
         # charges each entry its function's figure)
         count: dict[tuple[str, str], int] = {}

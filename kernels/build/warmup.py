@@ -116,8 +116,6 @@ def load_kernels(entries: list[ManifestEntry]) -> int:
     """Load these compiled functions (from Numba's disk cache, or compile them). Entries
     whose module, function or signature no longer exists are skipped: the forward pass
     compiles whatever it still misses. Returns how many were loaded."""
-    from localllm.kernels.cpu.cpu_features import FEATURES
-
     n = 0
     for mod_name, attr, sig in entries:
         try:
@@ -132,7 +130,7 @@ def load_kernels(entries: list[ManifestEntry]) -> int:
                         kernel(attr, r16=sig == "r16", r16_bits=sig == "r16b")
                         n += 1
                     continue
-                kernel(attr, wide=bool(sig) and FEATURES.wide)
+                kernel(attr)  # as matmul asks for it here (512-bit where the CPU has those)
             else:
                 getattr(importlib.import_module(mod_name), attr).compile(sig)
             n += 1
@@ -216,8 +214,13 @@ def shipped_manifest(arch: str, qtypes: list[int]) -> Manifest | None:
     from localllm.kernels.build.kernel_lists import KERNEL_LISTS
 
     got = KERNEL_LISTS.get(f"{arch} {sorted(set(qtypes))}")
-    if got is None:
-        return None
+    return None if got is None else manifest_from_listing(got)
+
+
+def manifest_from_listing(got: dict) -> Manifest:
+    """A Manifest from a written-out list ({"entries": [(module, function, signature repr)
+    or ("@kernel", type, variant)], "seconds": {"module:function": s}}: kernel_lists.py's
+    entries, the test suite's list)."""
     ns = _types_namespace()
     entries: list[ManifestEntry] = []
     for mod, attr, sig in got["entries"]:
@@ -228,16 +231,28 @@ def shipped_manifest(arch: str, qtypes: list[int]) -> Manifest | None:
     return Manifest(entries, {tuple(k.split(":")): v for k, v in got["seconds"].items()})
 
 
+def listable(entries: list[ManifestEntry]) -> list[tuple[str, Any, Any]]:
+    """The entries a written-out list keeps, signatures as reprs (row kernels as they are):
+    functions Python calls whose repr manifest_from_listing evaluates back to the same types."""
+    ns = _types_namespace()
+    rows = []
+    for mod, attr, sig in entries:
+        if mod == "@kernel":
+            rows.append((mod, attr, sig))
+        elif callable_from_python((mod, attr, sig)) and eval(repr(sig), ns) == sig:  # noqa: S307
+            rows.append((mod, attr, repr(sig)))
+    return rows
+
+
 def manifest_source(manifest: Manifest, arch: str, qtypes: list[int]) -> str:
     """`manifest` as an entry of kernels/build/kernel_lists.py (signatures written as reprs that
     shipped_manifest evaluates back to the same types; any that would not are left out)."""
-    ns = _types_namespace()
     rows = []
-    for mod, attr, sig in manifest.entries:
+    for mod, attr, sig in listable(manifest.entries):
         if mod == "@kernel":
             rows.append(f"        ({mod!r}, {attr!r}, {sig!r}),")
-        elif callable_from_python((mod, attr, sig)) and eval(repr(sig), ns) == sig:  # noqa: S307
-            rows.append(f"        ({mod!r}, {attr!r},\n         {repr(sig)!r}),")
+        else:
+            rows.append(f"        ({mod!r}, {attr!r},\n         {sig!r}),")
     secs = ", ".join(f"{k[0] + ':' + k[1]!r}: {v:.2f}" for k, v in sorted(manifest.seconds.items()))
     return (f"    {arch + ' ' + str(sorted(set(qtypes)))!r}: {{\n        \"entries\": [\n"
             + "\n".join(rows) + f"\n        ],\n        \"seconds\": {{{secs}}},\n    }},")
