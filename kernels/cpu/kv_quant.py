@@ -494,16 +494,19 @@ def _expf(x: np.float32) -> np.float32:
     return y * two_n if x > _EXP_LO else np.float32(0.0)
 
 
-# The attention kernel is cut into helpers, each one step of the recipe, inlined by Numba
-# (inline="always") into _attention_item: one function again for LLVM, as before the cut, and
-# compiled with its flags (strict IEEE, numpy's error model, no reference counting). The item
-# uses no reference counting (_nrt=False: it allocates nothing; the kernel's loop passes in the
-# buffers of _item_buffers): an inlined helper's array arguments would otherwise cost an atomic
-# increment and decrement each per call, which LLVM does not prune (~5% of a decode step's
-# attention). The helpers take whole arrays, never slices.
+# The attention kernel is cut into helpers, each one step of the recipe, compiled with
+# _attention_item's flags (strict IEEE, numpy's error model, no reference counting) and
+# inlined by LLVM when it optimises the item (all but the block decode, which stays one call
+# per key block). Not inlined by Numba (inline="always"): that copies and re-types each
+# helper's IR into every caller, ~10 s of each K/V pair's ~25 s compile, for the same
+# speed. No reference counting (_nrt=False), in the item and the helpers: the item allocates
+# nothing (the kernel's loop passes in the buffers of _item_buffers), and a helper call's
+# array arguments would otherwise cost an atomic increment and decrement each, which LLVM
+# does not prune (~5% of a decode step's attention). The helpers take whole arrays, never
+# slices.
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _item_at(it, tiles, n_hkv: int, n_chunks: int):
     """Work item `it` -> (r0, nr, hk, c): its rows r0 .. r0 + nr - 1 (one tile), kv head hk,
     chunk c."""
@@ -519,7 +522,7 @@ def _item_at(it, tiles, n_hkv: int, n_chunks: int):
     return r0, tiles[tile + 1] - r0, hk, c
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _visible_span(q_pos, r0: int, nr: int, p_lo: int, window: int):
     """[v_lo, v_hi): the positions of the chunk [p_lo, p_lo + _CHUNK) that some row of the
     tile can see (empty when v_lo >= v_hi)."""
@@ -532,7 +535,7 @@ def _visible_span(q_pos, r0: int, nr: int, p_lo: int, window: int):
     return v_lo, min(p_lo + _CHUNK, q_max + 1)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _block_entry(b0: int, table, blk: int, srow: int) -> int:
     """The storage entry of position b0 (a key block's first) when storage blocks are whole
     key blocks, so one table lookup serves the key block (-1: not stored); -2 when they are
@@ -548,7 +551,7 @@ def _block_entry(b0: int, table, blk: int, srow: int) -> int:
     return t0
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _block_whole(b0: int, t0: int, kv_pos, q_pos, r0: int, nr: int, window: int) -> bool:
     """Whether every row of the tile sees every key of the block at b0 (stored at entries
     t0 .. t0 + 31): the common case of a long prompt, answered without the per-row tests."""
@@ -567,7 +570,7 @@ def _block_whole(b0: int, t0: int, kv_pos, q_pos, r0: int, nr: int, window: int)
     return True
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _block_lanes(b0: int, keys, srow: int, q_pos, r0: int, nr: int, window: int, ent, bias,
                  kvis) -> bool:
     """For the key block of positions b0 .. b0 + 31: where each lives (ent), which rows of
@@ -614,7 +617,7 @@ def _block_lanes(b0: int, keys, srow: int, q_pos, r0: int, nr: int, window: int,
     return any_key
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _decode_block(s, hk: int, ent, kvis, buf) -> None:
     """The key block's visible rows of head hk of storage s decoded into buf [32, D16], zeros
     for the others (an empty or masked entry may hold anything, and 0 * nan is nan). The
@@ -627,7 +630,7 @@ def _decode_block(s, hk: int, ent, kvis, buf) -> None:
                 buf[j, e] = np.float32(0.0)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _logits16(qb, i: int, kb, j0: int) -> F32x16:
     """The dot products of query i (qb [pairs, D16]) with keys j0 .. j0 + 15 (kb [32, D16]):
     per key 16 lanes of fmas over the head in 16-float steps, then each key's lanes summed in
@@ -659,7 +662,7 @@ def _logits16(qb, i: int, kb, j0: int) -> F32x16:
     return tree16(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _block_logits(qb, i: int, kb, bias, r: int, sc, scale: np.float32,
                   softcap: np.float32) -> None:
     """sc[i, :] = the logits of pair i (tile row r) for the key block: dot * scale (soft-capped
@@ -680,7 +683,7 @@ def _block_logits(qb, i: int, kb, bias, r: int, sc, scale: np.float32,
     st_f32x16(sc, so + 64, addf16(hi, ld_f32x16(bias, bo + 64)))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _softmax_block(sc, pr, m, den, acc, i: int) -> None:
     """One key block of the streaming softmax of (row, head) pair i: pr[i, :] = exp(logit -
     m[i]) after the running max m, denominator den and V sum acc are rescaled (at most once
@@ -709,14 +712,14 @@ def _softmax_block(sc, pr, m, den, acc, i: int) -> None:
     den[i] += hsumf16(addf16(plo, phi))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _exp16(x: F32x16) -> F32x16:
     """_expf of each lane (attn_vec.expf16 with _expf's own constants)."""
     return expf16(x, _EXP_LO, _EXP_HI, _LOG2E, np.float32(0.5), _LN2_LO, _LN2_HI, _EXP_P[0],
                   _EXP_P[1], _EXP_P[2], _EXP_P[3], _EXP_P[4], _EXP_P[5])
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _accumulate_row(pr, vb, acc, i: int) -> None:
     """acc[i] += pr[i] @ vb: per 16 value lanes two fma chains from zero, over the block's
     even and odd keys, then acc + (even + odd). Four 16-lane groups at a time: 8 independent
@@ -755,7 +758,7 @@ def _accumulate_row(pr, vb, acc, i: int) -> None:
         c += 64
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _sink_norm(mx: np.float32, total: np.float32, sink: np.float32) -> np.float32:
     """The factor that turns a (row, head)'s value sum, taken relative to its max logit mx
     with denominator total, into its output when the softmax has one more logit, the head's
@@ -769,7 +772,7 @@ def _sink_norm(mx: np.float32, total: np.float32, sink: np.float32) -> np.float3
     return a / (total * a + _expf(sink - top))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _write_partials(r0: int, nr: int, hk: int, c: int, g: int, m, den, acc, dst) -> None:
     """Chunk c's partial softmax (m, den, acc) of the item's (row, head) pairs into the
     call's partial arrays for the merge pass; dst: (out, part_m, part_l, part_acc), the
@@ -787,7 +790,7 @@ def _write_partials(r0: int, nr: int, hk: int, c: int, g: int, m, den, acc, dst)
                 part_acc[c * nh + k, e] = acc[i, e]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _fold(mm, ll, aa, k: int, m_c: np.float32, l_c: np.float32, src, srow: int,
           dv: int) -> None:
     """Merge one chunk's partial softmax (m_c, l_c, src[srow, :dv]) into the running one of
@@ -815,7 +818,7 @@ def _fold(mm, ll, aa, k: int, m_c: np.float32, l_c: np.float32, src, srow: int,
         aa[k, e] += src[srow, e] * f
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _finish(mm, ll, aa, k: int, out, r: int, h: int, sinks) -> None:
     """out[r, h] from pair k's merged softmax: aa / ll (see _sink_norm for sinks); zeros for
     a row that saw no key (aa was never written for it: it may hold anything)."""
@@ -858,12 +861,12 @@ def _item_buffers(q, out, rows_per_tile: int, n_hkv: int):
     )
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _pad16(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _chunk_pass(r0: int, nr: int, hk: int, c: int, q, ks, vs, rows, keys, opts, work,
                 bufs) -> None:
     """Chunk c of the item's rows r0 .. r0 + nr - 1 and kv head hk: its partial softmax
@@ -941,7 +944,7 @@ def _attention_item(
             _finish(mm, ll, aa, i, out, r0 + i // g, hk * g + i % g, opts[3])
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _merge_chunks(rh: int, n_chunks: int, part_m, part_l, part_acc, out, sinks, mm, ll,
                   aa) -> None:
     """The merge pass after a split call: (row, head) pair rh's per-chunk partials folded in
