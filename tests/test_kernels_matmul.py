@@ -523,10 +523,15 @@ _HASWELL = ("+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+f16c,+fma,+fsgsbase,+lzcn
 
 
 @pytest.mark.skipif(not FEATURES.simd, reason="no AVX2/FMA/F16C: the portable path runs")
+@pytest.mark.skipif(mm.kernel_path() == "avx2",
+                    reason="this CPU's own kernels are the plain AVX2 ones: the rest of the "
+                           "suite runs and checks them (a second compile for another CPU "
+                           "name would cost ~45 s of a 2-core run and check the same code)")
 def test_plain_avx2_target() -> None:
     """Compiled for a plain AVX2 CPU (Numba told so via NUMBA_CPU_NAME/FEATURES), the kernels
     take the no-VNNI code: sign trick for Q8_0/IQ4_NL, vpmaddubsw + vpmaddwd everywhere (the
-    i-quants' grid gathers included: IQ3_XXS)."""
+    i-quants' grid gathers included: IQ3_XXS). On a VNNI or AVX-512 machine this is the only
+    run of that code."""
     code = (
         "import sys\n"
         f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
