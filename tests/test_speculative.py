@@ -19,7 +19,9 @@ from scipy import stats as sps
 from tiny_models import write_tiny_model
 
 from localllm.engine import Engine
+from localllm.generation.batcher import Batcher
 from localllm.generation.generate import generate
+from localllm.generation.request import Request
 from localllm.generation.sampling import Sampler, SamplerConfig
 from localllm.generation.speculative import (
     DraftPolicy,
@@ -260,19 +262,37 @@ def gemma(default_model_path: Path) -> Engine:
     return Engine(default_model_path, n_ctx=2048)
 
 
+def _plain_batched(engine: Engine, runs: list[tuple[list[int], SamplerConfig]],
+                   n: int) -> list[tuple[list[int], str]]:
+    """Each run's tokens and text without speculation, all runs through one Batcher over the
+    engine's slots: continuous batching, so the references cost a fraction of one-by-one
+    decoding, and each is what the run gives alone (logits are batch-invariant:
+    test_batch_invariance.py)."""
+    loop = Batcher(engine, max_queue=len(runs), spec=OFF)
+    handles = [loop.submit(Request(ids, SamplerConfig(**cfg.__dict__), max_tokens=n))
+               for ids, cfg in runs]
+    while not all(h.finished.is_set() for h in handles):
+        loop.step()
+    return [(r.tokens, r.text) for r in (h.result() for h in handles)]
+
+
 @pytest.mark.slow
-def test_real_model_greedy_and_seeded_identical_on_34_prompts(gemma: Engine) -> None:
+def test_real_model_greedy_and_seeded_identical_on_34_prompts(default_model_path: Path,
+                                                              gemma: Engine) -> None:
     tok = gemma.tokenizer
+    runs = [(tok.encode(p["prompt"], add_special=True), cfg)
+            for i, p in enumerate(PROMPTS)
+            for cfg in (SamplerConfig(temperature=0.0),
+                        SamplerConfig(temperature=0.7, seed=100 + i))]
+    plain = _plain_batched(Engine(default_model_path, n_ctx=1024, n_slots=8), runs, 24)
     drafted = accepted = 0
-    for i, p in enumerate(PROMPTS):
-        ids = tok.encode(p["prompt"], add_special=True)
-        for cfg in (SamplerConfig(temperature=0.0),
-                    SamplerConfig(temperature=0.7, seed=100 + i)):
-            (t0, s0, _), (t1, s1, st) = _run_pair(gemma, ids, cfg, 24)
-            assert t1 == t0, (p["category"], i, cfg.temperature)
-            assert s1 == s0
-            drafted += st.draft_tokens
-            accepted += st.draft_accepted
+    for (ids, cfg), (t0, s0), i in zip(runs, plain, range(len(runs)), strict=True):
+        gemma.kv.clear(0)
+        t1, s1, st = _events(gemma, ids, cfg, 24, SpecOptions())
+        assert t1 == t0, (PROMPTS[i // 2]["category"], i // 2, cfg.temperature)
+        assert s1 == s0
+        drafted += st.draft_tokens
+        accepted += st.draft_accepted
     assert drafted > 100 and accepted > 30  # speculation was really exercised
 
 
