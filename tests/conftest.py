@@ -64,19 +64,52 @@ def smollm2_path() -> Path:
 
 _RECORDER = pytest.StashKey()  # the suite_kernels.Recorder of a recording session
 
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """With LOCALLLM_RECORD_SUITE_KERNELS=1, record the list of kernels the session compiles
-    (suite_kernels.py)."""
-    import suite_kernels
-
-    if suite_kernels.recording():
-        session.config.stash[_RECORDER] = suite_kernels.Recorder()
-
-
 # Compiling the whole list pays off for a run of the whole suite (CI, a fresh clone); a run of
 # a few files after a kernel change would wait for kernels it never uses.
 PRECOMPILE_MIN_FILES = 20
+
+
+def _report(config: pytest.Config, line: str) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line)
+
+
+def _precompile(config: pytest.Config) -> None:
+    import suite_kernels
+
+    try:
+        said = suite_kernels.precompile()
+    except Exception as e:  # noqa: BLE001 - only time is lost: kernels compile on first use
+        said = f"precompiling failed ({type(e).__name__}: {e}); kernels compile on first use"
+    _report(config, f"suite kernels: {said}")
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    """This process hands the tests to pytest-xdist workers (`-n N`, N > 0)."""
+    return (not hasattr(config, "workerinput")
+            and config.pluginmanager.hasplugin("xdist")
+            and bool(getattr(config.option, "numprocesses", 0))
+            and getattr(config.option, "dist", "no") != "no")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """With LOCALLLM_RECORD_SUITE_KERNELS=1, record the list of kernels the session compiles
+    (suite_kernels.py). Under pytest-xdist the controller collects nothing and every worker
+    collects everything: so the controller compiles the list here, before xdist starts the
+    workers (its own sessionstart runs last), when the run names folders only (the whole
+    suite, or most of it); the workers never do."""
+    import suite_kernels
+
+    config = session.config
+    if suite_kernels.recording():
+        if _xdist_controller(config):
+            raise pytest.UsageError("recording the suite's kernels needs one process: "
+                                    "add -p no:xdist")
+        config.stash[_RECORDER] = suite_kernels.Recorder()
+    elif (_xdist_controller(config) and not config.option.collectonly
+          and all(Path(a.split("::", 1)[0]).is_dir() for a in config.args)):
+        _precompile(config)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -84,18 +117,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     test (suite_kernels.py), when the run takes in most of the suite."""
     import suite_kernels
 
-    if suite_kernels.recording() or session.config.option.collectonly:
+    config = session.config
+    if (suite_kernels.recording() or config.option.collectonly
+            or hasattr(config, "workerinput")):
         return
     files = {item.nodeid.split("::", 1)[0] for item in session.items}
-    if len(files) < PRECOMPILE_MIN_FILES:
-        return
-    try:
-        said = suite_kernels.precompile()
-    except Exception as e:  # noqa: BLE001 - only time is lost: kernels compile on first use
-        said = f"precompiling failed ({type(e).__name__}: {e}); kernels compile on first use"
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"suite kernels: {said}")
+    if len(files) >= PRECOMPILE_MIN_FILES:
+        _precompile(config)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
