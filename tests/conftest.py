@@ -126,11 +126,52 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         _precompile(config)
 
 
+# Seconds each test file took (setup, call and teardown of its tests), from a whole run with
+# LOCALLLM_RECORD_SUITE_FILES=1 (any number of processes). xdist hands out whole files in
+# the order the workers collected them: the longest first, so that the last file to start
+# is a short one and neither worker waits minutes for the other at the end.
+FILE_SECONDS = Path(__file__).parent / "data" / "suite_files.json"
+
+
+def _recording_files() -> bool:
+    return os.environ.get("LOCALLLM_RECORD_SUITE_FILES", "") not in ("", "0")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker: the files in the order of their recorded time, longest first
+    (a file not in the record last); the tests inside a file keep their order."""
+    import json
+
+    if not hasattr(config, "workerinput"):
+        return
+    try:
+        seconds = json.loads(FILE_SECONDS.read_text())
+    except (OSError, ValueError):
+        return
+    rank = {f: i for i, f in enumerate(sorted(seconds, key=lambda f: -seconds[f]))}
+    items.sort(key=lambda it: rank.get(it.nodeid.split("::", 1)[0], len(rank)))
+
+
+_file_times: dict[str, float] = {}  # file -> seconds so far, while recording
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """(Under xdist the controller gets every worker's reports too.)"""
+    if _recording_files():
+        f = report.nodeid.split("::", 1)[0]
+        _file_times[f] = _file_times.get(f, 0.0) + report.duration
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     recorder = session.config.stash.get(_RECORDER, None)
     if recorder is not None:
         n = recorder.write()
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(f"suite kernels: recorded {n} entries")
+        _report(session.config, f"suite kernels: recorded {n} entries")
+    if _recording_files() and _file_times and not hasattr(session.config, "workerinput"):
+        import json
+
+        ordered = dict(sorted(((f, round(t, 1)) for f, t in _file_times.items()),
+                              key=lambda kv: -kv[1]))
+        FILE_SECONDS.write_text(json.dumps(ordered, indent=0) + "\n")
+        _report(session.config, f"suite files: recorded {len(ordered)} files' seconds")
 
