@@ -97,8 +97,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """With LOCALLLM_RECORD_SUITE_KERNELS=1, record the list of kernels the session compiles
     (suite_kernels.py). Under pytest-xdist the controller collects nothing and every worker
     collects everything: so the controller compiles the list here, before xdist starts the
-    workers (its own sessionstart runs last), when the run names folders only (the whole
-    suite, or most of it); the workers never do."""
+    workers (its own sessionstart runs last), when the run names folders only and selects
+    no tests by -k or -m (the whole suite); the workers never do."""
     import suite_kernels
 
     config = session.config
@@ -108,6 +108,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                                     "add -p no:xdist")
         config.stash[_RECORDER] = suite_kernels.Recorder()
     elif (_xdist_controller(config) and not config.option.collectonly
+          and not config.option.keyword and not config.option.markexpr  # -k / -m: a few
           and all(Path(a.split("::", 1)[0]).is_dir() for a in config.args)):
         _precompile(config)
 
