@@ -504,9 +504,10 @@ def _expf(x: np.float32) -> np.float32:
 # array arguments would otherwise cost an atomic increment and decrement each, which LLVM
 # does not prune (~5% of a decode step's attention). The helpers take whole arrays, never
 # slices.
+_item_jit = njit(cache=True, error_model="numpy", _nrt=False)  # the item and its helpers
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _item_at(it, tiles, n_hkv: int, n_chunks: int):
     """Work item `it` -> (r0, nr, hk, c): its rows r0 .. r0 + nr - 1 (one tile), kv head hk,
     chunk c."""
@@ -522,7 +523,7 @@ def _item_at(it, tiles, n_hkv: int, n_chunks: int):
     return r0, tiles[tile + 1] - r0, hk, c
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _visible_span(q_pos, r0: int, nr: int, p_lo: int, window: int):
     """[v_lo, v_hi): the positions of the chunk [p_lo, p_lo + _CHUNK) that some row of the
     tile can see (empty when v_lo >= v_hi)."""
@@ -535,7 +536,7 @@ def _visible_span(q_pos, r0: int, nr: int, p_lo: int, window: int):
     return v_lo, min(p_lo + _CHUNK, q_max + 1)
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _block_entry(b0: int, table, blk: int, srow: int) -> int:
     """The storage entry of position b0 (a key block's first) when storage blocks are whole
     key blocks, so one table lookup serves the key block (-1: not stored); -2 when they are
@@ -551,7 +552,7 @@ def _block_entry(b0: int, table, blk: int, srow: int) -> int:
     return t0
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _block_whole(b0: int, t0: int, kv_pos, q_pos, r0: int, nr: int, window: int) -> bool:
     """Whether every row of the tile sees every key of the block at b0 (stored at entries
     t0 .. t0 + 31): the common case of a long prompt, answered without the per-row tests."""
@@ -570,7 +571,7 @@ def _block_whole(b0: int, t0: int, kv_pos, q_pos, r0: int, nr: int, window: int)
     return True
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _block_lanes(b0: int, keys, srow: int, q_pos, r0: int, nr: int, window: int, ent, bias,
                  kvis) -> bool:
     """For the key block of positions b0 .. b0 + 31: where each lives (ent), which rows of
@@ -617,7 +618,7 @@ def _block_lanes(b0: int, keys, srow: int, q_pos, r0: int, nr: int, window: int,
     return any_key
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _decode_block(s, hk: int, ent, kvis, buf) -> None:
     """The key block's visible rows of head hk of storage s decoded into buf [32, D16], zeros
     for the others (an empty or masked entry may hold anything, and 0 * nan is nan). The
@@ -630,7 +631,7 @@ def _decode_block(s, hk: int, ent, kvis, buf) -> None:
                 buf[j, e] = np.float32(0.0)
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _logits16(qb, i: int, kb, j0: int) -> F32x16:
     """The dot products of query i (qb [pairs, D16]) with keys j0 .. j0 + 15 (kb [32, D16]):
     per key 16 lanes of fmas over the head in 16-float steps, then each key's lanes summed in
@@ -662,7 +663,7 @@ def _logits16(qb, i: int, kb, j0: int) -> F32x16:
     return tree16(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15)
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _block_logits(qb, i: int, kb, bias, r: int, sc, scale: np.float32,
                   softcap: np.float32) -> None:
     """sc[i, :] = the logits of pair i (tile row r) for the key block: dot * scale (soft-capped
@@ -683,7 +684,7 @@ def _block_logits(qb, i: int, kb, bias, r: int, sc, scale: np.float32,
     st_f32x16(sc, so + 64, addf16(hi, ld_f32x16(bias, bo + 64)))
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _softmax_block(sc, pr, m, den, acc, i: int) -> None:
     """One key block of the streaming softmax of (row, head) pair i: pr[i, :] = exp(logit -
     m[i]) after the running max m, denominator den and V sum acc are rescaled (at most once
@@ -712,14 +713,14 @@ def _softmax_block(sc, pr, m, den, acc, i: int) -> None:
     den[i] += hsumf16(addf16(plo, phi))
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _exp16(x: F32x16) -> F32x16:
     """_expf of each lane (attn_vec.expf16 with _expf's own constants)."""
     return expf16(x, _EXP_LO, _EXP_HI, _LOG2E, np.float32(0.5), _LN2_LO, _LN2_HI, _EXP_P[0],
                   _EXP_P[1], _EXP_P[2], _EXP_P[3], _EXP_P[4], _EXP_P[5])
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _accumulate_row(pr, vb, acc, i: int) -> None:
     """acc[i] += pr[i] @ vb: per 16 value lanes two fma chains from zero, over the block's
     even and odd keys, then acc + (even + odd). Four 16-lane groups at a time: 8 independent
@@ -758,7 +759,7 @@ def _accumulate_row(pr, vb, acc, i: int) -> None:
         c += 64
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _sink_norm(mx: np.float32, total: np.float32, sink: np.float32) -> np.float32:
     """The factor that turns a (row, head)'s value sum, taken relative to its max logit mx
     with denominator total, into its output when the softmax has one more logit, the head's
@@ -772,7 +773,7 @@ def _sink_norm(mx: np.float32, total: np.float32, sink: np.float32) -> np.float3
     return a / (total * a + _expf(sink - top))
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _write_partials(r0: int, nr: int, hk: int, c: int, g: int, m, den, acc, dst) -> None:
     """Chunk c's partial softmax (m, den, acc) of the item's (row, head) pairs into the
     call's partial arrays for the merge pass; dst: (out, part_m, part_l, part_acc), the
@@ -790,7 +791,7 @@ def _write_partials(r0: int, nr: int, hk: int, c: int, g: int, m, den, acc, dst)
                 part_acc[c * nh + k, e] = acc[i, e]
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _fold(mm, ll, aa, k: int, m_c: np.float32, l_c: np.float32, src, srow: int,
           dv: int) -> None:
     """Merge one chunk's partial softmax (m_c, l_c, src[srow, :dv]) into the running one of
@@ -818,7 +819,7 @@ def _fold(mm, ll, aa, k: int, m_c: np.float32, l_c: np.float32, src, srow: int,
         aa[k, e] += src[srow, e] * f
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _finish(mm, ll, aa, k: int, out, r: int, h: int, sinks) -> None:
     """out[r, h] from pair k's merged softmax: aa / ll (see _sink_norm for sinks); zeros for
     a row that saw no key (aa was never written for it: it may hold anything)."""
@@ -861,12 +862,12 @@ def _item_buffers(q, out, rows_per_tile: int, n_hkv: int):
     )
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _pad16(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _chunk_pass(r0: int, nr: int, hk: int, c: int, q, ks, vs, rows, keys, opts, work,
                 bufs) -> None:
     """Chunk c of the item's rows r0 .. r0 + nr - 1 and kv head hk: its partial softmax
@@ -900,7 +901,7 @@ def _chunk_pass(r0: int, nr: int, hk: int, c: int, q, ks, vs, rows, keys, opts, 
 
 # strict IEEE (see the note above the constants); numpy's error model, as a parallel loop's body
 # has: an empty cache's zero block size must not raise inside a worker thread
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _attention_item(
     it: int,  # the work item: (tile, kv head[, chunk])
     q,     # [N, Hq, Dh] float32
@@ -944,7 +945,7 @@ def _attention_item(
             _finish(mm, ll, aa, i, out, r0 + i // g, hk * g + i % g, opts[3])
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@_item_jit
 def _merge_chunks(rh: int, n_chunks: int, part_m, part_l, part_acc, out, sinks, mm, ll,
                   aa) -> None:
     """The merge pass after a split call: (row, head) pair rh's per-chunk partials folded in
