@@ -85,9 +85,17 @@ def _precompile(config: pytest.Config) -> None:
     _report(config, f"suite kernels: {said}")
 
 
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def _xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
 def _xdist_controller(config: pytest.Config) -> bool:
     """This process hands the tests to pytest-xdist workers (`-n N`, N > 0)."""
-    return (not hasattr(config, "workerinput")
+    return (not _xdist_worker(config)
             and config.pluginmanager.hasplugin("xdist")
             and bool(getattr(config.option, "numprocesses", 0))
             and getattr(config.option, "dist", "no") != "no")
@@ -109,7 +117,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         config.stash[_RECORDER] = suite_kernels.Recorder()
     elif (_xdist_controller(config) and not config.option.collectonly
           and not config.option.keyword and not config.option.markexpr  # -k / -m: a few
-          and all(Path(a.split("::", 1)[0]).is_dir() for a in config.args)):
+          and all(Path(_file_of(a)).is_dir() for a in config.args)):
         _precompile(config)
 
 
@@ -120,9 +128,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     config = session.config
     if (suite_kernels.recording() or config.option.collectonly
-            or hasattr(config, "workerinput")):
+            or _xdist_worker(config)):
         return
-    files = {item.nodeid.split("::", 1)[0] for item in session.items}
+    files = {_file_of(item.nodeid) for item in session.items}
     if len(files) >= PRECOMPILE_MIN_FILES:
         _precompile(config)
 
@@ -143,14 +151,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     (a file not in the record last); the tests inside a file keep their order."""
     import json
 
-    if not hasattr(config, "workerinput"):
+    if not _xdist_worker(config):
         return
     try:
         seconds = json.loads(FILE_SECONDS.read_text())
     except (OSError, ValueError):
         return
     rank = {f: i for i, f in enumerate(sorted(seconds, key=lambda f: -seconds[f]))}
-    items.sort(key=lambda it: rank.get(it.nodeid.split("::", 1)[0], len(rank)))
+    items.sort(key=lambda it: rank.get(_file_of(it.nodeid), len(rank)))
 
 
 _file_times: dict[str, float] = {}  # file -> seconds so far, while recording
@@ -159,7 +167,7 @@ _file_times: dict[str, float] = {}  # file -> seconds so far, while recording
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """(Under xdist the controller gets every worker's reports too.)"""
     if _recording_files():
-        f = report.nodeid.split("::", 1)[0]
+        f = _file_of(report.nodeid)
         _file_times[f] = _file_times.get(f, 0.0) + report.duration
 
 
@@ -168,7 +176,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if recorder is not None:
         n = recorder.write()
         _report(session.config, f"suite kernels: recorded {n} entries")
-    if _recording_files() and _file_times and not hasattr(session.config, "workerinput"):
+    if _recording_files() and _file_times and not _xdist_worker(session.config):
         import json
 
         ordered = dict(sorted(((f, round(t, 1)) for f, t in _file_times.items()),

@@ -286,7 +286,7 @@ def test_real_model_greedy_and_seeded_identical_on_34_prompts(default_model_path
                         SamplerConfig(temperature=0.7, seed=100 + i))]
     plain = _plain_batched(Engine(default_model_path, n_ctx=1024, n_slots=8), runs, 24)
     drafted = accepted = 0
-    for (ids, cfg), (t0, s0), i in zip(runs, plain, range(len(runs)), strict=True):
+    for i, ((ids, cfg), (t0, s0)) in enumerate(zip(runs, plain, strict=True)):
         gemma.kv.clear(0)
         t1, s1, st = _events(gemma, ids, cfg, 24, SpecOptions())
         assert t1 == t0, (PROMPTS[i // 2]["category"], i // 2, cfg.temperature)
