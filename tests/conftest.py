@@ -113,7 +113,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if suite_kernels.recording():
         if _xdist_controller(config):
             raise pytest.UsageError("recording the suite's kernels needs one process: "
-                                    "add -p no:xdist")
+                                    "add -n 0")
         config.stash[_RECORDER] = suite_kernels.Recorder()
     elif (_xdist_controller(config) and not config.option.collectonly
           and not config.option.keyword and not config.option.markexpr  # -k / -m: a few

@@ -11,7 +11,7 @@ cache folder so that later sessions on the same cache skip the step.
 The list only saves time. An entry that no longer exists is skipped; a kernel the list
 misses compiles on first use, as before. Regenerate it after changing kernels, on an empty
 cache (so the compile times that order the work are measured too), in one process:
-    NUMBA_CACHE_DIR=$(mktemp -d) LOCALLLM_RECORD_SUITE_KERNELS=1 python -m pytest -q -p no:xdist
+    NUMBA_CACHE_DIR=$(mktemp -d) LOCALLLM_RECORD_SUITE_KERNELS=1 python -m pytest -q -n 0
 
 Under pytest-xdist (the default: pyproject.toml's addopts) the controller compiles the list
 before it starts the workers, and the workers find the cache warm.
