@@ -37,16 +37,19 @@ from localllm.kernels.cpu.simd import (
     bytes_i16x16,
     dot_ss_sc,
     dot_us_sc,
+    dup_half16,
     fma_i,
     fma_s,
+    fmaf,
+    hsum2f,
+    hsum4f,
     hsum32,
     hsumf,
     iq4nl_table,
+    lanef,
     ld_f16,
-    ld_i8,
     ld_i8_i16x16,
     ld_i8x32,
-    ld_i16_i32x8,
     ld_i16x16,
     ld_nib16,
     ld_u8,
@@ -55,19 +58,22 @@ from localllm.kernels.cpu.simd import (
     ld_u32,
     lut16,
     madd16,
-    mul32,
+    madd_u8x8,
     or8,
+    pick16,
     prefetch,
     shl8,
     shl32,
+    sllw8,
     splat8,
     splat16,
     splat16x2,
     srl8,
     srl16,
+    srlw8,
     sub16,
     sub32,
-    u8x8_i32x8,
+    u8x8_i16x16,
     zero32,
     zerof,
 )
@@ -77,7 +83,9 @@ from localllm.kernels.cpu.simd import (
 # 32 quant bytes hold two sub-blocks: low nibbles = sub-block 2j, high nibbles = 2j+1.
 # Per activation row: isum = sum_j sc_j * dot(q_j, x_j) (scales applied by vpmaddwd),
 # msum = m_j * (sum of x_j) from the precomputed per-32 sums, each summed to one int per block;
-# acc = fma(fma(acc, isum, d*dx), msum, -(dmin*dx)) on a scalar (_k45_step).
+# acc = fma(fma(acc, isum, d*dx), msum, -(dmin*dx)) on a scalar (_k45_fma). The scales sit in one
+# vector per block (pick16 takes each sub-block's); two blocks, or the four activation rows of
+# _dot4, are summed horizontally at once (hsum4f).
 
 
 @njit
@@ -110,55 +118,73 @@ def _k5_chunks(qt, w, p, j, qh):
 
 
 @njit
-def _k45_step(acc, isum, mins, xb2, xm, d, dm, dx):
-    """acc after one block: the exact integers isum (8 lanes) and msum (mins times the per-32
-    activation sums at byte xm of xb2) summed to one int each, then two scalar FMAs."""
-    acc = fma_s(acc, hsum32(isum), d * dx)
-    return fma_s(acc, hsum32(mul32(mins, ld_i16_i32x8(xb2, xm))), dm * dx)
+def _k45_block(qt, w, p, xq, xb, xb2, xm):
+    """One Q4_K / Q5_K block at p against the activations at byte xb of xq: (isum, msum), the
+    scaled quant dot in 8 lanes and the mins times the per-32 activation sums (at byte xm of
+    xb2) in lanes 0..3. Exact integers; hsum2f / hsum4f sum them."""
+    sc, m_lo, m_hi = _k4_scales(w, p + 4)
+    scv = u8x8_i16x16(sc)  # the 8 scales as words, in both halves
+    qh = ld_i8x32(w, p + 16)  # Q5_K high bits (unused for Q4_K)
+    ia = zero32()
+    ib = zero32()  # two chains of adds, not one
+    for j in range(4):
+        lo, hi = _k5_chunks(qt, w, p, j, qh)
+        ia = add32(ia, dot_us_sc(lo, ld_i8x32(xq, xb + 64 * j), pick16(scv, 2 * j, 2 * j)))
+        ib = add32(ib, dot_us_sc(hi, ld_i8x32(xq, xb + 64 * j + 32),
+                                 pick16(scv, 2 * j + 1, 2 * j + 1)))
+    return add32(ia, ib), madd_u8x8(m_lo | (m_hi << 32), xb2, xm)
+
+
+@njit
+def _k45_fma(acc, v, i, w, p, dx):
+    """acc after the block at p whose isum and msum are lanes i and i + 1 of v (floats): two
+    scalar FMAs, with d * dx and -(dmin * dx)."""
+    acc = fmaf(lanef(v, i), ld_f16(w, p) * dx, acc)
+    return fmaf(lanef(v, i + 1), -ld_f16(w, p + 2) * dx, acc)
 
 
 @njit
 def _dot1_k45(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
     rb = w.shape[1]
+    bb = Q4_K_BYTES if qt == Q4_K else Q5_K_BYTES
+    k = nb * 256
+    xo = n * k
+    x2 = n * (k // 32) * 2
     for r in range(r0, r1):
         o = r * rb
         for po in range(0, rb, 64):  # the row PREFETCH_BYTES ahead, line by line
             prefetch(w, o + PREFETCH_BYTES + po)
-        bb = Q4_K_BYTES if qt == Q4_K else Q5_K_BYTES
-        k = nb * 256
-        xo = n * k
-        x2 = n * (k // 32) * 2
         acc = np.float32(0.0)
-        for b in range(nb):
+        for b in range(0, nb - 1, 2):  # two blocks a step: one horizontal sum for both
             p = o + bb * b
-            sc, m_lo, m_hi = _k4_scales(w, p + 4)
-            qh = ld_i8x32(w, p + 16)  # Q5_K high bits (unused for Q4_K)
-            isum = zero32()
-            for j in range(4):
-                lo, hi = _k5_chunks(qt, w, p, j, qh)
-                xb = xo + 256 * b + 64 * j
-                s = sc >> (16 * j)
-                isum = add32(isum, dot_us_sc(lo, ld_i8x32(xq, xb), splat16(s & 0xFF)))
-                isum = add32(isum, dot_us_sc(hi, ld_i8x32(xq, xb + 32), splat16((s >> 8) & 0xFF)))
-            acc = _k45_step(acc, isum, u8x8_i32x8(m_lo, m_hi), xb2, x2 + 16 * b, ld_f16(w, p),
-                            -ld_f16(w, p + 2), xd[n, b])
+            i0, m0 = _k45_block(qt, w, p, xq, xo + 256 * b, xb2, x2 + 16 * b)
+            i1, m1 = _k45_block(qt, w, p + bb, xq, xo + 256 * b + 256, xb2, x2 + 16 * b + 16)
+            v = hsum4f(i0, m0, i1, m1)
+            acc = _k45_fma(acc, v, 0, w, p, xd[n, b])
+            acc = _k45_fma(acc, v, 2, w, p + bb, xd[n, b + 1])
+        if nb % 2:
+            b = nb - 1
+            p = o + bb * b
+            i0, m0 = _k45_block(qt, w, p, xq, xo + 256 * b, xb2, x2 + 16 * b)
+            acc = _k45_fma(acc, hsum2f(i0, m0), 0, w, p, xd[n, b])
         out[n, r] = acc
 
 
 @njit
 def _dot4_k45(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_act):
     rb = w.shape[1]
+    bb = Q4_K_BYTES if qt == Q4_K else Q5_K_BYTES
+    k = nb * 256
+    x0 = n0 * k
+    x2 = n0 * (k // 32) * 2
+    s2 = (k // 32) * 2  # bytes between rows of xb2
     for r in range(r0, r1):
         o = r * rb
-        bb = Q4_K_BYTES if qt == Q4_K else Q5_K_BYTES
-        k = nb * 256
-        x0 = n0 * k
-        x2 = n0 * (k // 32) * 2
-        s2 = (k // 32) * 2  # bytes between rows of xb2
         acc0 = acc1 = acc2 = acc3 = np.float32(0.0)
         for b in range(nb):
             p = o + bb * b
             sc, m_lo, m_hi = _k4_scales(w, p + 4)
+            scv = u8x8_i16x16(sc)
             qh = ld_i8x32(w, p + 16)
             i0 = zero32()
             i1 = zero32()
@@ -167,9 +193,8 @@ def _dot4_k45(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_
             for j in range(4):
                 lo, hi = _k5_chunks(qt, w, p, j, qh)
                 xb = x0 + 256 * b + 64 * j
-                s = sc >> (16 * j)
-                sa = splat16(s & 0xFF)
-                sb = splat16((s >> 8) & 0xFF)
+                sa = pick16(scv, 2 * j, 2 * j)
+                sb = pick16(scv, 2 * j + 1, 2 * j + 1)
                 i0 = add32(i0, add32(dot_us_sc(lo, ld_i8x32(xq, xb), sa),
                                      dot_us_sc(hi, ld_i8x32(xq, xb + 32), sb)))
                 i1 = add32(i1, add32(dot_us_sc(lo, ld_i8x32(xq, xb + k), sa),
@@ -178,14 +203,15 @@ def _dot4_k45(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_
                                      dot_us_sc(hi, ld_i8x32(xq, xb + 2 * k + 32), sb)))
                 i3 = add32(i3, add32(dot_us_sc(lo, ld_i8x32(xq, xb + 3 * k), sa),
                                      dot_us_sc(hi, ld_i8x32(xq, xb + 3 * k + 32), sb)))
-            mins = u8x8_i32x8(m_lo, m_hi)
-            d = ld_f16(w, p)
-            dm = -ld_f16(w, p + 2)
+            mins = m_lo | (m_hi << 32)
             xm = x2 + 16 * b
-            acc0 = _k45_step(acc0, i0, mins, xb2, xm, d, dm, xd[n0, b])
-            acc1 = _k45_step(acc1, i1, mins, xb2, xm + s2, d, dm, xd[n0 + 1, b])
-            acc2 = _k45_step(acc2, i2, mins, xb2, xm + 2 * s2, d, dm, xd[n0 + 2, b])
-            acc3 = _k45_step(acc3, i3, mins, xb2, xm + 3 * s2, d, dm, xd[n0 + 3, b])
+            v01 = hsum4f(i0, madd_u8x8(mins, xb2, xm), i1, madd_u8x8(mins, xb2, xm + s2))
+            v23 = hsum4f(i2, madd_u8x8(mins, xb2, xm + 2 * s2), i3,
+                         madd_u8x8(mins, xb2, xm + 3 * s2))
+            acc0 = _k45_fma(acc0, v01, 0, w, p, xd[n0, b])
+            acc1 = _k45_fma(acc1, v01, 2, w, p, xd[n0 + 1, b])
+            acc2 = _k45_fma(acc2, v23, 0, w, p, xd[n0 + 2, b])
+            acc3 = _k45_fma(acc3, v23, 2, w, p, xd[n0 + 3, b])
         _store4(out, r, n0, n_act, acc0, acc1, acc2, acc3)
 
 
@@ -195,68 +221,67 @@ def _dot4_k45(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_
 #   chunk 0: ql[64h+l] & 15 | (qh[32h+l] & 3) << 4          chunk 2: ql[64h+l] >> 4 | bits 4-5
 #   chunk 1: ql[64h+32+l] & 15 | bits 2-3 of qh << 4          chunk 3: ql[64h+32+l] >> 4 | bits 6-7
 # The -32 offset becomes -32 * sum_j sc_j * bsum16_j, folded into the same integer sum.
+# Scale j of chunk c of half h is sc[8h + 2c] for its first 16 bytes, sc[8h + 2c + 1] for the
+# rest: pick16(dup_half16(scales, h), 2c, 2c + 1).
 
 
 @njit
 def _q6_chunks(w, p, h):
-    """The four unsigned chunks (I8x32, 0..63) of half h of a Q6_K block at p."""
+    """The four unsigned chunks (I8x32, 0..63) of half h of a Q6_K block at p. The 2-bit
+    fields move by 16-bit shifts and are masked in place (bits 4-5 of each byte)."""
     m15 = splat8(15)
-    m3 = splat8(3)
+    m48 = splat8(48)
     ql0 = ld_i8x32(w, p + 64 * h)
     ql1 = ld_i8x32(w, p + 64 * h + 32)
     qh = ld_i8x32(w, p + 128 + 32 * h)
-    c0 = or8(and8(ql0, m15), shl8(and8(qh, m3), 4))
-    c1 = or8(and8(ql1, m15), shl8(and8(srl8(qh, 2), m3), 4))
-    c2 = or8(and8(srl8(ql0, 4), m15), shl8(and8(srl8(qh, 4), m3), 4))
-    c3 = or8(and8(srl8(ql1, 4), m15), shl8(srl8(qh, 6), 4))
+    c0 = or8(and8(ql0, m15), and8(sllw8(qh, 4), m48))
+    c1 = or8(and8(ql1, m15), and8(sllw8(qh, 2), m48))
+    c2 = or8(and8(srlw8(ql0, 4), m15), and8(qh, m48))
+    c3 = or8(and8(srlw8(ql1, 4), m15), and8(srlw8(qh, 2), m48))
     return c0, c1, c2, c3
 
 
 @njit
-def _q6_sc(w, p, h, c):
-    """Per-16 scales of chunk c of half h, as I16x16 for dot_us_sc."""
-    i = p + 192 + 8 * h + 2 * c
-    return splat16x2(ld_i8(w, i), ld_i8(w, i + 1))
-
-
-@njit
-def _q6_half(c0, c1, c2, c3, s0, s1, s2, s3, xq, xb):
-    """Scaled integer dot of one Q6_K half (chunks c0..c3, scales s0..s3) with xq at byte xb."""
-    a = add32(dot_us_sc(c0, ld_i8x32(xq, xb), s0), dot_us_sc(c1, ld_i8x32(xq, xb + 32), s1))
-    b = add32(dot_us_sc(c2, ld_i8x32(xq, xb + 64), s2), dot_us_sc(c3, ld_i8x32(xq, xb + 96), s3))
+def _q6_half(c0, c1, c2, c3, sh, xq, xb):
+    """Scaled integer dot of one Q6_K half (chunks c0..c3; sh: its 8 scales in both halves,
+    dup_half16) with xq at byte xb."""
+    a = add32(dot_us_sc(c0, ld_i8x32(xq, xb), pick16(sh, 0, 1)),
+              dot_us_sc(c1, ld_i8x32(xq, xb + 32), pick16(sh, 2, 3)))
+    b = add32(dot_us_sc(c2, ld_i8x32(xq, xb + 64), pick16(sh, 4, 5)),
+              dot_us_sc(c3, ld_i8x32(xq, xb + 96), pick16(sh, 6, 7)))
     return add32(a, b)
 
 
 @njit
-def _q6_step(acc, isum, scv, xbs, xm, s):
-    """acc after one block: isum (8 lanes) - 32 * sum_j sc_j * bsum16_j (the activation sums
-    at byte xm of xbs), summed to one exact int, then one scalar FMA with s = d * dx."""
-    return fma_s(acc, hsum32(sub32(isum, shl32(madd16(scv, ld_i16x16(xbs, xm)), 5))), s)
+def _q6_off(isum, scv, xbs, xm):
+    """isum - 32 * sum_j sc_j * bsum16_j (the activation sums at byte xm of xbs), 8 lanes."""
+    return sub32(isum, shl32(madd16(scv, ld_i16x16(xbs, xm)), 5))
 
 
 @njit
 def _dot1_q6k(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, out, n, n_act):
     rb = w.shape[1]
+    k = nb * 256
+    xo = n * k
+    xbo = n * (k // 16) * 2
     for r in range(r0, r1):
         o = r * rb
-        for po in range(0, rb, 64):  # the row PREFETCH_BYTES ahead, line by line
-            prefetch(w, o + PREFETCH_BYTES + po)
-        k = nb * 256
-        xo = n * k
-        xbo = n * (k // 16) * 2
         acc = np.float32(0.0)
         for b in range(nb):
             p = o + Q6_K_BYTES * b
+            # the 4 lines of a block PREFETCH_BYTES ahead, as the block is read: Q6_K rows are
+            # long (6720 bytes at K = 8192), and a whole row's prefetches at once stalled the
+            # stream (measured on Zen 3: 9.2 -> 12.5 GB/s streaming, one thread)
+            for li in range(0, 256, 64):
+                prefetch(w, p + PREFETCH_BYTES + li)
+            scv = ld_i8_i16x16(w, p + 192)
             isum = zero32()
             for h in range(2):
                 c0, c1, c2, c3 = _q6_chunks(w, p, h)
-                xb = xo + 256 * b + 128 * h
-                isum = add32(isum, dot_us_sc(c0, ld_i8x32(xq, xb), _q6_sc(w, p, h, 0)))
-                isum = add32(isum, dot_us_sc(c1, ld_i8x32(xq, xb + 32), _q6_sc(w, p, h, 1)))
-                isum = add32(isum, dot_us_sc(c2, ld_i8x32(xq, xb + 64), _q6_sc(w, p, h, 2)))
-                isum = add32(isum, dot_us_sc(c3, ld_i8x32(xq, xb + 96), _q6_sc(w, p, h, 3)))
-            acc = _q6_step(acc, isum, ld_i8_i16x16(w, p + 192), xbs, xbo + 32 * b,
-                           ld_f16(w, p + 208) * xd[n, b])
+                isum = add32(isum, _q6_half(c0, c1, c2, c3, dup_half16(scv, h), xq,
+                                            xo + 256 * b + 128 * h))
+            acc = fma_s(acc, hsum32(_q6_off(isum, scv, xbs, xbo + 32 * b)),
+                        ld_f16(w, p + 208) * xd[n, b])
         out[n, r] = acc
 
 
@@ -272,28 +297,27 @@ def _dot4_q6k(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_
         acc0 = acc1 = acc2 = acc3 = np.float32(0.0)
         for b in range(nb):
             p = o + Q6_K_BYTES * b
+            scv = ld_i8_i16x16(w, p + 192)
             i0 = zero32()
             i1 = zero32()
             i2 = zero32()
             i3 = zero32()
             for h in range(2):
                 c0, c1, c2, c3 = _q6_chunks(w, p, h)
-                s0 = _q6_sc(w, p, h, 0)
-                s1 = _q6_sc(w, p, h, 1)
-                s2 = _q6_sc(w, p, h, 2)
-                s3 = _q6_sc(w, p, h, 3)
+                sh = dup_half16(scv, h)
                 xb = x0 + 256 * b + 128 * h
-                i0 = add32(i0, _q6_half(c0, c1, c2, c3, s0, s1, s2, s3, xq, xb))
-                i1 = add32(i1, _q6_half(c0, c1, c2, c3, s0, s1, s2, s3, xq, xb + k))
-                i2 = add32(i2, _q6_half(c0, c1, c2, c3, s0, s1, s2, s3, xq, xb + 2 * k))
-                i3 = add32(i3, _q6_half(c0, c1, c2, c3, s0, s1, s2, s3, xq, xb + 3 * k))
-            scv = ld_i8_i16x16(w, p + 192)
-            d = ld_f16(w, p + 208)
+                i0 = add32(i0, _q6_half(c0, c1, c2, c3, sh, xq, xb))
+                i1 = add32(i1, _q6_half(c0, c1, c2, c3, sh, xq, xb + k))
+                i2 = add32(i2, _q6_half(c0, c1, c2, c3, sh, xq, xb + 2 * k))
+                i3 = add32(i3, _q6_half(c0, c1, c2, c3, sh, xq, xb + 3 * k))
             xm = xbo + 32 * b
-            acc0 = _q6_step(acc0, i0, scv, xbs, xm, d * xd[n0, b])
-            acc1 = _q6_step(acc1, i1, scv, xbs, xm + sbs, d * xd[n0 + 1, b])
-            acc2 = _q6_step(acc2, i2, scv, xbs, xm + 2 * sbs, d * xd[n0 + 2, b])
-            acc3 = _q6_step(acc3, i3, scv, xbs, xm + 3 * sbs, d * xd[n0 + 3, b])
+            v = hsum4f(_q6_off(i0, scv, xbs, xm), _q6_off(i1, scv, xbs, xm + sbs),
+                       _q6_off(i2, scv, xbs, xm + 2 * sbs), _q6_off(i3, scv, xbs, xm + 3 * sbs))
+            d = ld_f16(w, p + 208)
+            acc0 = fmaf(lanef(v, 0), d * xd[n0, b], acc0)
+            acc1 = fmaf(lanef(v, 1), d * xd[n0 + 1, b], acc1)
+            acc2 = fmaf(lanef(v, 2), d * xd[n0 + 2, b], acc2)
+            acc3 = fmaf(lanef(v, 3), d * xd[n0 + 3, b], acc3)
         _store4(out, r, n0, n_act, acc0, acc1, acc2, acc3)
 
 

@@ -40,14 +40,14 @@ from localllm.kernels.cpu.cpu_features import FEATURES
 # defined below (`__all__ += [...]`), so every public name is listed.
 __all__ = [
     "I8x32", "I16x16", "I32x8", "F32x8", "USE_VNNI", "IQ4NL_VALUES",
-    "ld_i8x32", "ld_nib16", "ld_bits32", "ld_i16x16", "ld_i8_i16x16", "ld_i16_i32x8",
+    "ld_i8x32", "ld_nib16", "ld_bits32", "ld_i16x16", "ld_i8_i16x16",
     "ld_f32x8", "ld_f16x8", "ld_bf16x8", "ld_f16", "ld_u32", "ld_u16", "ld_u8", "ld_i8",
     "ld_u8_i16x16", "ld_f32x4_dup",
     "splat8", "and8", "or8", "add8", "srl8", "shl8", "lut16",
     "iq4nl_table", "iq4nl_table_u",
     "dot_ss", "dot_us", "dot_us_sc", "dot_ss_sc", "madd16",
     "splat16", "splat16x2", "bytes_i16x16", "sub16", "srl16",
-    "zero32", "add32", "sub32", "mul32", "shl32", "u8x8_i32x8", "hsum4x8",
+    "zero32", "add32", "sub32", "mul32", "shl32", "hsum4x8",
     "zerof", "fma_i", "fma_f", "hsumf", "splatf", "mulf", "cvtf", "lanef",
 ]
 
@@ -229,20 +229,6 @@ def ld_i8_i16x16(typingctx, arr, off):
         return builder.sext(b, _V16)
 
     return I16x16(arr, types.intp), codegen
-
-
-@intrinsic
-def ld_i16_i32x8(typingctx, arr, off):
-    """8 int16 at `off`, sign-extended to int32."""
-    if not _is_byte_array(arr):
-        return None
-
-    def codegen(context, builder, sig, args):
-        v8 = ir.VectorType(_i16, 8)
-        b = builder.load(_ptr(context, builder, sig.args[0], args[0], args[1], v8), align=1)
-        return builder.sext(b, _V32)
-
-    return I32x8(arr, types.intp), codegen
 
 
 @intrinsic
@@ -609,22 +595,6 @@ def shl32(typingctx, a, n):
 
 
 @intrinsic
-def u8x8_i32x8(typingctx, lo, hi):
-    """The 8 bytes of two u32 (lo's bytes first), zero-extended to I32x8 (vpmovzxbd)."""
-    if not isinstance(lo, types.Integer) or not isinstance(hi, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        v2 = ir.VectorType(_i32, 2)
-        v = ir.Constant(v2, ir.Undefined)
-        v = builder.insert_element(v, args[0], ir.Constant(_i32, 0))
-        v = builder.insert_element(v, args[1], ir.Constant(_i32, 1))
-        return builder.zext(builder.bitcast(v, ir.VectorType(_i8, 8)), _V32)
-
-    return I32x8(types.uint32, types.uint32), codegen
-
-
-@intrinsic
 def hsum4x8(typingctx, a, b, c, d):
     """Sums of four I32x8 in one: lane j < 4 holds the sum of lanes 0..3 of input j, lane 4 + j
     the sum of its lanes 4..7 (so input j's total is lane j + lane 4 + j).
@@ -972,6 +942,174 @@ def madd_bcast(typingctx, a, arr, off):
 
 
 __all__ += ["words_u8", "words_s8", "madd_bcast"]
+
+
+# The K-quants' row kernels (mm_kquants): a block's 8 or 16 sub-block scales sit in one vector
+# and each dot takes its scale with one shuffle (pick16), instead of a scalar load and a
+# broadcast per sub-block; the exact integers of two blocks (or four activation rows) are
+# summed horizontally at once (hsum2f / hsum4f), then converted together.
+
+
+def _bytes_lo8(builder, x):
+    """The 8 bytes of the integer x (little-endian) as an <8 x i8>."""
+    x = builder.sext(x, _i64) if x.type.width < 64 else x
+    v2 = builder.insert_element(ir.Constant(ir.VectorType(_i64, 2), ir.Undefined), x,
+                                ir.Constant(_i32, 0))
+    b16 = builder.bitcast(v2, ir.VectorType(_i8, 16))
+    return builder.shuffle_vector(b16, b16, ir.Constant(ir.VectorType(_i32, 8), list(range(8))))
+
+
+@intrinsic
+def u8x8_i16x16(typingctx, x):
+    """The 8 bytes of the integer x (little-endian), zero-extended to words, in both 128-bit
+    halves: lanes i and 8 + i hold byte i."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        w8 = builder.zext(_bytes_lo8(builder, args[0]), ir.VectorType(_i16, 8))
+        return builder.shuffle_vector(w8, w8, ir.Constant(ir.VectorType(_i32, 16),
+                                                          list(range(8)) * 2))
+
+    return I16x16(x), codegen
+
+
+@intrinsic
+def pick16(typingctx, v, a, b):
+    """Word a of v's low half in lanes 0..7 and word b of its high half in lanes 8..15
+    (a, b < 8): a dot_us_sc scale vector. One vpshufb; its index is a constant once a and b
+    are (unrolled loops)."""
+    if v != I16x16 or not isinstance(a, types.Integer) or not isinstance(b, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        def byte_pos(i, keep):  # 2 * i in the bytes of one half, 0 in the other's
+            two_i = builder.shl(builder.trunc(i, _i8), ir.Constant(_i8, 1))
+            return builder.and_(_splat(builder, _V8, two_i), ir.Constant(_V8, keep))
+
+        lo = [0xFF] * 16 + [0] * 16
+        idx = builder.add(ir.Constant(_V8, [i % 2 for i in range(32)]),
+                          builder.add(byte_pos(args[1], lo), byte_pos(args[2], lo[::-1])))
+        shuf = _fn(builder, "llvm.x86.avx2.pshuf.b", _V8, [_V8, _V8])
+        return builder.bitcast(builder.call(shuf, [builder.bitcast(args[0], _V8), idx]), _V16)
+
+    return I16x16(I16x16, a, b), codegen
+
+
+@intrinsic
+def dup_half16(typingctx, v, h):
+    """v's half h (0: lanes 0..7, 1: lanes 8..15) in both halves."""
+    if v != I16x16 or not isinstance(h, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        m = ir.VectorType(_i32, 16)
+        lo = builder.shuffle_vector(args[0], args[0], ir.Constant(m, list(range(8)) * 2))
+        hi = builder.shuffle_vector(args[0], args[0], ir.Constant(m, list(range(8, 16)) * 2))
+        return builder.select(builder.icmp_signed("==", args[1], ir.Constant(args[1].type, 0)),
+                              lo, hi)
+
+    return I16x16(I16x16, h), codegen
+
+
+@intrinsic
+def madd_u8x8(typingctx, x, arr, off):
+    """vpmaddwd of the 8 bytes of the integer x (zero-extended words) with the 8 int16 at byte
+    `off` of arr: the 4 pair sums in lanes 0..3 of an I32x8, zeros in lanes 4..7."""
+    if not isinstance(x, types.Integer) or not _is_byte_array(arr):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v8 = ir.VectorType(_i16, 8)
+        w8 = builder.zext(_bytes_lo8(builder, args[0]), v8)
+        y = builder.load(_ptr(context, builder, sig.args[1], args[1], args[2], v8), align=1)
+        f = _fn(builder, "llvm.x86.sse2.pmadd.wd", ir.VectorType(_i32, 4), [v8, v8])
+        p = builder.call(f, [w8, y])
+        z = ir.Constant(ir.VectorType(_i32, 4), [0] * 4)
+        return builder.shuffle_vector(p, z, ir.Constant(ir.VectorType(_i32, 8), list(range(8))))
+
+    return I32x8(x, arr, types.intp), codegen
+
+
+def _fold4(builder, v):
+    """Lanes 0..3 + lanes 4..7 of an <8 x i32>, as an <4 x i32>."""
+    m4 = ir.VectorType(_i32, 4)
+    return builder.add(builder.shuffle_vector(v, v, ir.Constant(m4, [0, 1, 2, 3])),
+                       builder.shuffle_vector(v, v, ir.Constant(m4, [4, 5, 6, 7])))
+
+
+def _f4_to_f8(builder, s4):
+    """float of an <4 x i32> (each rounded once), lanes 4..7 repeating lanes 0..3."""
+    f = builder.sitofp(s4, ir.VectorType(_f32, 4))
+    return builder.shuffle_vector(f, f, ir.Constant(ir.VectorType(_i32, 8), [0, 1, 2, 3] * 2))
+
+
+@intrinsic
+def hsum2f(typingctx, a, b):
+    """float(sum of a's lanes) in lane 0 and float(sum of b's) in lane 1 of an F32x8: the
+    exact (wrapping) int sums, each rounded once as hsum32 and a scalar conversion would."""
+    if a != I32x8 or b != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        m4 = ir.VectorType(_i32, 4)
+        a4, b4 = _fold4(builder, args[0]), _fold4(builder, args[1])
+        t = builder.add(builder.shuffle_vector(a4, b4, ir.Constant(m4, [0, 2, 4, 6])),
+                        builder.shuffle_vector(a4, b4, ir.Constant(m4, [1, 3, 5, 7])))
+        t = builder.add(builder.shuffle_vector(t, t, ir.Constant(m4, [0, 2, 0, 2])),
+                        builder.shuffle_vector(t, t, ir.Constant(m4, [1, 3, 1, 3])))
+        return _f4_to_f8(builder, t)
+
+    return F32x8(I32x8, I32x8), codegen
+
+
+@intrinsic
+def hsum4f(typingctx, a, b, c, d):
+    """float(sum of the lanes of a, b, c, d) in lanes 0, 1, 2, 3 of an F32x8 (hsum2f's
+    numerics); lanes 4..7 repeat them."""
+    if any(t != I32x8 for t in (a, b, c, d)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        va, vb, vc, vd = args
+        m8 = ir.VectorType(_i32, 8)
+
+        def pairs(x, y, lo, hi):
+            return builder.add(builder.shuffle_vector(x, y, ir.Constant(m8, lo)),
+                               builder.shuffle_vector(x, y, ir.Constant(m8, hi)))
+
+        # as hsum4x8: lane j < 4 the sum of input j's lanes 0..3, lane 4 + j of its lanes 4..7
+        t0 = pairs(va, vb, [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15])
+        t1 = pairs(vc, vd, [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15])
+        s = pairs(t0, t1, [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
+        return _f4_to_f8(builder, _fold4(builder, s))
+
+    return F32x8(I32x8, I32x8, I32x8, I32x8), codegen
+
+
+def _wshift8(method: str, name: str):
+    def impl(typingctx, a, n):
+        if a != I8x32 or not isinstance(n, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):
+            cnt = _splat(builder, _V16, builder.trunc(args[1], _i16))
+            return builder.bitcast(getattr(builder, method)(builder.bitcast(args[0], _V16), cnt),
+                                   _V8)
+
+        return I8x32(I8x32, n), codegen
+
+    impl.__name__ = name
+    impl.__doc__ = (f"An I8x32 shifted {'right' if method == 'lshr' else 'left'} by n as 16 words "
+                    "(vpsrlw / vpsllw): bits cross into the neighbouring byte, so mask after.")
+    return intrinsic(impl)
+
+
+srlw8 = _wshift8("lshr", "srlw8")
+sllw8 = _wshift8("shl", "sllw8")
+
+__all__ += ["u8x8_i16x16", "pick16", "dup_half16", "madd_u8x8", "hsum2f", "hsum4f", "srlw8",
+            "sllw8"]
 
 
 # ============================================================================= 512-bit
