@@ -36,6 +36,7 @@ from localllm.kernels.cpu.simd import (
     cvtf,
     dot_bcast,
     fma_f,
+    keep,
     ld_bits32,
     ld_f16x8,
     ld_i8x32,
@@ -106,7 +107,12 @@ def _h_step(qt, t, u, xq, o, k):
     s1, i1 = _h_add(qt, t[2], t[3], u, xq, o + k)
     s2, i2 = _h_add(qt, t[4], t[5], u, xq, o + 2 * k)
     s3, i3 = _h_add(qt, t[6], t[7], u, xq, o + 3 * k)
-    return (s0, i0, s1, i1, s2, i2, s3, i3)
+    if _h_group(qt) != 8:
+        return (s0, i0, s1, i1, s2, i2, s3, i3)
+    # Q4_0 / Q4_1: the 4 columns' words step by step (simd.keep). Measured on Zen 3, one
+    # thread, N = 64: 1.17x; the same for Q5_0 (words flushed halfway) was 0.96x and for
+    # Q8_0's dwords 0.88x, so those are left to LLVM.
+    return (keep(s0), i0, keep(s1), i1, keep(s2), i2, keep(s3), i3)
 
 
 @njit(inline="always")

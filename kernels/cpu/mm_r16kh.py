@@ -57,6 +57,7 @@ from localllm.kernels.cpu.simd import (
     and8,
     cvtf,
     fma_f,
+    keep,
     ld_f16x8,
     ld_i8x32,
     mad_bcast,
@@ -155,10 +156,10 @@ def _k45_sub4(qt, w, p, q, hq, s, hf, xq, xb, k, i0, i1, i2, i3):
         v, hv = _k45_at(q, hq, s, ln, hf)
         u = _k45_quant(qt, w, v, hv, s)
         o = xb + 32 * s + 4 * ln
-        a0 = add16(a0, mad_bcast(u, xq, o))
-        a1 = add16(a1, mad_bcast(u, xq, o + k))
-        a2 = add16(a2, mad_bcast(u, xq, o + 2 * k))
-        a3 = add16(a3, mad_bcast(u, xq, o + 3 * k))
+        a0 = keep(add16(a0, mad_bcast(u, xq, o)))  # the 4 rows step by step (keep)
+        a1 = keep(add16(a1, mad_bcast(u, xq, o + k)))
+        a2 = keep(add16(a2, mad_bcast(u, xq, o + 2 * k)))
+        a3 = keep(add16(a3, mad_bcast(u, xq, o + 3 * k)))
         if qt == Q5_K and ln == 3:
             i0 = add32(i0, madd16(a0, sw))
             i1 = add32(i1, madd16(a1, sw))
@@ -289,13 +290,15 @@ def _k6_fin(acc, isum, msum, dv):
 
 @njit(inline="always")
 def _k6_pair4(u, v, xq, o, k, i0, i1, i2, i3, sw):
-    """Positions u, v (chunks at activation bytes o, o + 4) for 4 activation rows."""
-    i0 = add32(i0, madd16(add16(mad_bcast(u, xq, o), mad_bcast(v, xq, o + 4)), sw))
-    i1 = add32(i1, madd16(add16(mad_bcast(u, xq, o + k), mad_bcast(v, xq, o + k + 4)), sw))
-    i2 = add32(i2, madd16(add16(mad_bcast(u, xq, o + 2 * k),
-                                mad_bcast(v, xq, o + 2 * k + 4)), sw))
-    i3 = add32(i3, madd16(add16(mad_bcast(u, xq, o + 3 * k),
-                                mad_bcast(v, xq, o + 3 * k + 4)), sw))
+    """Positions u, v (chunks at activation bytes o, o + 4) for 4 activation rows, the rows
+    step by step (keep)."""
+    i0 = keep(add32(i0, madd16(add16(mad_bcast(u, xq, o), mad_bcast(v, xq, o + 4)), sw)))
+    i1 = keep(add32(i1, madd16(add16(mad_bcast(u, xq, o + k), mad_bcast(v, xq, o + k + 4)),
+                               sw)))
+    i2 = keep(add32(i2, madd16(add16(mad_bcast(u, xq, o + 2 * k),
+                                     mad_bcast(v, xq, o + 2 * k + 4)), sw)))
+    i3 = keep(add32(i3, madd16(add16(mad_bcast(u, xq, o + 3 * k),
+                                     mad_bcast(v, xq, o + 3 * k + 4)), sw)))
     return i0, i1, i2, i3
 
 
