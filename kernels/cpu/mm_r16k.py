@@ -210,7 +210,7 @@ def _k45_msum(m01, m23, m45, m67, xb2, o):
 
 @njit
 def _k45_fin(acc, isum, msum, d, dm, dx):
-    """The float step of one block (the row-major _k45_step's, lane r = row r)."""
+    """The float step of one block (the row-major _k45_fma's, lane r = row r)."""
     acc = fma16(acc, cvtf16(isum), mul16(d, splatf16(dx)))
     return fma16(acc, cvtf16(msum), mul16(dm, splatf16(-dx)))  # = -(dmin * dx), bit for bit
 
@@ -387,7 +387,7 @@ def _k6_msum(w, p, xbs, o, nr, sb):
 
 @njit
 def _k6_fin(acc, ia, ib, ms, dv):
-    """The block's one integer, isum - 32 * msum, and its FMA (the row-major _q6_step's)."""
+    """The block's one integer, isum - 32 * msum, and its FMA (the row-major _dot1_q6k's)."""
     return fma16(acc, cvtf16(sub32x16(add32x16(ia, ib), shl32x16(ms, 5))), dv)
 
 

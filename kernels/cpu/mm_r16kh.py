@@ -139,7 +139,7 @@ def _k45_msum(mna, mnb, xb2, o):
 
 @njit
 def _k45_fin(acc, isum, msum, d, dm, dx):
-    """The float step of one block (the row-major _k45_step's, lane r = row r)."""
+    """The float step of one block (the row-major _k45_fma's, lane r = row r)."""
     acc = fma_f(acc, cvtf(isum), mulf(d, splatf(dx)))
     return fma_f(acc, cvtf(msum), mulf(dm, splatf(-dx)))  # = -(dmin * dx), bit for bit
 
@@ -284,7 +284,7 @@ def _k6_msum(w, p, hf, xbs, o):
 
 @njit
 def _k6_fin(acc, isum, msum, dv):
-    """The block's one integer, isum - 32 * msum, and its FMA (the row-major _q6_step's)."""
+    """The block's one integer, isum - 32 * msum, and its FMA (the row-major _dot1_q6k's)."""
     return fma_f(acc, cvtf(sub32(isum, shl32(msum, 5))), dv)
 
 
