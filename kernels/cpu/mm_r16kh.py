@@ -21,6 +21,10 @@ word sum fits an i16; activation quants are in [-127, 127] (quant_act), a word i
   Q5_K (u <= 31): 4 vectors, 8 * 31 * 127 = 31496 (two vpmaddwd a sub-block);
   Q6_K (u <= 63): 2 vectors, 4 * 63 * 127 = 32004 (a 16-weight sub-block: two vpmaddwd).
 
+Each step's accumulators of the 4 activation rows pass through simd.keep, so that LLVM advances
+the rows together rather than one row over all steps with the decoded vectors spilled (1.2-1.4x,
+BENCHMARKS.md).
+
 Bits: the contract of mm_r16k (one exact integer per row and super-block, isum and for Q4_K /
 Q5_K msum; acc = fma(acc, float(isum), d * dx), then fma(acc, float(msum), -(dmin * dx)); Q6_K
 fma(acc, float(isum - 32 * msum), d * dx)), computed lanewise: the outputs equal the row-major
