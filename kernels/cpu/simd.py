@@ -347,19 +347,23 @@ or8 = _binop8("or_", "or8")
 add8 = _binop8("add", "add8")
 
 
-def _shift8(method: str, name: str):
+def _shift8(method: str, name: str, lane=_V8):
+    """An I8x32 shift intrinsic: each byte alone (lane _V8), or the bytes shifted as 16 words
+    (lane _V16: vpsrlw / vpsllw, bits cross into the neighbouring byte, so mask after)."""
     def impl(typingctx, a, n):
         if a != I8x32 or not isinstance(n, types.Integer):
             return None
 
         def codegen(context, builder, sig, args):
-            cnt = _splat(builder, _V8, builder.trunc(args[1], _i8))
-            return getattr(builder, method)(args[0], cnt)
+            cnt = _splat(builder, lane, builder.trunc(args[1], lane.element))
+            return builder.bitcast(getattr(builder, method)(builder.bitcast(args[0], lane), cnt),
+                                   _V8)
 
         return I8x32(I8x32, n), codegen
 
     impl.__name__ = name
-    impl.__doc__ = f"Bytewise {'logical right' if method == 'lshr' else 'left'} shift by n < 8."
+    how = "Bytewise" if lane is _V8 else "As 16-bit words,"
+    impl.__doc__ = f"{how} {'logical right' if method == 'lshr' else 'left'} shift by n < 8."
     return intrinsic(impl)
 
 
@@ -606,18 +610,24 @@ def hsum4x8(typingctx, a, b, c, d):
         return None
 
     def codegen(context, builder, sig, args):
-        va, vb, vc, vd = args
-        lo32 = ir.Constant(ir.VectorType(_i32, 8), [0, 8, 1, 9, 4, 12, 5, 13])
-        hi32 = ir.Constant(ir.VectorType(_i32, 8), [2, 10, 3, 11, 6, 14, 7, 15])
-        # [a0+a2, b0+b2, a1+a3, b1+b3 | a4+a6, b4+b6, a5+a7, b5+b7]
-        t0 = builder.add(builder.shuffle_vector(va, vb, lo32), builder.shuffle_vector(va, vb, hi32))
-        t1 = builder.add(builder.shuffle_vector(vc, vd, lo32), builder.shuffle_vector(vc, vd, hi32))
-        lo64 = ir.Constant(ir.VectorType(_i32, 8), [0, 1, 8, 9, 4, 5, 12, 13])
-        hi64 = ir.Constant(ir.VectorType(_i32, 8), [2, 3, 10, 11, 6, 7, 14, 15])
-        return builder.add(builder.shuffle_vector(t0, t1, lo64),
-                           builder.shuffle_vector(t0, t1, hi64))
+        return _transpose_add4(builder, *args)
 
     return I32x8(I32x8, I32x8, I32x8, I32x8), codegen
+
+
+def _transpose_add4(builder, va, vb, vc, vd):
+    """hsum4x8 of four <8 x i32>: lane j < 4 the sum of input j's lanes 0..3, lane 4 + j of
+    its lanes 4..7."""
+    m8 = ir.VectorType(_i32, 8)
+
+    def pairs(x, y, lo, hi):
+        return builder.add(builder.shuffle_vector(x, y, ir.Constant(m8, lo)),
+                           builder.shuffle_vector(x, y, ir.Constant(m8, hi)))
+
+    # [a0+a2, b0+b2, a1+a3, b1+b3 | a4+a6, b4+b6, a5+a7, b5+b7], the same for c, d
+    t0 = pairs(va, vb, [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15])
+    t1 = pairs(vc, vd, [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15])
+    return pairs(t0, t1, [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
 
 
 @intrinsic
@@ -1090,42 +1100,13 @@ def hsum4f(typingctx, a, b, c, d):
         return None
 
     def codegen(context, builder, sig, args):
-        va, vb, vc, vd = args
-        m8 = ir.VectorType(_i32, 8)
-
-        def pairs(x, y, lo, hi):
-            return builder.add(builder.shuffle_vector(x, y, ir.Constant(m8, lo)),
-                               builder.shuffle_vector(x, y, ir.Constant(m8, hi)))
-
-        # as hsum4x8: lane j < 4 the sum of input j's lanes 0..3, lane 4 + j of its lanes 4..7
-        t0 = pairs(va, vb, [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15])
-        t1 = pairs(vc, vd, [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15])
-        s = pairs(t0, t1, [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
-        return _f4_to_f8(builder, _fold4(builder, s))
+        return _f4_to_f8(builder, _fold4(builder, _transpose_add4(builder, *args)))
 
     return F32x8(I32x8, I32x8, I32x8, I32x8), codegen
 
 
-def _wshift8(method: str, name: str):
-    def impl(typingctx, a, n):
-        if a != I8x32 or not isinstance(n, types.Integer):
-            return None
-
-        def codegen(context, builder, sig, args):
-            cnt = _splat(builder, _V16, builder.trunc(args[1], _i16))
-            return builder.bitcast(getattr(builder, method)(builder.bitcast(args[0], _V16), cnt),
-                                   _V8)
-
-        return I8x32(I8x32, n), codegen
-
-    impl.__name__ = name
-    impl.__doc__ = (f"An I8x32 shifted {'right' if method == 'lshr' else 'left'} by n as 16 words "
-                    "(vpsrlw / vpsllw): bits cross into the neighbouring byte, so mask after.")
-    return intrinsic(impl)
-
-
-srlw8 = _wshift8("lshr", "srlw8")
-sllw8 = _wshift8("shl", "sllw8")
+srlw8 = _shift8("lshr", "srlw8", _V16)
+sllw8 = _shift8("shl", "sllw8", _V16)
 
 __all__ += ["u8x8_i16x16", "pick16", "dup_half16", "madd_u8x8", "hsum2f", "hsum4f", "srlw8",
             "sllw8"]
