@@ -92,15 +92,14 @@ from localllm.kernels.cpu.simd import (
 def _k4_scales(w, p):
     """Scales and mins of a Q4_K/Q5_K super-block from its 12 packed bytes at p.
 
-    Returns (sc: the 8 scales as bytes of an int64, m_lo, m_hi: the 8 mins as two u32).
+    Returns (sc, mn): the 8 scales and the 8 mins, each as the bytes of an int64.
     """
     u0 = np.int64(ld_u32(w, p))
     u1 = np.int64(ld_u32(w, p + 4))
     u2 = np.int64(ld_u32(w, p + 8))
     sc = (u0 & 0x3F3F3F3F) | (((u2 & 0x0F0F0F0F) | (((u0 >> 6) & 0x03030303) << 4)) << 32)
-    m_lo = u1 & 0x3F3F3F3F
-    m_hi = ((u2 >> 4) & 0x0F0F0F0F) | (((u1 >> 6) & 0x03030303) << 4)
-    return sc, m_lo, m_hi
+    mn = (u1 & 0x3F3F3F3F) | ((((u2 >> 4) & 0x0F0F0F0F) | (((u1 >> 6) & 0x03030303) << 4)) << 32)
+    return sc, mn
 
 
 @njit
@@ -122,7 +121,7 @@ def _k45_block(qt, w, p, xq, xb, xb2, xm):
     """One Q4_K / Q5_K block at p against the activations at byte xb of xq: (isum, msum), the
     scaled quant dot in 8 lanes and the mins times the per-32 activation sums (at byte xm of
     xb2) in lanes 0..3. Exact integers; hsum2f / hsum4f sum them."""
-    sc, m_lo, m_hi = _k4_scales(w, p + 4)
+    sc, mn = _k4_scales(w, p + 4)
     scv = u8x8_i16x16(sc)  # the 8 scales as words, in both halves
     qh = ld_i8x32(w, p + 16)  # Q5_K high bits (unused for Q4_K)
     ia = zero32()
@@ -132,7 +131,7 @@ def _k45_block(qt, w, p, xq, xb, xb2, xm):
         ia = add32(ia, dot_us_sc(lo, ld_i8x32(xq, xb + 64 * j), pick16(scv, 2 * j, 2 * j)))
         ib = add32(ib, dot_us_sc(hi, ld_i8x32(xq, xb + 64 * j + 32),
                                  pick16(scv, 2 * j + 1, 2 * j + 1)))
-    return add32(ia, ib), madd_u8x8(m_lo | (m_hi << 32), xb2, xm)
+    return add32(ia, ib), madd_u8x8(mn, xb2, xm)
 
 
 @njit
@@ -183,7 +182,7 @@ def _dot4_k45(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_
         acc0 = acc1 = acc2 = acc3 = np.float32(0.0)
         for b in range(nb):
             p = o + bb * b
-            sc, m_lo, m_hi = _k4_scales(w, p + 4)
+            sc, mins = _k4_scales(w, p + 4)
             scv = u8x8_i16x16(sc)
             qh = ld_i8x32(w, p + 16)
             i0 = zero32()
@@ -203,7 +202,6 @@ def _dot4_k45(qt, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n0, n_
                                      dot_us_sc(hi, ld_i8x32(xq, xb + 2 * k + 32), sb)))
                 i3 = add32(i3, add32(dot_us_sc(lo, ld_i8x32(xq, xb + 3 * k), sa),
                                      dot_us_sc(hi, ld_i8x32(xq, xb + 3 * k + 32), sb)))
-            mins = m_lo | (m_hi << 32)
             xm = x2 + 16 * b
             v01 = hsum4f(i0, madd_u8x8(mins, xb2, xm), i1, madd_u8x8(mins, xb2, xm + s2))
             v23 = hsum4f(i2, madd_u8x8(mins, xb2, xm + 2 * s2), i3,

@@ -41,13 +41,13 @@ from localllm.kernels.cpu.cpu_features import FEATURES
 __all__ = [
     "I8x32", "I16x16", "I32x8", "F32x8", "USE_VNNI", "IQ4NL_VALUES",
     "ld_i8x32", "ld_nib16", "ld_bits32", "ld_i16x16", "ld_i8_i16x16",
-    "ld_f32x8", "ld_f16x8", "ld_bf16x8", "ld_f16", "ld_u32", "ld_u16", "ld_u8", "ld_i8",
+    "ld_f32x8", "ld_f16x8", "ld_bf16x8", "ld_f16", "ld_u32", "ld_u16", "ld_u8",
     "ld_u8_i16x16", "ld_f32x4_dup",
     "splat8", "and8", "or8", "add8", "srl8", "shl8", "lut16",
     "iq4nl_table", "iq4nl_table_u",
     "dot_ss", "dot_us", "dot_us_sc", "dot_ss_sc", "madd16",
     "splat16", "splat16x2", "bytes_i16x16", "sub16", "srl16",
-    "zero32", "add32", "sub32", "mul32", "shl32", "hsum4x8",
+    "zero32", "add32", "sub32", "shl32", "hsum4x8",
     "zerof", "fma_i", "fma_f", "hsumf", "splatf", "mulf", "cvtf", "lanef",
 ]
 
@@ -309,7 +309,6 @@ def _scalar_load(width: int, signed: bool, name: str):
 ld_u32 = _scalar_load(32, False, "ld_u32")
 ld_u16 = _scalar_load(16, False, "ld_u16")
 ld_u8 = _scalar_load(8, False, "ld_u8")
-ld_i8 = _scalar_load(8, True, "ld_i8")
 
 
 # ----------------------------------------------------------------------------- byte ops
@@ -583,7 +582,6 @@ def _binop32(method: str, name: str):
 
 add32 = _binop32("add", "add32")
 sub32 = _binop32("sub", "sub32")
-mul32 = _binop32("mul", "mul32")
 
 
 @intrinsic
@@ -959,8 +957,7 @@ def keep(typingctx, a):
     """a (a 256-bit vector), passed through an empty asm statement (in and out in one vector
     register; it emits no instruction). Side-effecting asm statements keep their program
     order, so a tile that passes each step's accumulators through keep advances its
-    activation rows' chains
-    together, step by step. Without it LLVM ran one row's chain over all the steps first and
+    activation rows' chains together, step by step. Without it LLVM ran one row's chain over all the steps first and
     kept every decoded weight vector for the other rows on the stack (measured on Zen 3: the
     Q4_K prefill tile 110-129 -> 150-179 GFLOP/s, one thread)."""
     if a not in (I8x32, I16x16, I32x8, F32x8):
