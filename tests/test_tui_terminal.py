@@ -43,9 +43,10 @@ class Tmux:
             env["XDG_DATA_HOME"] = str(data_home)
         env.pop("TMUX", None)
         shell_cmd = " ".join(shlex.quote(c) for c in command)
-        # the shell says how the command ended, then keeps the pane for capture-pane
+        # the shell says how the command ended, then keeps the pane for capture-pane for
+        # longer than any wait_for, so a command that ended early is seen on its screen
         self._tmux("new-session", "-d", "-s", "chat", "-x", str(size[0]), "-y", str(size[1]),
-                   shell_cmd + '; echo "exit code $?"; sleep 60', env=env)
+                   shell_cmd + '; echo "exit code $?"; sleep 900', env=env)
 
     def _tmux(self, *args: str, env: dict | None = None) -> str:
         r = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True,

@@ -28,7 +28,7 @@ from localllm.kernels.cpu.mm_common import (
     _r16_qoff,
     _store16,
 )
-from localllm.kernels.cpu.mm_r16h import _dot4_r16h
+from localllm.kernels.cpu.mm_r16h import _dot1_r16h, _dot4_r16h
 from localllm.kernels.cpu.mm_r16k import R16K_BYTES, _repack_r16k
 from localllm.kernels.cpu.r16_copy import copy_units, repack_groups, word_views
 from localllm.kernels.cpu.simd import (
@@ -323,6 +323,9 @@ def _rows_r16(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xsp, outp, ldo, n_act):
     # [xs | xs^T | xc | xc^T]: Q4_1 / Q5_1 pair their mins with xs, the others d with xc
     xc = carray(_p_f32(xsp + (0 if _b32_mode(qt) == 1 else 8 * npad * nb32)), (npad, nb32))
     out = carray(_p_f32(outp), (n_act, ldo))
+    if n_act == 1 and _HALF:
+        _dot1_r16h(qt, w, r0, r1, nb, xq, xd, xc, out)
+        return
     if n_act == 1:
         _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out)
         return

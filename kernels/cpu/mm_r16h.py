@@ -7,7 +7,8 @@ rows of float and integer sums live, 32 ymm registers where AVX2 has 16, and wit
 vpdpbusd becomes vpmaddubsw + vpmaddwd + vpaddd on each half. Measured on Zen 3 that ran
 prefill at ~16 multiply-adds a cycle (the two pipes that take vpmaddubsw and vpmaddwd).
 
-Here a tile is 8 weight rows (one half of a record: lanes = rows) x 4 activation rows, and
+Here a tile is 8 weight rows (one half of a record: lanes = rows) x 4 activation rows (decode,
+N = 1: both halves of a record against the one row, _dot1_r16h), and
 without VNNI the vpmaddubsw words of several quant vectors are added as i16 before one
 vpmaddwd turns them into dwords: exact while the sum fits an i16. Activation quants are in
 [-127, 127] (quant_act), so a word is at most 2 * umax * 127: Q4_0 / Q4_1 (u <= 15) add all 8
@@ -26,7 +27,16 @@ from __future__ import annotations
 from numba import njit
 
 from localllm.kernels.cpu.mm_b32 import _b32_bytes, _b32_cmul, _b32_mode
-from localllm.kernels.cpu.mm_common import Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, _r16_qoff, _store8
+from localllm.kernels.cpu.mm_common import (
+    PREFETCH_BYTES,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    _r16_qoff,
+    _store8,
+)
 from localllm.kernels.cpu.simd import (
     USE_VNNI,
     add8,
@@ -45,6 +55,7 @@ from localllm.kernels.cpu.simd import (
     madd16,
     mulf,
     or8,
+    prefetch,
     splat8,
     splat16,
     splatf,
@@ -183,3 +194,64 @@ def _dot4_r16h(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act):
             _store8(out, n0 + 1, n_act, r, r1, a1)
             _store8(out, n0 + 2, n_act, r, r1, a2)
             _store8(out, n0 + 3, n_act, r, r1, a3)
+
+
+@njit(inline="always")
+def _h_dots1(qt, w, q, xq, xo):
+    """Both halves' exact block dots against one activation row: 2 I32x8 (rows 0..7, 8..15
+    of the record), each broadcast of the activation's bytes shared by the two halves. The
+    words pass through simd.keep step by step, as in _h_step: without it LLVM loaded the
+    quant vectors early and spilled them (measured on Zen 3, one thread, from cache: Q4_0
+    1.27x, Q4_1 1.12x over the same loop without keep)."""
+    s0 = splat16(0)
+    s1 = splat16(0)
+    i0 = zero32()
+    i1 = zero32()
+    for j in range(8):
+        s0, i0 = _h_add(qt, s0, i0, _h_vec(qt, w, q, j, 0), xq, xo + 4 * j)
+        s1, i1 = _h_add(qt, s1, i1, _h_vec(qt, w, q, j, 1), xq, xo + 4 * j)
+        if _h_group(qt) != 0:
+            s0 = keep(s0)
+            s1 = keep(s1)
+        if _h_group(qt) == 4 and j == 3:
+            s0, i0 = _h_flush(qt, s0, i0)
+            s1, i1 = _h_flush(qt, s1, i1)
+    s0, i0 = _h_flush(qt, s0, i0)
+    s1, i1 = _h_flush(qt, s1, i1)
+    return i0, i1
+
+
+@njit
+def _dot1_r16h(qt, w, r0, r1, nb, xq, xd, xc, out):
+    """N = 1 (decode) without AVX-512: a 16-row record a step, as two halves of 8 rows, with
+    _h_group's i16 words (one vpmaddwd per 4 or 8 quant vectors instead of one each).
+    mm_r16's 512-bit _dot1_r16, which LLVM splits into ymm halves, spilled accumulators
+    every block. Measured on Zen 3, one thread, weights in cache: 1.18x (SmolLM2's Q4_1
+    ffn_up) to 1.41x (a 1B Q4_0 ffn_up); streamed from DRAM both run at the memory's speed.
+    Per row the same float steps (a = fma(a, float(isum), d * dx) and m = fma(m, c, xc)
+    block after block, then fma(a, m, cmul)): the same bits."""
+    rec = 16 * _b32_bytes(qt)
+    cm = splatf(_b32_cmul(qt))
+    co = 32 if qt == Q4_1 or qt == Q5_1 else 0  # the mins m, else d (as _dot4_r16h)
+    for g in range(r0 // 16, (r1 + 15) // 16):
+        a0 = zerof()
+        a1 = zerof()
+        m0 = zerof()
+        m1 = zerof()
+        for b in range(nb):
+            p = (g * nb + b) * rec
+            for po in range(0, rec, 64):  # the record PREFETCH_BYTES ahead
+                prefetch(w, p + PREFETCH_BYTES + po)
+            i0, i1 = _h_dots1(qt, w, p + _r16_qoff(qt), xq, 32 * b)
+            dx = splatf(xd[0, b])
+            a0 = fma_f(a0, cvtf(i0), mulf(ld_f16x8(w, p), dx))
+            a1 = fma_f(a1, cvtf(i1), mulf(ld_f16x8(w, p + 16), dx))
+            if _b32_mode(qt) != 0:
+                cx = splatf(xc[0, b])
+                m0 = fma_f(m0, ld_f16x8(w, p + co), cx)
+                m1 = fma_f(m1, ld_f16x8(w, p + co + 16), cx)
+        if _b32_mode(qt) != 0:
+            a0 = fma_f(a0, m0, cm)
+            a1 = fma_f(a1, m1, cm)
+        _store8(out, 0, 1, 16 * g, r1, a0)
+        _store8(out, 0, 1, 16 * g + 8, r1, a1)
