@@ -323,11 +323,11 @@ def _rows_r16(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xsp, outp, ldo, n_act):
     # [xs | xs^T | xc | xc^T]: Q4_1 / Q5_1 pair their mins with xs, the others d with xc
     xc = carray(_p_f32(xsp + (0 if _b32_mode(qt) == 1 else 8 * npad * nb32)), (npad, nb32))
     out = carray(_p_f32(outp), (n_act, ldo))
-    if n_act == 1 and _HALF:
-        _dot1_r16h(qt, w, r0, r1, nb, xq, xd, xc, out)
-        return
     if n_act == 1:
-        _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out)
+        if _HALF:  # without AVX-512: both 8-row halves of a record at once (mm_r16h)
+            _dot1_r16h(qt, w, r0, r1, nb, xq, xd, xc, out)
+        else:
+            _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out)
         return
     if _HALF:  # without AVX-512: tiles of 8 weight rows x 4 activation rows (mm_r16h)
         for n0 in range(0, n_act, 4):

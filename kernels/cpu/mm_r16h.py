@@ -200,9 +200,10 @@ def _dot4_r16h(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act):
 def _h_dots1(qt, w, q, xq, xo):
     """Both halves' exact block dots against one activation row: 2 I32x8 (rows 0..7, 8..15
     of the record), each broadcast of the activation's bytes shared by the two halves. The
-    words pass through simd.keep step by step, as in _h_step: without it LLVM loaded the
-    quant vectors early and spilled them (measured on Zen 3, one thread, from cache: Q4_0
-    1.27x, Q4_1 1.12x over the same loop without keep)."""
+    words pass through simd.keep step by step (here for Q5_0 / Q5_1 too, unlike _h_step's
+    tiles; not measured apart): without it LLVM loaded the quant vectors early and spilled
+    them (measured on Zen 3, one thread, from cache: Q4_0 1.27x, Q4_1 1.12x over the same
+    loop without keep)."""
     s0 = splat16(0)
     s1 = splat16(0)
     i0 = zero32()

@@ -957,9 +957,9 @@ def keep(typingctx, a):
     """a (a 256-bit vector), passed through an empty asm statement (in and out in one vector
     register; it emits no instruction). Side-effecting asm statements keep their program
     order, so a tile that passes each step's accumulators through keep advances its
-    activation rows' chains together, step by step. Without it LLVM ran one row's chain over all the steps first and
-    kept every decoded weight vector for the other rows on the stack (measured on Zen 3: the
-    Q4_K prefill tile 110-129 -> 150-179 GFLOP/s, one thread)."""
+    activation rows' chains together, step by step. Without it LLVM ran one row's chain over
+    all the steps first and kept every decoded weight vector for the other rows on the stack
+    (measured on Zen 3: the Q4_K prefill tile 110-129 -> 150-179 GFLOP/s, one thread)."""
     if a not in (I8x32, I16x16, I32x8, F32x8):
         return None
 
