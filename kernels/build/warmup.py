@@ -124,7 +124,7 @@ def load_kernels(entries: list[ManifestEntry]) -> int:
                 from localllm.kernels.cpu.mm_r16 import r16_types
 
                 # a list made on another CPU may name r16 kernels of types this one keeps
-                # row-major (the K-quants without AVX-512): never compile those
+                # row-major (Q6_K without AVX-512): never compile those
                 if sig in ("r16", "r16b"):
                     if attr in r16_types():
                         kernel(attr, r16=sig == "r16", r16_bits=sig == "r16b")

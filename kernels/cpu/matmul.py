@@ -21,7 +21,7 @@ Shapes: one loop structure serves all batch sizes.
 * N == 1 (decode): a matrix-vector product is bound by memory bandwidth; a prange over groups
   of rows streams every weight byte exactly once.
 * Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weights (the layer weights, and
-  output heads up to R16_MAX_HEAD bytes) are repacked at load (the K-quants only with AVX-512;
+  output heads up to R16_MAX_HEAD bytes) are repacked at load (Q6_K only with AVX-512;
   r16_types()) into groups of 16 interleaved rows
   (r16, see mm_r16 and, for the K-quants, mm_r16k) whose kernels keep 16 rows' dot products
   in the 16 lanes of a vector: no horizontal sums, ~5x fewer instructions than the row-major
@@ -170,7 +170,7 @@ def _bad_packed(packed, qtype, rows: int, rb: int) -> Exception:
                           f"layout")
     if int(qtype) not in _R16_HERE:
         return ValueError(f"this machine keeps GGML type {qtype} ({dequant.qtype_name(int(qtype))})"
-                          f" row-major (r16_types(): its r16 kernels are for AVX-512)")
+                          f" row-major (r16_types())")
     if not isinstance(packed, np.ndarray) or packed.dtype != np.uint8:
         return TypeError("packed must be a uint8 array from repack_r16")
     if packed.shape != r16_shape(rows, rb):

@@ -73,7 +73,7 @@ from localllm.kernels.cpu.mm_r16 import (
     _rows_r16,
 )
 from localllm.kernels.cpu.mm_r16k import _rows_r16k6, _rows_r16k45
-from localllm.kernels.cpu.mm_r16kh import K_TILES, rows_k_tiles
+from localllm.kernels.cpu.mm_r16kh import K_TILES, rows_k_tiles, rows_r16kh45
 from localllm.kernels.cpu.quant_act import (
     quantize_row_q8_0,
     quantize_row_q8_k,
@@ -168,11 +168,11 @@ def _ov_dot4(qt, wide, w, r0, r1, nb, xq, xd, xs, xbs, xb2, xf, xdt, xst, out, n
     return impl
 
 
-# Prefill of row-major K-quant weights without AVX-512: from this many activation rows on, 16
-# weight rows at a time are interleaved into r16 records and read 8 rows x 4 activation rows
-# a tile (mm_r16kh). The weights stay row-major there (r16_types() repacks the K-quants only
-# with AVX-512): decode streams them best that way. Measured on Zen 3 (one thread, alternating)
-# against the row-major kernels: N = 8 0.95-1.03x, N = 16 1.0-1.19x.
+# Prefill of row-major K-quant weights without AVX-512 (Q6_K, which r16_types() keeps
+# row-major there, and Q4_K / Q5_K weights not repacked: over the r16 budget, or before their
+# copy is made): from this many activation rows on, 16 weight rows at a time are interleaved
+# into r16 records and read 8 rows x 4 activation rows a tile (mm_r16kh). Measured on Zen 3
+# (one thread, alternating) against the row-major kernels: N = 8 0.95-1.03x, N = 16 1.0-1.19x.
 K_TILE_MIN_N = 16
 
 
@@ -360,12 +360,17 @@ def _k_q5_1_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, 
     _rows_r16(Q5_1, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
 
 
+# the Q4_K / Q5_K records' rows: 512-bit kernels, or without AVX-512 both 8-row halves of a
+# record with 256-bit vectors (mm_r16kh); the same bits
+_ROWS_K45 = rows_r16kh45 if _HALF else _rows_r16k45
+
+
 def _k_q4_k_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
-    _rows_r16k45(Q4_K, w, rows, rb, r0, r1, nb, k, xq, xd, xbs, xb2, out, ldo, n)
+    _ROWS_K45(Q4_K, w, rows, rb, r0, r1, nb, k, xq, xd, xbs, xb2, out, ldo, n)
 
 
 def _k_q5_k_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
-    _rows_r16k45(Q5_K, w, rows, rb, r0, r1, nb, k, xq, xd, xbs, xb2, out, ldo, n)
+    _ROWS_K45(Q5_K, w, rows, rb, r0, r1, nb, k, xq, xd, xbs, xb2, out, ldo, n)
 
 
 def _k_q6_k_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
@@ -439,8 +444,8 @@ def kernel(qtype: int, wide: bool | None = None, r16: bool = False, r16_bits: bo
     """The compiled C kernel (numba.cfunc) of a weight type, compiling it on first use (and
     caching it on disk). wide: use the 512-bit variant if the type has one (default: where
     cpu_features says `wide`; forcing it on a CPU without AVX-512 VNNI would crash). r16: the
-    kernel of the row-interleaved layout (repack_r16; AVX-512 VNNI only). r16_bits: a kernel
-    of the row-major blocks that gives exactly the r16 kernel's bits (AVX-512 VNNI only; a
+    kernel of the row-interleaved layout (repack_r16; the types of r16_types()). r16_bits: a
+    kernel of the row-major blocks that gives exactly the r16 kernel's bits (those types; a
     K-quant's own row-major kernel)."""
     py, variant = _kernel_py(int(qtype), wide, r16, r16_bits)
     key = (int(qtype), variant)

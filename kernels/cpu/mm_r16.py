@@ -19,8 +19,10 @@ from localllm.kernels.cpu.mm_common import (
     PREFETCH_BYTES,
     Q4_0,
     Q4_1,
+    Q4_K,
     Q5_0,
     Q5_1,
+    Q5_K,
     Q8_0,
     _p_f32,
     _p_i8,
@@ -429,18 +431,19 @@ _R16: bool = (not simd_disabled_by_env() and FEATURES.simd
               in ("", "0", "false", "no"))
 
 
-# The types this machine repacks. Without AVX-512 the 32-weight types only: the K-quants'
-# r16 kernels (mm_r16k) run there as two 256-bit halves and spill, and measured on Zen 3
-# (1B Q4_K_M, one thread) they decode at 4.6 tok/s against the row-major kernels' 7.2; 8-row
-# 256-bit kernels over the records streamed no faster than row-major either. Their prefill
-# reads records all the same: interleaved 16 rows at a time as it goes (mm_r16kh).
+# The types this machine repacks. Without AVX-512 all but Q6_K: mm_r16kh reads the Q4_K / Q5_K
+# records as two 8-row halves with 256-bit vectors, faster than the row-major kernels at every
+# N (measured on Zen 3, one thread, the 1B Q4_K weights: decode 1.16-1.37x streamed, N = 2..12
+# 1.11-1.47x; the same bits). Its Q6_K twin was not: 0.84-1.01x streamed, 0.92-1.10x from
+# cache, against the row-major Q6_K kernel that spreads its prefetches over the blocks. (The
+# 512-bit mm_r16k kernels split in halves by LLVM spilled: 4.6 tok/s against 7.2.)
 _R16_HERE: frozenset[int] = frozenset(
-    _R16_BYTES if FEATURES.wide else (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0))
+    _R16_BYTES if FEATURES.wide else (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K))
 
 
 def r16_types() -> tuple[int, ...]:
-    """Weight types this machine repacks (the K-quants only with AVX-512; empty on the
-    portable path, or with LOCALLLM_NO_REPACK=1)."""
+    """Weight types this machine repacks (Q6_K only with AVX-512; empty on the portable
+    path, or with LOCALLLM_NO_REPACK=1)."""
     return tuple(sorted(_R16_HERE)) if _R16 else ()
 
 

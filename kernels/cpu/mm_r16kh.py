@@ -1,15 +1,20 @@
-"""Prefill of the K-quants (Q4_K / Q5_K / Q6_K) on CPUs without AVX-512: 16 row-major rows at a
-time are interleaved into one group of r16 records (mm_r16k's layout) in a scratch buffer, and
-tiles of 8 weight rows x 4 activation rows read them with 256-bit vectors (rows_k_tiles; from
-mm_driver.K_TILE_MIN_N activation rows on).
+"""The K-quants' r16 records (mm_r16k's layout) read with 256-bit vectors, 8 rows (half a
+record) a vector: the K-quant kernels of CPUs without AVX-512.
 
-Why here and not a repacked copy: without AVX-512 these weights stay row-major (r16_types()).
-Decode streams them best that way: on Zen 3 (one thread, the 1B Q4_K_M layer weights at N = 1)
-row-major read 8.6-9.3 GB/s, 8-row record kernels 7.2-8.5 and mm_r16k's 512-bit kernels split
-in halves 5.3, and at N = 4 the row-major kernels were 1.3-1.5x faster than record tiles. Prefill
-is compute-bound, and there the tiles win (1B Q4_K_M pp512 26-28 -> 30-36 tok/s on one thread,
-45-49 -> 62-79 on two); the interleave is one pass over the rows per call, shared by all the
-activation rows, into a scratch that stays in L1 / L2 (18 KiB for a 2048-wide Q4_K row group).
+- Stored records of Q4_K / Q5_K (r16_types() repacks them here): decode reads both halves of
+  each record against the one activation row (_dot1_k45h), N > 1 each group's records against
+  tiles of 8 weight rows x 4 activation rows (rows_r16kh45, mm_driver's r16 entry).
+- Row-major weights (Q6_K, which stays row-major here, and any weight not yet repacked or over
+  the r16 budget), from mm_driver.K_TILE_MIN_N activation rows on: 16 rows at a time are
+  interleaved into one group's records in a scratch buffer, then the same tiles read them
+  (rows_k_tiles). The interleave is one pass over the rows per call, shared by all the
+  activation rows, into a scratch that stays in L1 / L2 (18 KiB for a 2048-wide Q4_K group).
+
+Why Q6_K stays row-major: its record decode kernel ran 0.84-1.01x the row-major one streamed
+and 0.92-1.10x from cache (Zen 3, one thread, the 1B ffn_down weights), where Q4_K's ran
+1.16-1.37x and 1.5-1.75x (its row-major kernel is held by compute: 13-14 GB/s from cache).
+Prefill is compute-bound, and there the tiles win over the row-major kernels (1B Q4_K_M pp512
+26-28 -> 30-36 tok/s on one thread, 45-49 -> 62-79 on two, when first measured).
 
 A tile: lane r of a ymm is row 8h + r of the group (half h = bytes 32h..32h+31 of each 64-byte
 record vector), the quants stay unsigned bytes, and the vpmaddubsw words of several 4-position
@@ -54,7 +59,7 @@ from localllm.kernels.cpu.mm_common import (
     _literal,
     _store8,
 )
-from localllm.kernels.cpu.mm_r16k import group_records
+from localllm.kernels.cpu.mm_r16k import _r16k_arrays, group_records
 from localllm.kernels.cpu.simd import (
     add16,
     add32,
@@ -69,6 +74,7 @@ from localllm.kernels.cpu.simd import (
     madd_bcast,
     mulf,
     or8,
+    prefetch,
     shl8,
     shl32,
     splat8,
@@ -213,6 +219,72 @@ def _dot4_k45h(qt, w, nb, xq, xd, xb2, out, n, n_act, ro, r1):
         _store8(out, n + 1, n_act, r, r1, a1)
         _store8(out, n + 2, n_act, r, r1, a2)
         _store8(out, n + 3, n_act, r, r1, a3)
+
+
+# Decode (N = 1) from stored records: both 8-row halves of a record against the one activation
+# row, each broadcast of its bytes shared by the halves (as mm_r16h's _dot1_r16h). A record's
+# lines are prefetched a few per sub-block (5 x 8 covers its 36), _REC_PF_BYTES ahead: a whole
+# record's lines at once per block stalled the loads behind the prefetches (measured on Zen 3,
+# one thread, the 1B Q4_K weights streamed: 7.2 GB/s; none 9.1; 5 lines per sub-block 8 / 12 /
+# 24 KiB ahead 10.4 / 11.3 / 12.3; the row-major kernel 10.9-12.0).
+_REC_PF_BYTES = 24576
+_REC_PF_LINES = 5
+
+
+@njit(inline="always")
+def _k45_sub1(qt, w, p, q, hq, s, xq, xb, i0, i1):
+    """(i0, i1) + sub-block s's scaled dots for rows 0..7 and 8..15 of the record at p
+    against the one activation row (its block at byte xb)."""
+    sw0 = words_u8(_k45_sc(w, p, 0, s), s & 3, s & 3)
+    sw1 = words_u8(_k45_sc(w, p, 1, s), s & 3, s & 3)
+    for ln in range(_REC_PF_LINES):
+        prefetch(w, p + _REC_PF_BYTES + (_REC_PF_LINES * s + ln) * 64)
+    a0 = a1 = splat16(0)
+    for ln in range(8):
+        v0, hv0 = _k45_at(q, hq, s, ln, 0)
+        v1, hv1 = _k45_at(q, hq, s, ln, 1)
+        o = xb + 32 * s + 4 * ln
+        a0 = keep(add16(a0, mad_bcast(_k45_quant(qt, w, v0, hv0, s), xq, o)))
+        a1 = keep(add16(a1, mad_bcast(_k45_quant(qt, w, v1, hv1, s), xq, o)))
+        if qt == Q5_K and ln == 3:
+            i0 = add32(i0, madd16(a0, sw0))
+            i1 = add32(i1, madd16(a1, sw1))
+            a0 = a1 = splat16(0)
+    return add32(i0, madd16(a0, sw0)), add32(i1, madd16(a1, sw1))
+
+
+@njit
+def _dot1_k45h(qt, w, r0, r1, nb, xq, xd, xb2, out):
+    """out[0, r0:r1] from the Q4_K / Q5_K (qt) records in w (r0 a multiple of 16) against
+    one activation row: per row the row-major _dot1_k45's integers and float steps, so its
+    bits."""
+    rec = Q5_K_BYTES * 16 if qt == Q5_K else Q4_K_BYTES * 16
+    for g in range(r0 // 16, (r1 + 15) // 16):
+        a0 = zerof()
+        a1 = zerof()
+        for b in range(nb):
+            p = (g * nb + b) * rec
+            q = p + (_K5_QS if qt == Q5_K else _K4_QS)
+            hq = p + _K5_QH
+            xb = 256 * b
+            z = zero32()
+            i0, i1 = _k45_sub1(qt, w, p, q, hq, 0, xq, xb, z, z)
+            i0, i1 = _k45_sub1(qt, w, p, q, hq, 1, xq, xb, i0, i1)
+            i0, i1 = _k45_sub1(qt, w, p, q, hq, 2, xq, xb, i0, i1)
+            i0, i1 = _k45_sub1(qt, w, p, q, hq, 3, xq, xb, i0, i1)
+            i0, i1 = _k45_sub1(qt, w, p, q, hq, 4, xq, xb, i0, i1)
+            i0, i1 = _k45_sub1(qt, w, p, q, hq, 5, xq, xb, i0, i1)
+            i0, i1 = _k45_sub1(qt, w, p, q, hq, 6, xq, xb, i0, i1)
+            i0, i1 = _k45_sub1(qt, w, p, q, hq, 7, xq, xb, i0, i1)
+            o = 16 * b
+            mna, mnb = _k45_mins(w, p, 0)
+            a0 = _k45_fin(a0, i0, _k45_msum(mna, mnb, xb2, o), ld_f16x8(w, p),
+                          ld_f16x8(w, p + _K4_DMIN), xd[0, b])
+            mna, mnb = _k45_mins(w, p, 1)
+            a1 = _k45_fin(a1, i1, _k45_msum(mna, mnb, xb2, o), ld_f16x8(w, p + 16),
+                          ld_f16x8(w, p + _K4_DMIN + 16), xd[0, b])
+        _store8(out, 0, 1, 16 * g, r1, a0)
+        _store8(out, 0, 1, 16 * g + 8, r1, a1)
 
 
 # One compiled entry per type and N (the type a constant inside).
@@ -369,6 +441,26 @@ def _dot4_q6k_r16h(w, nb, xq, xd, xbs, out, n, n_act, ro, r1):
 
 
 K_TILES = {Q4_K: _dot4_q4k_r16h, Q5_K: _dot4_q5k_r16h, Q6_K: _dot4_q6k_r16h}
+
+
+@njit
+def rows_r16kh45(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ldo, n_act):
+    """mm_r16k._rows_r16k45 (the same arguments and bits) without AVX-512: N = 1 reads both
+    halves of each record (_dot1_k45h); N > 1 each group's records, hot, against tiles of 4
+    activation rows. Measured on Zen 3 (one thread, the 1B Q4_K ffn_up weights, against the
+    row-major kernels of the same bits): N = 1 1.5-1.75x from cache and 1.16-1.37x streamed;
+    N = 2 / 4 / 8 / 12 1.29 / 1.34 / 1.41 / 1.45x from cache and 1.11 / 1.12 / 1.33 / 1.47x
+    streamed; and prefill skips rows_k_tiles' interleave."""
+    w, xq, xd, xbs, xb2, out = _r16k_arrays(rows, rb, nb, k, wp, xqp, xdp, xbsp, xb2p, outp,
+                                            ldo, n_act)
+    if n_act == 1:
+        _dot1_k45h(qt, w, r0, r1, nb, xq, xd, xb2, out)
+        return
+    grec = nb * (Q5_K_BYTES * 16 if qt == Q5_K else Q4_K_BYTES * 16)  # a group's records
+    for g in range(r0 // 16, (r1 + 15) // 16):
+        wg = w[g * grec:(g + 1) * grec]
+        for n in range(0, n_act, 4):  # npad is a multiple of 4: rows n..n + 3 exist
+            _dot4_k45h(qt, wg, nb, xq, xd, xb2, out, n, n_act, 16 * g, r1)
 
 
 def rows_k_tiles(qt, w, r0, r1, nb, xq, xd, xsum, out, n_act):
