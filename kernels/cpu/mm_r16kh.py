@@ -223,12 +223,11 @@ def _dot4_k45h(qt, w, nb, xq, xd, xb2, out, n, n_act, ro, r1):
 
 # Decode (N = 1) from stored records: both 8-row halves of a record against the one activation
 # row, each broadcast of its bytes shared by the halves (as mm_r16h's _dot1_r16h). A record's
-# lines are prefetched a few per sub-block (5 x 8 covers its 36), _REC_PF_BYTES ahead: a whole
+# lines are prefetched a few per sub-block, _REC_PF_BYTES ahead: a whole
 # record's lines at once per block stalled the loads behind the prefetches (measured on Zen 3,
 # one thread, the 1B Q4_K weights streamed: 7.2 GB/s; none 9.1; 5 lines per sub-block 8 / 12 /
 # 24 KiB ahead 10.4 / 11.3 / 12.3; the row-major kernel 10.9-12.0).
 _REC_PF_BYTES = 24576
-_REC_PF_LINES = 5
 
 
 @njit(inline="always")
@@ -237,8 +236,9 @@ def _k45_sub1(qt, w, p, q, hq, s, xq, xb, i0, i1):
     against the one activation row (its block at byte xb)."""
     sw0 = words_u8(_k45_sc(w, p, 0, s), s & 3, s & 3)
     sw1 = words_u8(_k45_sc(w, p, 1, s), s & 3, s & 3)
-    for ln in range(_REC_PF_LINES):
-        prefetch(w, p + _REC_PF_BYTES + (_REC_PF_LINES * s + ln) * 64)
+    nl = 6 if qt == Q5_K else 5  # lines a sub-block: 8 x 5 >= Q4_K's 36, 8 x 6 >= Q5_K's 44
+    for ln in range(nl):
+        prefetch(w, p + _REC_PF_BYTES + (nl * s + ln) * 64)
     a0 = a1 = splat16(0)
     for ln in range(8):
         v0, hv0 = _k45_at(q, hq, s, ln, 0)
