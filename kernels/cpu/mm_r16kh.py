@@ -223,10 +223,10 @@ def _dot4_k45h(qt, w, nb, xq, xd, xb2, out, n, n_act, ro, r1):
 
 # Decode (N = 1) from stored records: both 8-row halves of a record against the one activation
 # row, each broadcast of its bytes shared by the halves (as mm_r16h's _dot1_r16h). A record's
-# lines are prefetched a few per sub-block, _REC_PF_BYTES ahead: a whole
-# record's lines at once per block stalled the loads behind the prefetches (measured on Zen 3,
-# one thread, the 1B Q4_K weights streamed: 7.2 GB/s; none 9.1; 5 lines per sub-block 8 / 12 /
-# 24 KiB ahead 10.4 / 11.3 / 12.3; the row-major kernel 10.9-12.0).
+# lines are prefetched a few per sub-block, _REC_PF_BYTES ahead: a whole record's lines at once
+# per block stalled the loads behind the prefetches (measured on Zen 3, one thread, the 1B Q4_K
+# weights streamed: 7.2 GB/s; none 9.1; 5 lines per sub-block 8 / 12 / 24 KiB ahead 10.4 / 11.3
+# / 12.3; the row-major kernel 10.9-12.0).
 _REC_PF_BYTES = 24576
 
 
