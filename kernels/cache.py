@@ -11,7 +11,9 @@ points Numba at a folder keyed by a hash of
   formats/iq_tables.py,
 * the Numba, llvmlite and Python versions,
 * the compile target (CPU name and features) and the switches that change code paths
-  (LOCALLLM_NO_SIMD, LOCALLLM_NO_AVX512),
+  (LOCALLLM_NO_SIMD, LOCALLLM_NO_AVX512, LOCALLLM_NO_AMX), and whether the OS let this
+  process use the AMX tiles (kernels/cpu/amx.py: kernels with tile instructions would die
+  by SIGILL in a process that was refused them),
 
 so a cache compiled from other sources, for another CPU or another path is never looked at.
 Old folders are left for the user to delete (`localllm` never removes what it did not make
@@ -29,7 +31,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-_KEY_ENV = ("LOCALLLM_NO_SIMD", "LOCALLLM_NO_AVX512", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")
+_KEY_ENV = ("LOCALLLM_NO_SIMD", "LOCALLLM_NO_AVX512", "LOCALLLM_NO_AMX", "NUMBA_CPU_NAME",
+            "NUMBA_CPU_FEATURES")
 
 
 def kernel_sources() -> list[Path]:
@@ -60,6 +63,9 @@ def cache_key(sources: Iterable[Path], extra: str = "") -> str:
     h.update(f"cpu {llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}".encode())
     for name in _KEY_ENV:
         h.update(f"{name}={os.environ.get(name, '')}".encode())
+    from localllm.kernels.cpu.amx import AMX
+
+    h.update(f"amx {AMX}".encode())
     h.update(extra.encode())
     return h.hexdigest()[:16]
 

@@ -82,7 +82,12 @@ def test_key_covers_sources_versions_and_switches(tmp_path: Path, monkeypatch) -
     k2 = cache.cache_key([a])
     assert k2 != k1
     monkeypatch.setenv("LOCALLLM_NO_SIMD", "" if os.environ.get("LOCALLLM_NO_SIMD") else "1")
-    assert cache.cache_key([a]) != k2
+    k3 = cache.cache_key([a])
+    assert k3 != k2
+    # kernels with AMX tile instructions die by SIGILL in a process that did not ask for the
+    # tiles: LOCALLLM_NO_AMX must name another folder
+    monkeypatch.setenv("LOCALLLM_NO_AMX", "" if os.environ.get("LOCALLLM_NO_AMX") else "1")
+    assert cache.cache_key([a]) != k3
     names = {p.name for p in cache.kernel_sources()}
     assert {"matmul.py", "simd.py", "kv_quant.py", "qtypes.py", "halfbits.py",
             "iq_tables.py"} <= names

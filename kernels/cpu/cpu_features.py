@@ -34,6 +34,7 @@ class CpuFeatures:
     avx_vnni: bool  # vpdpbusd on ymm (VEX or EVEX encoded): u8*s8 dot into i32 in one op
     avx512: bool  # F + BW + VL: 512-bit byte/word ops and 32 vector registers
     avx512_vnni: bool  # 512-bit vpdpbusd
+    amx: bool = False  # AMX-TILE + AMX-INT8: byte tile products (kernels/cpu/amx.py)
 
     @property
     def simd(self) -> bool:
@@ -101,6 +102,7 @@ def detect() -> CpuFeatures:
         avx_vnni=vnni,
         avx512={"avx512f", "avx512bw", "avx512vl"} <= f,
         avx512_vnni="avx512vnni" in f,
+        amx={"amx-tile", "amx-int8"} <= f,
     )
 
 

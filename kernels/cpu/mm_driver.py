@@ -10,6 +10,7 @@ from numba.extending import intrinsic, overload
 from localllm.kernels.cpu import dequant
 from localllm.kernels.cpu.claim import MAX_WORKERS, new_counter, next_task
 from localllm.kernels.cpu.cpu_features import FEATURES
+from localllm.kernels.cpu.mm_amx import rows_r16_amx
 from localllm.kernels.cpu.mm_b32 import (
     _b32_mode,
     _dot1_b32,
@@ -69,9 +70,6 @@ from localllm.kernels.cpu.mm_kquants import (
     _dot4_q6k,
 )
 from localllm.kernels.cpu.mm_lowbit import LOWBIT_KERNELS
-from localllm.kernels.cpu.mm_r16 import (
-    _rows_r16,
-)
 from localllm.kernels.cpu.mm_r16k import _rows_r16k6, _rows_r16k45
 from localllm.kernels.cpu.mm_r16kh import K_TILES, rows_k_tiles, rows_r16kh45
 from localllm.kernels.cpu.quant_act import (
@@ -341,23 +339,23 @@ def _k_iq4_nl_256(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo
 
 
 def _k_q4_0_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
-    _rows_r16(Q4_0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
+    rows_r16_amx(Q4_0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
 
 
 def _k_q5_0_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
-    _rows_r16(Q5_0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
+    rows_r16_amx(Q5_0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
 
 
 def _k_q8_0_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
-    _rows_r16(Q8_0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
+    rows_r16_amx(Q8_0, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
 
 
 def _k_q4_1_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
-    _rows_r16(Q4_1, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
+    rows_r16_amx(Q4_1, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
 
 
 def _k_q5_1_r16(w, rows, rb, r0, r1, nb, k, xq, xd, xs, xbs, xb2, xf, out, ldo, n):
-    _rows_r16(Q5_1, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
+    rows_r16_amx(Q5_1, w, rows, rb, r0, r1, nb, k, xq, xd, xs, out, ldo, n)
 
 
 # the Q4_K / Q5_K records' rows: 512-bit kernels, or without AVX-512 both 8-row halves of a

@@ -313,9 +313,8 @@ def _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out):
 
 
 @njit
-def _rows_r16(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xsp, outp, ldo, n_act):
-    """out[:, r0:r1] from the r16 records at address wp (rows: the real row count; r0 a
-    multiple of 16); N = n_act activation rows in Q8_0 format (scratch as for _rows)."""
+def _r16_views(qt, wp, rows, rb, nb, k, xqp, xdp, xsp, outp, ldo, n_act):
+    """The arrays of one _rows_r16 call at its addresses: (w, xq, xd, xc, out)."""
     npad = 1 if n_act == 1 else (n_act + 3) // 4 * 4
     n_groups = (rows + 15) // 16
     w = carray(_p_u8(wp), (n_groups * 16 * rb,))
@@ -325,21 +324,36 @@ def _rows_r16(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xsp, outp, ldo, n_act):
     # [xs | xs^T | xc | xc^T]: Q4_1 / Q5_1 pair their mins with xs, the others d with xc
     xc = carray(_p_f32(xsp + (0 if _b32_mode(qt) == 1 else 8 * npad * nb32)), (npad, nb32))
     out = carray(_p_f32(outp), (n_act, ldo))
+    return w, xq, xd, xc, out
+
+
+@njit
+def _r16_cols(qt, w, r0, r1, nb, xq, xd, xc, out, n_from, n_act):
+    """out[n_from:n_act, r0:r1] for N > 1: tiles of 8 activation rows, then of 4 (padded);
+    without AVX-512 tiles of 8 weight rows x 4 activation rows (mm_r16h)."""
+    if _HALF:
+        for n0 in range(n_from, n_act, 4):
+            _dot4_r16h(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act)
+        return
+    n8 = n_from + (n_act - n_from) // 8 * 8
+    for n0 in range(n_from, n8, 8):
+        _dot8_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act)
+    for n0 in range(n8, n_act, 4):
+        _dot4_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act)
+
+
+@njit
+def _rows_r16(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xsp, outp, ldo, n_act):
+    """out[:, r0:r1] from the r16 records at address wp (rows: the real row count; r0 a
+    multiple of 16); N = n_act activation rows in Q8_0 format (scratch as for _rows)."""
+    w, xq, xd, xc, out = _r16_views(qt, wp, rows, rb, nb, k, xqp, xdp, xsp, outp, ldo, n_act)
     if n_act == 1:
         if _HALF:  # without AVX-512: both 8-row halves of a record at once (mm_r16h)
             _dot1_r16h(qt, w, r0, r1, nb, xq, xd, xc, out)
         else:
             _dot1_r16(qt, w, r0, r1, nb, xq, xd, xc, out)
         return
-    if _HALF:  # without AVX-512: tiles of 8 weight rows x 4 activation rows (mm_r16h)
-        for n0 in range(0, n_act, 4):
-            _dot4_r16h(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act)
-        return
-    n8 = n_act // 8 * 8  # tiles of 8 activation rows, then of 4 for the rest (padded)
-    for n0 in range(0, n8, 8):
-        _dot8_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act)
-    for n0 in range(n8, n_act, 4):
-        _dot4_r16(qt, w, r0, r1, nb, xq, xd, xc, out, n0, n_act)
+    _r16_cols(qt, w, r0, r1, nb, xq, xd, xc, out, 0, n_act)
 
 
 @njit(cache=True, nogil=True)

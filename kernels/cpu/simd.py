@@ -1174,6 +1174,20 @@ def ld_i8x64(typingctx, arr, off):
 
 
 @intrinsic
+def st_i8x64(typingctx, arr, off, v):
+    """Store an I8x64 at byte offset `off` of a C-contiguous array (unaligned)."""
+    if not _is_byte_array(arr) or v != I8x64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _W8),
+                      align=1)
+        return context.get_dummy_value()
+
+    return types.void(arr, types.intp, I8x64), codegen
+
+
+@intrinsic
 def cat8x2(typingctx, a, b):
     """[a | b]: two I8x32 as one I8x64."""
     if a != I8x32 or b != I8x32:
@@ -1509,7 +1523,7 @@ def st_f32x16(typingctx, arr, off, v):
 
 __all__ += [
     "nib_lo64", "nib_hi64", "add8x64", "or_bits64", "zero32x16", "dot_bcast64",
-    "dot_bcast64_ss", "ld_f16x16",
+    "dot_bcast64_ss", "ld_f16x16", "st_i8x64",
     "splatf16", "st_f32x16",
 ]
 
