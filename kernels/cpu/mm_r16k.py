@@ -64,7 +64,6 @@ from localllm.kernels.cpu.mm_common import (
     _K6_QH,
     _K6_QL,
     _K6_SC,
-    PREFETCH_BYTES,
     Q4_K,
     Q5_K,
     Q6_K,
@@ -228,6 +227,15 @@ def _k45_j1(qt, w, q, h, j, xq, xb, ia, ib, sc):
     return ia, ib
 
 
+# N = 1 prefetches each record whole, _K_PF_BYTES ahead (5.3 Q4_K records, 3.7 of Q6_K).
+# PREFETCH_BYTES (8 KiB), the 32-weight records' distance, was unstable for the 2304-byte
+# Q4_K records on Emerald Rapids: one thread streamed a weight from DRAM at 8.0-9.0 GB/s in
+# four runs of seven and 11.3 in the others; 12 KiB gave 11.1-12.4 in every run, 16 KiB
+# 10.9-11.5, none 10.6; two threads ~20-21 GB/s whichever. Q6_K is indifferent (~11 GB/s).
+# (1B Q4_K_M decode, one thread: 11.3-11.5 -> 12.5-12.7 tok/s.)
+_K_PF_BYTES = 12288
+
+
 @njit
 def _dot1_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf):
     # Q4_K or Q5_K (qt): the same sums, Q5_K's quants with a 5th bit
@@ -237,8 +245,8 @@ def _dot1_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf):
     for b in range(nb):
         p = (g * nb + b) * rec
         if pf:
-            for po in range(0, rec, 64):  # the record PREFETCH_BYTES ahead
-                prefetch(w, p + PREFETCH_BYTES + po)
+            for po in range(0, rec, 64):  # the record _K_PF_BYTES ahead
+                prefetch(w, p + _K_PF_BYTES + po)
         sca, scb, m01, m23, m45, m67 = _k45_head(w, p)
         q = p + (_K5_QS if qt == Q5_K else _K4_QS)
         h = p + _K5_QH
@@ -460,8 +468,8 @@ def _dot1_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1, pf):
     for b in range(nb):
         p = (g * nb + b) * rec
         if pf:
-            for po in range(0, rec, 64):  # the record PREFETCH_BYTES ahead
-                prefetch(w, p + PREFETCH_BYTES + po)
+            for po in range(0, rec, 64):  # the record _K_PF_BYTES ahead
+                prefetch(w, p + _K_PF_BYTES + po)
         r = _k6_block(w, p, xq, n * k + 256 * b, k, 1)
         ms = _k6_msum(w, p, xbs, (n * (k // 16) + 16 * b) * 2, 1, 0)[0]
         acc = _k6_fin(acc, add32x16(r[0], r[2]), add32x16(r[1], r[3]), ms,
