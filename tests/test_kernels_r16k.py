@@ -134,3 +134,20 @@ def test_prefill_tiles_equal_one_row_at_a_time(qt: T) -> None:
                 one = np.empty((1, rows), np.float32)
                 mm.matmul(w, int(qt), x[i:i + 1], one, packed=packed)
                 np.testing.assert_array_equal(out[i], one[0])
+
+
+def test_big_kquant_heads_follow_the_cpu_rule(monkeypatch) -> None:
+    """A K-quant output head over R16_MAX_HEAD bytes is repacked only where R16_ANY_HEAD
+    (Intel since Sapphire Rapids: its r16 kernel streams faster there); smaller ones and
+    layer weights follow r16_types() alone."""
+    from localllm.kernels.cpu import mm_r16
+
+    _needs_r16(T.Q6_K)
+    big = np.zeros(((mm.R16_MAX_HEAD // 210 // 8) + 16, 210 * 8), np.uint8)  # > 32 MiB
+    small = np.zeros((64, 210 * 8), np.uint8)
+    assert mm_r16.R16_ANY_HEAD == mm_r16.FEATURES.avx512_fp16
+    for any_head in (False, True):
+        monkeypatch.setattr(mm_r16, "R16_ANY_HEAD", any_head)
+        assert mm.r16_wanted(big, int(T.Q6_K), head=True) is any_head
+        assert mm.r16_wanted(small, int(T.Q6_K), head=True)
+        assert mm.r16_wanted(big, int(T.Q6_K))

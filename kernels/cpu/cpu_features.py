@@ -35,6 +35,7 @@ class CpuFeatures:
     avx512: bool  # F + BW + VL: 512-bit byte/word ops and 32 vector registers
     avx512_vnni: bool  # 512-bit vpdpbusd
     amx: bool = False  # AMX-TILE + AMX-INT8: byte tile products (kernels/cpu/amx.py)
+    avx512_fp16: bool = False  # half-precision AVX-512: Intel's cores since Sapphire Rapids
 
     @property
     def simd(self) -> bool:
@@ -103,6 +104,7 @@ def detect() -> CpuFeatures:
         avx512={"avx512f", "avx512bw", "avx512vl"} <= f,
         avx512_vnni="avx512vnni" in f,
         amx={"amx-tile", "amx-int8"} <= f,
+        avx512_fp16="avx512fp16" in f,
     )
 
 
