@@ -30,9 +30,11 @@ from localllm.formats.qtypes import (  # noqa: F401 - the ids, re-exported to th
     Q4_0,
     Q4_1,
     Q4_K,
+    Q4_K_BYTES,
     Q5_0,
     Q5_1,
     Q5_K,
+    Q5_K_BYTES,
     Q6_K,
     Q8_0,
     QK,
@@ -121,6 +123,12 @@ _K6_SC, _K6_QL, _K6_QH = 32, 288, 2336
 # Without AVX-512 the r16 records are read 8 rows at a time with 256-bit vectors (mm_r16h,
 # mm_r16kh).
 _HALF: bool = not FEATURES.wide
+
+
+@njit(inline="always")
+def _k45_rec_bytes(qt):
+    """Bytes of one r16 record (16 super-blocks) of Q4_K or Q5_K (qt)."""
+    return Q5_K_BYTES * 16 if qt == Q5_K else Q4_K_BYTES * 16
 
 
 @njit

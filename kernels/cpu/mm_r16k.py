@@ -67,6 +67,7 @@ from localllm.kernels.cpu.mm_common import (
     Q4_K,
     Q5_K,
     Q6_K,
+    _k45_rec_bytes,
     _p_f32,
     _p_i8,
     _p_i16,
@@ -239,7 +240,7 @@ _K_PF_BYTES = 12288
 @njit
 def _dot1_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf):
     # Q4_K or Q5_K (qt): the same sums, Q5_K's quants with a 5th bit
-    rec = Q5_K_BYTES * 16 if qt == Q5_K else Q4_K_BYTES * 16
+    rec = _k45_rec_bytes(qt)
     k = nb * 256
     acc = zerof16()
     for b in range(nb):
@@ -268,7 +269,7 @@ def _dot1_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf):
 def _dot4_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1):
     """_dot1_q4k_r16 for activation rows n..n + 3 (padding rows past N: computed, not
     stored), each weight vector and the scales decoded once for all four."""
-    rec = Q5_K_BYTES * 16 if qt == Q5_K else Q4_K_BYTES * 16
+    rec = _k45_rec_bytes(qt)
     k = nb * 256
     a0 = a1 = a2 = a3 = zerof16()
     for b in range(nb):

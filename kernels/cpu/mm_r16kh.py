@@ -43,7 +43,7 @@ import numpy as np
 from numba import njit
 from numba.extending import overload
 
-from localllm.formats.qtypes import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES
+from localllm.formats.qtypes import Q6_K_BYTES
 from localllm.kernels.cpu.mm_common import (
     _K4_DMIN,
     _K4_QS,
@@ -56,6 +56,7 @@ from localllm.kernels.cpu.mm_common import (
     Q4_K,
     Q5_K,
     Q6_K,
+    _k45_rec_bytes,
     _literal,
     _store8,
 )
@@ -185,7 +186,7 @@ def _dot4_k45h(qt, w, nb, xq, xd, xb2, out, n, n_act, ro, r1):
     """Tiles of 8 weight rows x activation rows n..n+3 (padding rows past N: computed, not
     stored), half by half of the group whose records w holds: its rows are out's ro..ro+15
     (those < r1 stored)."""
-    rec = Q5_K_BYTES * 16 if qt == Q5_K else Q4_K_BYTES * 16
+    rec = _k45_rec_bytes(qt)
     k = nb * 256
     s2 = (k // 32) * 2  # bytes between rows of xb2
     for hf in range(2):
@@ -258,7 +259,7 @@ def _dot1_k45h(qt, w, r0, r1, nb, xq, xd, xb2, out):
     """out[0, r0:r1] from the Q4_K / Q5_K (qt) records in w (r0 a multiple of 16) against
     one activation row: per row the row-major _dot1_k45's integers and float steps, so its
     bits."""
-    rec = Q5_K_BYTES * 16 if qt == Q5_K else Q4_K_BYTES * 16
+    rec = _k45_rec_bytes(qt)
     for g in range(r0 // 16, (r1 + 15) // 16):
         a0 = zerof()
         a1 = zerof()
@@ -456,7 +457,7 @@ def rows_r16kh45(qt, wp, rows, rb, r0, r1, nb, k, xqp, xdp, xbsp, xb2p, outp, ld
     if n_act == 1:
         _dot1_k45h(qt, w, r0, r1, nb, xq, xd, xb2, out)
         return
-    grec = nb * (Q5_K_BYTES * 16 if qt == Q5_K else Q4_K_BYTES * 16)  # a group's records
+    grec = nb * _k45_rec_bytes(qt)  # a group's records
     for g in range(r0 // 16, (r1 + 15) // 16):
         wg = w[g * grec:(g + 1) * grec]
         for n in range(0, n_act, 4):  # npad is a multiple of 4: rows n..n + 3 exist
