@@ -869,18 +869,27 @@ def add16(typingctx, a, b):
     return I16x16(I16x16, I16x16), codegen
 
 
-@intrinsic
-def st_f32x8(typingctx, arr, off, v):
-    """Store an F32x8 at byte offset `off` of a C-contiguous array (unaligned)."""
-    if not _is_byte_array(arr) or v != F32x8:
-        return None
+def _store_vec(vty: VecType, name: str):
+    """An intrinsic `name(arr, off, v)`: store the vty value v at byte offset `off` of a
+    C-contiguous array (unaligned)."""
 
-    def codegen(context, builder, sig, args):
-        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _VF),
-                      align=1)
-        return context.get_dummy_value()
+    def impl(typingctx, arr, off, v):
+        if not _is_byte_array(arr) or v != vty:
+            return None
 
-    return types.void(arr, types.intp, F32x8), codegen
+        def codegen(context, builder, sig, args):
+            builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1],
+                                        vty.lltype), align=1)
+            return context.get_dummy_value()
+
+        return types.void(arr, types.intp, vty), codegen
+
+    impl.__name__ = name
+    impl.__doc__ = f"Store a {vty.name} at byte offset `off` of a C-contiguous array (unaligned)."
+    return intrinsic(impl)
+
+
+st_f32x8 = _store_vec(F32x8, "st_f32x8")
 
 
 __all__ += ["mad_bcast", "mad_bcast_ss", "dot_bcast", "add16", "st_f32x8"]
@@ -1173,18 +1182,7 @@ def ld_i8x64(typingctx, arr, off):
     return I8x64(arr, types.intp), codegen
 
 
-@intrinsic
-def st_i8x64(typingctx, arr, off, v):
-    """Store an I8x64 at byte offset `off` of a C-contiguous array (unaligned)."""
-    if not _is_byte_array(arr) or v != I8x64:
-        return None
-
-    def codegen(context, builder, sig, args):
-        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _W8),
-                      align=1)
-        return context.get_dummy_value()
-
-    return types.void(arr, types.intp, I8x64), codegen
+st_i8x64 = _store_vec(I8x64, "st_i8x64")
 
 
 @intrinsic
@@ -1507,18 +1505,7 @@ def splatf16(typingctx, s):
     return F32x16(s), codegen
 
 
-@intrinsic
-def st_f32x16(typingctx, arr, off, v):
-    """Store an F32x16 at byte offset `off` of a C-contiguous array (unaligned)."""
-    if not _is_byte_array(arr) or v != F32x16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        builder.store(args[2], _ptr(context, builder, sig.args[0], args[0], args[1], _WF),
-                      align=1)
-        return context.get_dummy_value()
-
-    return types.void(arr, types.intp, F32x16), codegen
+st_f32x16 = _store_vec(F32x16, "st_f32x16")
 
 
 __all__ += [
