@@ -13,8 +13,11 @@ batched.
 
 Per group of 16 weight rows the records are decoded once into a scratch of B tiles (512 bytes
 a block), then every 16 activation rows run over it; the rest of N (< 16 rows) takes the
-vpdpbusd tiles. What bounds it: the float epilogue, three vector ops per activation row and
-block (convert, scale product, fma) against one tile product per 16 rows.
+vpdpbusd tiles. What bounds it (Emerald Rapids, micro-loops, one thread): a block's tile work
+(loads, product, the 1 KiB store of C) takes ~12.6 ns and its float work (64 vector ops:
+convert, scale product, fma, the c term's fma) ~14 ns, and the two do not overlap; storing C
+per block is forced by the per-block scales. So a whole product runs 1.0-1.2x the vpdpbusd
+tiles (BENCHMARKS.md, issue 26, "AMX prefill tiles").
 """
 
 from __future__ import annotations
