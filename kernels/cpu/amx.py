@@ -28,10 +28,10 @@ import sys
 
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from localllm.kernels.cpu.cpu_features import FEATURES, simd_disabled_by_env
+from localllm.kernels.cpu.simd import _fn, _ptr
 
 __all__ = ["AMX", "amx_disabled_by_env", "tile_config", "tile_release", "tile_load",
            "tile_store", "tile_zero", "tile_dp_su"]
@@ -69,13 +69,7 @@ _void = ir.VoidType()
 
 
 def _call(builder, name: str, argtys, args) -> None:
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_void, argtys), name)
-    builder.call(fn, args)
-
-
-def _byte_ptr(context, builder, arrty, arrval, off):
-    ary = context.make_array(arrty)(context, builder, arrval)
-    return builder.gep(builder.bitcast(ary.data, _p8), [off], inbounds=True)
+    builder.call(_fn(builder, name, _void, argtys), args)
 
 
 def _tile_ids(*ts) -> list[int] | None:
@@ -93,7 +87,7 @@ def tile_config(typingctx, cfg):
 
     def codegen(context, builder, sig, args):
         if AMX:
-            p = _byte_ptr(context, builder, sig.args[0], args[0], ir.Constant(_i64, 0))
+            p = _ptr(context, builder, sig.args[0], args[0], ir.Constant(_i64, 0), _i8)
             _call(builder, "llvm.x86.ldtilecfg", [_p8], [p])
         return context.get_dummy_value()
 
@@ -120,10 +114,8 @@ def _tile_mem(name: str, doc: str):
 
         def codegen(context, builder, sig, args):
             if AMX:
-                p = _byte_ptr(context, builder, sig.args[1], args[1], args[2])
-                _call(builder, name, [_i8, _p8, _i64],
-                      [ir.Constant(_i8, ids[0]), p, builder.sext(args[3], _i64)
-                       if args[3].type.width < 64 else args[3]])
+                p = _ptr(context, builder, sig.args[1], args[1], args[2], _i8)
+                _call(builder, name, [_i8, _p8, _i64], [ir.Constant(_i8, ids[0]), p, args[3]])
             return context.get_dummy_value()
 
         return types.void(t, arr, types.intp, types.intp), codegen

@@ -50,6 +50,13 @@ class CpuFeatures:
         return self.simd and self.avx512 and self.avx512_vnni and not avx512_disabled_by_env()
 
     @property
+    def intel_since_spr(self) -> bool:
+        """An Intel core since Sapphire Rapids, told apart by AVX-512 FP16 (no AMD core has
+        it): where the decode kernels' tuning measured on Emerald Rapids applies (mm_r16's
+        R16_ANY_HEAD, simd's _PREFETCH_LOCALITY)."""
+        return self.avx512_fp16
+
+    @property
     def path(self) -> str:
         """A short name of the kernel path taken: 'avx512', 'avx2+vnni', 'avx2' or 'portable'."""
         if not self.simd:

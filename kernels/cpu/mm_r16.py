@@ -401,10 +401,10 @@ def _repack_r16(qt, w, dst, g0, g1) -> None:
 # R16_MAX_HEAD bytes stay row-major on AMD: their r16 kernel streams a 215 MB Q6_K head slower
 # than the row-major one at N = 1 on Zen 5 (Llama 3.2 1B's: 7.5 against 6.4 ms on one thread,
 # 6.1 against 4.3 on two), though 2.1-2.4x faster at N = 4. Intel's cores since Sapphire
-# Rapids (told apart by AVX-512 FP16, which no AMD core has) stream it the other way round:
-# on Emerald Rapids, from DRAM, 11.9 against 9.2 GB/s (Q6_K) and 11.7 against 8.2 (Q4_K) on
-# one thread, 23.2 against 18.2 and 23.1 against 16.1 on two; 1B Q4_0 decode +5% with the
-# head repacked. There every K-quant head is repacked (R16_ANY_HEAD). Heads of the 32-weight types are repacked
+# Rapids (FEATURES.intel_since_spr) stream it the other way round: on Emerald Rapids, from
+# DRAM, 11.9 against 9.2 GB/s (Q6_K) and 11.7 against 8.2 (Q4_K) on one thread, 23.2 against
+# 18.2 and 23.1 against 16.1 on two; 1B Q4_0 decode +5% with the head repacked. There every
+# K-quant head is repacked (R16_ANY_HEAD). Heads of the 32-weight types are repacked
 # whatever their size: at N = 1 r16 is as fast or faster (Gemma 3's 178 MB Q8_0 head 4.2
 # against 4.5 ms on one thread, 3.6 against 3.6 on two) and at N = 2..8, a server's batch of
 # streams or a speculative check, 2-2.6x faster (N = 4: 5.5 against 10.9 ms, 5.0 against
@@ -414,7 +414,7 @@ def _repack_r16(qt, w, dst, g0, g1) -> None:
 # budget of 256 MiB left half of a 1B model's layers row-major, and those ran prefill at
 # 60-170 GFLOP/s against r16's ~560. LOCALLLM_NO_REPACK=1 turns r16 off.
 R16_MAX_HEAD = 32 << 20
-R16_ANY_HEAD = FEATURES.avx512_fp16
+R16_ANY_HEAD = FEATURES.intel_since_spr
 R16_HEADROOM = 1 << 30
 R16_MIN_BUDGET = 256 << 20  # what a machine short of memory still repacks
 

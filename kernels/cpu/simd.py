@@ -1531,12 +1531,12 @@ __all__ += ["add32x16"]
 
 
 # The decode kernels' weight prefetches: into L1 (prefetcht0, LLVM locality 3), except on
-# Intel's cores since Sapphire Rapids (AVX-512 FP16), where prefetcht1 (locality 2: L2, the
+# Intel's cores since Sapphire Rapids (FEATURES.intel_since_spr), where prefetcht1 (locality 2: L2, the
 # demand loads then miss L1 only) streamed the r16 records from DRAM ~5% faster on Emerald
 # Rapids (one thread, GB/s, t0 -> t1: Q4_0 13.0-14.3 -> 13.4-13.6, Q8_0 12.8-13.6 -> 13.9-14.0,
 # Q4_K 10.4-11.5 -> 12.1-12.2, Q6_K 11.1-11.4 -> 11.2-12.3; two threads alike) and decoded
 # 1B Q4_0 at 15.1-15.4 -> 15.9-16.1 tok/s on one thread. Not measured on AMD: unchanged there.
-_PREFETCH_LOCALITY = 2 if FEATURES.avx512_fp16 else 3
+_PREFETCH_LOCALITY = 2 if FEATURES.intel_since_spr else 3
 
 
 @intrinsic
