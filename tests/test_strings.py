@@ -64,6 +64,14 @@ def test_reader_packs_long_string_arrays(tmp_path: Path) -> None:
         long_, short_ = gf.metadata["long"], gf.metadata["short"]
     assert isinstance(long_, StringArray) and long_ == strings  # valid after close: a copy
     assert isinstance(short_, list) and short_ == short
+    # tolist's one-split path (a NUL inside string 10 sends it a string at a time) and
+    # without that NUL (the split itself): both the list, string for string
+    assert long_.tolist() == strings and list(long_) == strings
+    strings[10] = "日本語 ab"
+    path.write_bytes(gguf_bytes([kv("long", V.ARRAY, arr(V.STRING, n,
+                                                         b"".join(map(gstr, strings))))]))
+    with read_gguf(path) as gf:
+        assert gf.metadata["long"].tolist() == strings
 
 
 def test_reader_names_invalid_utf8_in_a_packed_array(tmp_path: Path) -> None:

@@ -284,6 +284,20 @@ def test_metadata_errors(md: dict, match: str) -> None:
     assert issubclass(TokenizerError, ValueError)
 
 
+@pytest.mark.parametrize("merges", [
+    ["Ġ t", "h e", "Ġt he", "日 本"],  # one space each, none leading: the one-split path
+    [" a b", "a  b", "Ġ t"],  # a leading space, two spaces: a find per merge
+    ["a b c", "d e"],  # two spaces in one merge: never split across merges
+])
+def test_merge_pairs_split_at_the_first_space_after_position_0(merges: list[str]) -> None:
+    from localllm.text.tokenizer_bpe import _merge_pairs
+
+    want = [(m[:m.find(" ", 1)], m[m.find(" ", 1) + 1:]) for m in merges]
+    assert _merge_pairs(merges) == want
+    with pytest.raises(TokenizerError, match="malformed BPE merge 'ab'"):
+        _merge_pairs([*merges, "ab"])
+
+
 # --- vocab classes, and model quirks keyed on the architecture, never on general.name ---------
 
 def test_from_metadata_picks_the_vocab_class() -> None:

@@ -280,8 +280,8 @@ def test_long_prompt_progress_cancel_and_resume(tiny_chat: Path) -> None:
     *stages, loaded = backend.start(stages=True)
     assert isinstance(loaded, Loaded) and all(isinstance(e, LoadStage) for e in stages)
     names = list(dict.fromkeys(e.what.partition(":")[0] for e in stages))
-    assert names[:4] == ["mapping the file", "reading the tokenizer", "loading the weights",
-                         "allocating the KV cache"]
+    assert names[:4] == ["mapping the file", "loading the weights", "allocating the KV cache",
+                         "reading the tokenizer"]
     # the weights counted one tensor at a time, of the file's
     weights = [e for e in stages if e.what == "loading the weights"]
     assert [e.done for e in weights] == list(range(len(weights)))
@@ -846,7 +846,7 @@ class HeldLoad(ChatBackend):
 
             def held(ev) -> None:
                 put(ev)
-                if isinstance(ev, LoadStage) and ev.what == "allocating the KV cache":
+                if isinstance(ev, LoadStage) and ev.what == "reading the tokenizer":
                     self.gate.wait()
 
             h.put = held  # type: ignore[method-assign]
@@ -867,12 +867,12 @@ def test_loading_screen_shows_the_stages_and_elapsed_time(tiny_chat: Path,
         async with app.run_test(size=SIZE) as pilot:
             screen = app.screen
             assert isinstance(screen, LoadingScreen)
-            await wait_for(pilot, lambda: "allocating the KV cache" in screen.current, "stages")
+            await wait_for(pilot, lambda: "reading the tokenizer" in screen.current, "stages")
             await pilot.pause(0.6)  # the clock ticks with no event
             text = "\n".join(str(w.render()) for w in screen.query("Static"))
             assert "Loading tiny-qwen2-chat.gguf" in text
-            for done in ("✓ mapping the file", "✓ reading the tokenizer",
-                         "✓ loading the weights", "› allocating the KV cache"):
+            for done in ("✓ mapping the file", "✓ loading the weights",
+                         "✓ allocating the KV cache", "› reading the tokenizer"):
                 assert done in text, text
             assert " s elapsed" in text and app.info is None
             backend.gate.set()

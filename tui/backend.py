@@ -9,8 +9,8 @@ events from a per-job `Handle`; it never waits on a kernel. The app only sees `L
 `localllm.generation.text_stream.Event` objects.
 
 A load reports its stages as the engine and the kernel step go through them (`LoadStage`:
-mapping the file, reading the tokenizer, loading the weights (tensor by tensor: a large
-model's r16 repacking takes seconds), allocating the KV cache, then
+mapping the file, loading the weights (tensor by tensor: a large model's r16 repacking takes
+seconds), allocating the KV cache, reading the tokenizer, then
 loading or, on a machine's first run, compiling the kernels with a count), so the app shows
 what the wait is for.
 

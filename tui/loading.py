@@ -1,8 +1,8 @@
 """The loading screen: what a model load is doing, stage by stage, and for how long.
 
 Shown over the chat on start and on every model switch, from the backend's LoadStage events
-(tui/backend.py: mapping the file, reading the tokenizer, loading the weights, allocating
-the KV cache, then loading the compiled kernels or, on a machine's first run, compiling
+(tui/backend.py: mapping the file, loading the weights, allocating the KV cache, reading
+the tokenizer, then loading the compiled kernels or, on a machine's first run, compiling
 them with a count and the kernel's name). A finished stage gets a tick and its seconds; the
 current one its own clock; the whole load's elapsed time ticks at the bottom even when no
 event comes (a long compile). Ctrl+Q still quits (the app's binding has priority); Esc puts

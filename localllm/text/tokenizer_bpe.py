@@ -8,8 +8,10 @@ changes -- its regexes, ``ignore_merges``, whether BOS is added by default -- is
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
+from localllm.formats.strings import StringArray
 from localllm.text.tokenizer import Tokenizer, TokenizerError, _as_str
 
 # --- byte-level BPE pre-tokenizers ------------------------------------------------------------
@@ -152,6 +154,24 @@ def _pre_config(pre: str) -> tuple[tuple[str, ...], bool, bool]:
         ) from None
 
 
+def _merge_pairs(merges: list[str]) -> list[tuple[str, str]]:
+    """Each merge "left right" as (left, right), split as llama.cpp does: at the first space
+    after position 0. When every merge has one space, not at its start (every byte-level
+    vocabulary: its spaces are "Ġ"), one join and one split in C do all of them, 5x faster
+    than a find per merge (Qwen2's 151k merges: 20 against 115 ms)."""
+    if (merges and set(map(str.count, merges, repeat(" "))) == {1}
+            and not any(map(str.startswith, merges, repeat(" ")))):
+        parts = " ".join(merges).split(" ")  # [2n]: left, right, left, right, ...
+        return list(zip(parts[0::2], parts[1::2], strict=True))
+    pairs: list[tuple[str, str]] = []
+    for m in merges:
+        pos = m.find(" ", 1)
+        if pos < 0:
+            raise TokenizerError(f"malformed BPE merge {m!r} (expected 'left right')")
+        pairs.append((m[:pos], m[pos + 1:]))
+    return pairs
+
+
 class BpeTokenizer(Tokenizer):
     """Byte-level BPE with the ``tokenizer.ggml.pre`` pre-tokenizer, as llama.cpp runs it."""
 
@@ -164,7 +184,9 @@ class BpeTokenizer(Tokenizer):
         if merges is None:
             raise TokenizerError("BPE vocabulary without merges ('tokenizer.ggml.merges')")
         return {"bos_id": 11, "eos_id": 11, "unk_id": None, "add_bos": add_bos,
-                "add_space_prefix": False, "merges": [_as_str(m) for m in merges]}
+                "add_space_prefix": False,
+                "merges": (merges.tolist() if isinstance(merges, StringArray)
+                           else [_as_str(m) for m in merges])}
 
     def _setup(self, scores: Any, merges: list[str] | None) -> None:
         self._bpe = self._build_bpe(merges)
@@ -174,15 +196,11 @@ class BpeTokenizer(Tokenizer):
         from tokenizers import Tokenizer as HFTokenizer
 
         regexes, ignore_merges, _ = _pre_config(self.pre)
-        pairs: list[tuple[str, str]] = []
-        for m in merges or []:
-            pos = m.find(" ", 1)  # llama.cpp splits at the first space after position 0
-            if pos < 0:
-                raise TokenizerError(f"malformed BPE merge {m!r} (expected 'left right')")
-            pairs.append((m[:pos], m[pos + 1:]))
+        pairs = _merge_pairs(merges or [])
         try:
             # later duplicates win, as in the index
-            vocab = dict(zip(self._tokens, range(len(self._tokens)), strict=True))
+            tokens = self._tokens.tolist()
+            vocab = dict(zip(tokens, range(len(tokens)), strict=True))
             bpe = models.BPE(vocab=vocab, merges=pairs,
                              ignore_merges=ignore_merges, fuse_unk=False, byte_fallback=False)
         except Exception as exc:  # the Rust side raises plain Exceptions
