@@ -107,6 +107,28 @@ def test_alignment_and_tensor_data(tmp_path: Path, alignment: int | None) -> Non
             assert t.row_nbytes == raw.shape[-1]
 
 
+def test_a_second_read_of_the_same_file_reuses_its_parse(tmp_path: Path) -> None:
+    """read_gguf keeps the last file's parse (formats/gguf.py _LAST_PARSED): a second read
+    gives the same metadata and tensors through its own mapping and dict; a file changed
+    since (its size and time) is parsed again."""
+    path = write_small_model(tmp_path / "m.gguf", seed=3)
+    a, b = read_gguf(path), read_gguf(path)
+    assert list(a.metadata) == list(b.metadata)
+    assert all(a.metadata[k] is b.metadata[k] for k in a.metadata)  # values shared, read-only
+    assert a.metadata is not b.metadata and list(a.tensors) == list(b.tensors)
+    b.metadata["general.architecture"] = "changed"  # one file's dict, not the next one's
+    a.close()
+    for name, t in b.tensors.items():  # b's views outlive a's mapping
+        np.testing.assert_array_equal(t.data, read_gguf(path).tensors[name].data)
+    assert read_gguf(path).metadata["general.architecture"] == "llama"
+    arrays = [v for v in b.metadata.values() if isinstance(v, np.ndarray)]
+    assert arrays and not any(v.flags.writeable for v in arrays)
+    time.sleep(0.01)
+    write_small_model(path, seed=4, alignment=64)
+    with read_gguf(path) as c:
+        assert c.alignment == 64 and c.data_offset % 64 == 0
+
+
 def test_matches_gguf_reader(tmp_path: Path) -> None:
     path = write_small_model(tmp_path / "m.gguf", alignment=64)
     ref = GGUFReader(path)
