@@ -120,7 +120,8 @@ def data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_snapshot_loading_screen(snap_compare, tiny_chat: Path) -> None:
-    """The load held after its KV cache stage: the stages so far, no seconds."""
+    """The load held at its tokenizer stage (the engine's last): the stages so far, no
+    seconds."""
     import threading
 
     from localllm.tui.backend import ChatBackend, LoadStage
@@ -135,7 +136,7 @@ def test_snapshot_loading_screen(snap_compare, tiny_chat: Path) -> None:
 
             def held(ev) -> None:
                 put(ev)
-                if isinstance(ev, LoadStage) and ev.what == "allocating the KV cache":
+                if isinstance(ev, LoadStage) and ev.what == "reading the tokenizer":
                     gate.wait()
 
             h.put = held
@@ -146,7 +147,7 @@ def test_snapshot_loading_screen(snap_compare, tiny_chat: Path) -> None:
 
     async def held(pilot) -> None:
         while not (isinstance(app.screen, LoadingScreen)
-                   and "allocating" in app.screen.current):
+                   and "tokenizer" in app.screen.current):
             await pilot.pause(0.02)
         app.input.cursor_blink = False
         await pilot.pause(0.6)  # a clock tick: the text does not change without seconds
