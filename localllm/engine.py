@@ -136,8 +136,9 @@ class Engine:
         self._template = None
         self.layouts.start()
         # After the weights: the layers' r16 copies, just started on a thread of their own
-        # (numba code, no GIL), go on beside this (Python and Rust, on the GIL); before them,
-        # each waited for the other on a 2-core machine (1B Q4_0 load: -0.2 s).
+        # (numba code, no GIL), go on beside this (Python and Rust, on the GIL), where the
+        # two used to run one after the other. Measured with the tokenizer's faster decode
+        # (one commit, not apart): 1B Q4_0 load 1.99 -> 1.90 s (BENCHMARKS.md, issue 26).
         from localllm.text.tokenizer import Tokenizer
 
         say("reading the tokenizer", 0, 0)
