@@ -61,12 +61,13 @@ def instrument(times: dict, counts: collections.Counter) -> None:
 
         setattr(obj, name, g)
 
-    for name in ("rms_norm", "rms_norm_heads", "rope_tables", "rope_apply"):
-        wrap(base.ops, name, name)
+    for name in ("rms_norm", "rms_norm_heads", "add_rms_norm", "rope_tables", "rope_apply"):
+        if hasattr(base.ops, name):  # (add_rms_norm is absent in older checkouts)
+            wrap(base.ops, name, name)
     for key, fn in list(base.ACTIVATIONS.items()):
-        def timed(*a, _fn=fn, _key=key):
+        def timed(*a, _fn=fn, _key=key, **kw):
             t = time.perf_counter()
-            _fn(*a)
+            _fn(*a, **kw)
             times[f"activation {_key}"] += time.perf_counter() - t
             counts[f"activation {_key}"] += 1
         base.ACTIVATIONS[key] = timed

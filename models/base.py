@@ -445,8 +445,9 @@ class DecoderModel:
                              [b - a for _, a, b in segments])  # [N]
         rope = RopeTables(cfg, pos, self.rope_factors(kv.n_ctx))
 
+        normed = False  # whether h holds this layer's attention input (the last add made it)
         for il, L in enumerate(self.layers):
-            q3, k3, v3 = self._qkv(il, L, x, (h, q, k, v), rope)
+            q3, k3, v3 = self._qkv(il, L, x, (h, q, k, v), rope, normed)
             kv.store_rows(il, placed, k3, v3)
             q_slot, q_pos = row_slot, pos
             if il == last:
@@ -465,23 +466,25 @@ class DecoderModel:
             L.o_proj(attn.reshape(n, H * Dv), [o])
             if L.bo is not None:
                 o += L.bo
-            self._add_block(x, o, L.post_attn_norm)
-            self._ffn(L, self._pre_norm(x, L.ffn_norm, h), gate, up, o)
-            self._add_block(x, o, L.post_ffn_norm)
+            self._ffn(L, self._add_block(x, o, L.post_attn_norm, L.ffn_norm, h), gate, up, o)
+            nxt = self.layers[il + 1].attn_norm if il < last else None
+            normed = self._add_block(x, o, L.post_ffn_norm, nxt, h) is h
 
         if not batch.want_logits.any():
             return np.empty((0, cfg.n_embd if hidden else cfg.n_vocab), dtype=np.float32)
         return self.final_norm(x) if hidden else self.logits(x)
 
     def _qkv(self, il: int, L: LayerWeights, x: np.ndarray, bufs: tuple[np.ndarray, ...],
-             rope: RopeTables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Layer il's attention input: the pre-norm (into h), the q/k/v products and biases,
-        the QK-norms and rope, in place in the buffers (h, q, k, v); returns the views
-        q [N, H, Dh], k [N, Hkv, Dh], v [N, Hkv, Dv]."""
+             rope: RopeTables, normed: bool = False
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Layer il's attention input: the pre-norm (into h, unless `normed`: the last layer's
+        residual add wrote it there), the q/k/v products and biases, the QK-norms and rope,
+        in place in the buffers (h, q, k, v); returns the views q [N, H, Dh],
+        k [N, Hkv, Dh], v [N, Hkv, Dv]."""
         cfg = self.cfg
         h, q, k, v = bufs
         n = x.shape[0]
-        L.qkv(self._pre_norm(x, L.attn_norm, h), [q, k, v])
+        L.qkv(h if normed else self._pre_norm(x, L.attn_norm, h), [q, k, v])
         add_qkv_biases(L, q, k, v)
         q3 = q.reshape(n, cfg.n_head, cfg.head_dim)  # views: the norms below write through them
         k3 = k.reshape(n, cfg.n_head_kv, cfg.head_dim)
@@ -507,18 +510,28 @@ class DecoderModel:
             L.moe(hf, out)
             return
         L.gate_up(hf, [gate, up])
-        ACTIVATIONS[self.cfg.activation](gate, up, gate)
+        # gate and up are the step's own buffers (apart, C-contiguous): no checks
+        ACTIVATIONS[self.cfg.activation](gate, up, gate, checked=True)
         L.down(gate, [out])
 
-    def _add_block(self, x: np.ndarray, o: np.ndarray, post_norm: np.ndarray | None) -> None:
+    def _add_block(self, x: np.ndarray, o: np.ndarray, post_norm: np.ndarray | None,
+                   norm: np.ndarray | None = None, h: np.ndarray | None = None
+                   ) -> np.ndarray:
         """x += a block's output o [N, D], after its post-norm (gemma, olmo2) and granite's
-        residual scale, where the family has them (o is overwritten)."""
+        residual scale, where the family has them (o is overwritten). Then, given the next
+        block's pre-norm weights `norm`, that block's input rms_norm(x) into h [N, D],
+        returned (x itself without norm: olmo2's blocks, or no next block): one call for the
+        add and the norm where nothing comes between them."""
         cfg = self.cfg
+        if cfg.residual_scale == 1.0 and norm is not None:
+            ops.add_rms_norm(x, o, norm, cfg.rms_eps, h, post_norm, checked=True)
+            return h
         if post_norm is not None:
             ops.rms_norm(o, post_norm, cfg.rms_eps, o, checked=True)
         if cfg.residual_scale != 1.0:
             o *= np.float32(cfg.residual_scale)
         x += o
+        return self._pre_norm(x, norm, h)
 
     def _pre_norm(self, x: np.ndarray, norm: np.ndarray | None, h: np.ndarray) -> np.ndarray:
         """A block's input: rms_norm(x) written into h [N, D], or x itself where the family

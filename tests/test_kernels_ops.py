@@ -65,6 +65,60 @@ def test_rms_norm_errors() -> None:
         ops.rms_norm(x.astype(np.float64), np.ones(8, np.float32), 1e-6, x)
 
 
+def test_add_rms_norm() -> None:
+    """x += o, then the next block's norm, in one call: the add's bits are NumPy's float32
+    add, the norm as rms_norm's (float64 sum of squares)."""
+    rng = _rng(3)
+    x = (rng.standard_normal((5, 576)) * 4).astype(np.float32)
+    o = (rng.standard_normal((5, 576)) * 4).astype(np.float32)
+    o[2] = -x[2]  # a row that cancels to zero: eps keeps it finite
+    w = rng.standard_normal(576).astype(np.float32)
+    added = x + o
+    out = np.empty_like(x)
+    ops.add_rms_norm(x, o, w, 1e-5, out)
+    np.testing.assert_array_equal(x, added)
+    np.testing.assert_allclose(out, _rms_ref(added, w, 1e-5, False), rtol=2e-6, atol=1e-30)
+    assert not out[2].any()
+    # a row's bits do not depend on the rows beside it (batch invariance)
+    x1, o1, one = added[3:4].copy() - o[3:4], o[3:4].copy(), np.empty((1, 576), np.float32)
+    x2 = (added - o).astype(np.float32)
+    ops.add_rms_norm(x1, o1, w, 1e-5, one, checked=True)
+    many = np.empty_like(x2)
+    ops.add_rms_norm(x2, o.copy(), w, 1e-5, many, checked=True)
+    np.testing.assert_array_equal(one, many[3:4])
+
+
+def test_add_rms_norm_post_norm() -> None:
+    """With a post-norm (gemma, olmo2) o is normed first, as rms_norm does it in place."""
+    rng = _rng(4)
+    x = rng.standard_normal((3, 640)).astype(np.float32)
+    o = (rng.standard_normal((3, 640)) * 50).astype(np.float32)
+    post, w = (rng.standard_normal((2, 640)) + 1).astype(np.float32)
+    o_ref = np.empty_like(o)
+    ops.rms_norm(o, post, 1e-6, o_ref)
+    x_ref = x + o_ref
+    out = np.empty_like(x)
+    ops.add_rms_norm(x, o, w, 1e-6, out, post=post)
+    np.testing.assert_allclose(o, o_ref, rtol=2e-6, atol=1e-30)
+    np.testing.assert_allclose(x, x_ref, rtol=2e-6, atol=1e-6)
+    np.testing.assert_allclose(out, _rms_ref(x, w, 1e-6, False), rtol=2e-6, atol=1e-30)
+
+
+def test_add_rms_norm_errors() -> None:
+    x, o = np.ones((2, 8), np.float32), np.ones((2, 8), np.float32)
+    with pytest.raises(ValueError, match="does not fit"):
+        ops.add_rms_norm(x, np.ones((2, 4), np.float32), np.ones(8, np.float32), 1e-6,
+                         np.empty((2, 8), np.float32))
+    with pytest.raises(ValueError, match="post has 4"):
+        ops.add_rms_norm(x, o, np.ones(8, np.float32), 1e-6, np.empty((2, 8), np.float32),
+                         post=np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="overlap"):
+        ops.add_rms_norm(x, o, np.ones(8, np.float32), 1e-6, x)
+    with pytest.raises(TypeError):
+        ops.add_rms_norm(x, o.astype(np.float64), np.ones(8, np.float32), 1e-6,
+                         np.empty((2, 8), np.float32))
+
+
 # ------------------------------------------------------------------------------------ rope
 
 
@@ -178,6 +232,9 @@ def test_silu_mul() -> None:
     g2 = gate.copy()
     ops.silu_mul(g2, up, g2)  # in place into `gate`: its own (vectorised) loop, the same bits
     np.testing.assert_array_equal(g2.view(np.uint32), out.view(np.uint32))
+    g3 = gate.copy()
+    ops.silu_mul(g3, up, g3, checked=True)  # the forward pass's call: no checks, same loop
+    np.testing.assert_array_equal(g3.view(np.uint32), out.view(np.uint32))
     ops.silu_mul(gate, up, up)  # in place into `up`
     np.testing.assert_array_equal(up, out)
     # vectorised: an element's bits do not depend on its lane or the row count

@@ -106,6 +106,61 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray,
     _rms_norm3(x[:, None, :], w, float(eps), out[:, None, :], bool(add_one))
 
 
+@njit(cache=True, fastmath=_FM)
+def _add_rms_norm(x, o, w, eps, out, post, has_post):
+    """x += o, then out = x / sqrt(mean(x^2) + eps) * w, per row of x, o, out [N, D] f32 (out
+    apart from both); w [D] f32. With has_post, o is first normed in place by the weights
+    post [D] (a post-norm), as _rms_norm3 would. The add is float32, as `x += o` in NumPy."""
+    n_rows, d = x.shape
+    for n in range(n_rows):
+        if has_post:
+            ss = 0.0  # float64 accumulator, as ggml
+            for i in range(d):
+                v = np.float64(o[n, i])
+                ss += v * v
+            scale = np.float32(1.0 / math.sqrt(ss / d + eps))
+            for i in range(d):
+                o[n, i] = o[n, i] * scale * post[i]
+        ss = 0.0
+        for i in range(d):
+            s = x[n, i] + o[n, i]
+            x[n, i] = s
+            v = np.float64(s)
+            ss += v * v
+        scale = np.float32(1.0 / math.sqrt(ss / d + eps))
+        for i in range(d):
+            out[n, i] = x[n, i] * scale * w[i]
+
+
+def add_rms_norm(x: np.ndarray, o: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray,
+                 post: np.ndarray | None = None, checked: bool = False) -> None:
+    """x += o (a block's output into the residual stream), then out = rms_norm(x) * w (the
+    next block's input), in one pass over each row: the forward pass's add and pre-norm in
+    one call where they were two and a NumPy add, each a few microseconds at decode size.
+    post: the block's post-norm weights [D] (gemma, olmo2), applied to o first (in place).
+
+    x, o, out: [N, D] f32, C-contiguous, out apart from x and o; w, post: [D] f32.
+    checked: as for rms_norm."""
+    if not checked:
+        _check_f32("x", x, 2)
+        _check_f32("o", o, 2)
+        _check_out(out, x.shape)
+        for name, a in (("w", w), ("post", post)):
+            if a is not None:
+                _check_f32(name, a, 1)
+                if a.shape[0] != x.shape[1]:
+                    raise ValueError(f"{name} has {a.shape[0]} elements, rows of x have "
+                                     f"{x.shape[1]}")
+        if o.shape != x.shape:
+            raise ValueError(f"o {o.shape} does not fit x {x.shape}")
+        if not (x.flags.writeable and o.flags.writeable):
+            raise ValueError("x and o must be writable (the add and the post-norm work in "
+                             "place)")
+        if np.may_share_memory(out, x) or np.may_share_memory(out, o):
+            raise ValueError("out must not overlap x or o")
+    _add_rms_norm(x, o, w, float(eps), out, w if post is None else post, post is not None)
+
+
 def rms_norm_heads(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray,
                    add_one: bool = False) -> None:
     """Per-head RMS norm (QK-norm of qwen3 / gemma3): each x[n, h, :] normalised, times w.
@@ -331,16 +386,24 @@ def _swiglu_oai_mul_(g, u):
         g[i] = _swiglu_oai(g[i], u[i])
 
 
-def swiglu_oai_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+def swiglu_oai_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray,
+                   checked: bool = False) -> None:
     """out = swiglu_oai(gate, up) (gpt-oss's experts; see _swiglu_oai). All [N, F] f32;
-    out may alias gate/up."""
-    _gated(_swiglu_oai_mul, _swiglu_oai_mul_, gate, up, out)
+    out may alias gate/up. checked: see _gated."""
+    _gated(_swiglu_oai_mul, _swiglu_oai_mul_, gate, up, out, checked)
 
 
-def _gated(kernel, in_place, gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+def _gated(kernel, in_place, gate: np.ndarray, up: np.ndarray, out: np.ndarray,
+           checked: bool = False) -> None:
     """Run an elementwise gate over same-shape float32 arrays viewed as 1-D: kernel(g, u, o),
     or in_place(g, u) where out is gate. An out that overlaps an input any other way goes to
-    the copy a contiguous ravel() or an out overlap forces (correct, slower)."""
+    the copy a contiguous ravel() or an out overlap forces (correct, slower).
+    checked: the caller guarantees gate and up are apart, C-contiguous float32 of one shape,
+    and out is gate (the forward pass's own buffers): the in-place loop at once (the checks
+    cost ~4 us of a ~6 us decode-sized call)."""
+    if checked:
+        in_place(gate.reshape(-1), up.reshape(-1))
+        return
     for name, a in (("gate", gate), ("up", up)):
         if not isinstance(a, np.ndarray) or a.dtype != np.float32:
             raise TypeError(f"{name} must be a float32 array")
@@ -358,9 +421,11 @@ def _gated(kernel, in_place, gate: np.ndarray, up: np.ndarray, out: np.ndarray) 
         kernel(g, u, o)
 
 
-def gelu_tanh_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
-    """out = gelu_tanh(gate) * up (Gemma's GeGLU).  All [N, F] f32; out may alias gate/up."""
-    _gated(_gelu_tanh_mul, _gelu_tanh_mul_, gate, up, out)
+def gelu_tanh_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray,
+                  checked: bool = False) -> None:
+    """out = gelu_tanh(gate) * up (Gemma's GeGLU).  All [N, F] f32; out may alias gate/up.
+    checked: see _gated."""
+    _gated(_gelu_tanh_mul, _gelu_tanh_mul_, gate, up, out, checked)
 
 
 # --- GELU as ggml's CPU backend computes it --------------------------------------------
@@ -416,23 +481,28 @@ def _gelu_ggml_mul(g, u, o, table):
     _gelu_ggml_span(g, u, o, table, 0, g.shape[0])
 
 
-def gelu_tanh_mul_ggml(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
+def gelu_tanh_mul_ggml(gate: np.ndarray, up: np.ndarray, out: np.ndarray,
+                       checked: bool = False) -> None:
     """out = gelu(gate) * up with ggml's float16-table GELU. All [N, F] f32, C-contiguous;
-    out may alias gate/up."""
-    for name, a in (("gate", gate), ("up", up), ("out", out)):
-        _check_f32(name, a, 2)
-        if not a.flags.c_contiguous:
-            raise ValueError(f"{name} must be C-contiguous")
-    if gate.shape != up.shape or gate.shape != out.shape:
-        raise ValueError(f"shape mismatch: gate {gate.shape}, up {up.shape}, out {out.shape}")
+    out may alias gate/up. checked: see _gated (here out need not be gate)."""
+    if not checked:
+        for name, a in (("gate", gate), ("up", up), ("out", out)):
+            _check_f32(name, a, 2)
+            if not a.flags.c_contiguous:
+                raise ValueError(f"{name} must be C-contiguous")
+        if gate.shape != up.shape or gate.shape != out.shape:
+            raise ValueError(f"shape mismatch: gate {gate.shape}, up {up.shape}, "
+                             f"out {out.shape}")
     g = gate.reshape(-1)
     kernel = _gelu_ggml_mul_par if g.shape[0] > 2 * _GELU_CHUNK else _gelu_ggml_mul
     kernel(g, up.reshape(-1), out.reshape(-1), _GELU_F16)
 
 
-def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray) -> None:
-    """out = silu(gate) * up (LLaMA / Qwen SwiGLU).  All [N, F] f32; out may alias gate/up."""
-    _gated(_silu_mul, _silu_mul_, gate, up, out)
+def silu_mul(gate: np.ndarray, up: np.ndarray, out: np.ndarray,
+             checked: bool = False) -> None:
+    """out = silu(gate) * up (LLaMA / Qwen SwiGLU).  All [N, F] f32; out may alias gate/up.
+    checked: see _gated."""
+    _gated(_silu_mul, _silu_mul_, gate, up, out, checked)
 
 
 # --- Walsh-Hadamard rotation ------------------------------------------------------------
