@@ -25,6 +25,7 @@ import numpy as np
 
 from localllm.errors import InvalidValueError, PromptTooLongError
 from localllm.formats import GGUFFile, read_gguf
+from localllm.kernels.cpu.matmul import set_threads as mm_threads
 from localllm.kernels.cpu.region import region_seconds
 from localllm.kv.batch import Batch
 from localllm.kv.cache import KVCache
@@ -68,7 +69,7 @@ def set_threads(n: int | None) -> int:
     """Set the Numba thread count (all cores by default) and return it."""
     limit = numba.config.NUMBA_NUM_THREADS
     n = limit if n is None or n <= 0 else min(n, limit)
-    numba.set_num_threads(n)
+    mm_threads(n)
     return n
 
 
@@ -253,7 +254,7 @@ class Engine:
         if copying:  # a core for the thread making the r16 copies
             n = max(1, min(n, os.cpu_count() or 1) - 1)
         if n != numba.get_num_threads():  # per calling thread: the engine thread's own
-            numba.set_num_threads(n)
+            mm_threads(n)  # (the products skip their parallel regions on one thread)
         t0 = time.perf_counter()
         out = self.model.forward(batch, kv, hidden=hidden)
         kv.commit_batch(batch)

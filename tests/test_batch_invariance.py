@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 
 from localllm.engine import Engine
+from localllm.kernels.cpu.matmul import set_threads
 from localllm.kv.batch import Batch
+from localllm.threads import ThreadTuner
 
 DATA = Path(__file__).parent / "data"
 LAST = 40
@@ -86,14 +88,16 @@ def test_logits_bit_identical_however_computed(default_model_path: Path, text_id
     for name, way in ways.items():
         got = way()
         assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got - ref).max()}"
-    before = numba.get_num_threads()
+    before, tuner = numba.get_num_threads(), e.threads
     try:
         for n in sorted({1, 2, before} & set(range(1, numba.config.NUMBA_NUM_THREADS + 1))):
-            numba.set_num_threads(n)
+            set_threads(n)  # (1: the products without parallel regions)
+            e.threads = ThreadTuner(n, fixed=n)  # else the step's own choice overrides n
             assert np.array_equal(_chunked(e, text_ids, 240), ref), f"{n} threads (prefill)"
             assert np.array_equal(_decode(e, text_ids), ref), f"{n} threads (decode)"
     finally:
-        numba.set_num_threads(before)
+        set_threads(before)
+        e.threads = tuner
 
 
 @pytest.mark.slow
@@ -209,13 +213,15 @@ def test_tiny_moe_logits_bit_identical_however_computed(tmp_path: Path, arch: st
     ref = e.prefill(ids, logits="all").logits[-LAST:]
     assert np.isfinite(ref).all()
     ways = _ways(e, ids, other)
-    before = numba.get_num_threads()
+    before, tuner = numba.get_num_threads(), e.threads
     try:
         for n in sorted({1, 2} & set(range(1, numba.config.NUMBA_NUM_THREADS + 1))):
-            numba.set_num_threads(n)
+            set_threads(n)  # (1: the products without parallel regions)
+            e.threads = ThreadTuner(n, fixed=n)  # else the step's own choice overrides n
             ways[f"{n} threads, one prefill"] = _chunked(e, ids, 60)
     finally:
-        numba.set_num_threads(before)
+        set_threads(before)
+        e.threads = tuner
     for name, got in ways.items():
         assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got - ref).max()}"
 

@@ -399,6 +399,40 @@ def test_thread_counts_agree() -> None:
         np.testing.assert_array_equal(outs[1], outs[3])
 
 
+def test_one_thread_skips_the_region_with_the_same_bits() -> None:
+    """set_threads(1) runs products without a parallel region, on this Python thread only;
+    every output row keeps the bits the parallel drivers give it (single and grouped calls,
+    big enough to be parallel otherwise)."""
+    rng = np.random.default_rng(5)
+    ws = [(random_weight(qt, 1040, 512, rng), int(qt)) for qt in (T.Q4_0, T.Q4_0, T.Q6_K)]
+    parts = [(w, qt, mm.repack_r16(w, qt) if mm.r16_wanted(w, qt) else None) for w, qt in ws]
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+
+    def products() -> list[np.ndarray]:
+        outs = [np.empty((1, 1040), np.float32) for _ in range(3)]
+        mm.matmul_multi(parts[:2], x, outs[:2])
+        mm.matmul(parts[2][0], parts[2][1], x, outs[2], packed=parts[2][2])
+        return outs
+
+    before = numba.get_num_threads()
+    try:
+        mm.set_threads(before)  # (an engine test may have left this thread on one)
+        assert mm._parallel(True) == (before > 1)
+        regions = products()
+        mm.set_threads(1)
+        assert not mm._parallel(True) and numba.get_num_threads() == 1
+        seen: list[bool] = []
+        other = threading.Thread(target=lambda: seen.append(mm._parallel(True)))
+        other.start()
+        other.join()
+        assert seen == [True]  # per Python thread, as Numba's count is
+        for a, b in zip(regions, products(), strict=True):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        mm.set_threads(before)
+    assert mm._parallel(True) == (before > 1)
+
+
 def test_concurrent_python_threads() -> None:
     """Kernels release the GIL; each Python thread gets its own scratch buffers."""
     rng = np.random.default_rng(6)

@@ -41,6 +41,8 @@ Shapes: one loop structure serves all batch sizes.
   each activation tile is reused across the group's rows and each weight row across all tiles.
 
 Threads come from Numba's prange and honour numba.set_num_threads() of the calling thread.
+A thread that sets its count through `set_threads` and sets 1 skips the parallel regions: the
+drivers call the row kernels directly (a region of one thread still costs ~2-3 us to start).
 
 Scratch: the quantized activations live in per-(kind, N, K) buffers cached per Python thread
 (`Scratch`; the kernels release the GIL, so threads may run products concurrently), so the hot
@@ -60,9 +62,11 @@ Files, by job (each readable in one sitting):
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numba
 import numpy as np
 
 from localllm.kernels.cpu import dequant
@@ -105,10 +109,29 @@ from localllm.kernels.cpu.scratch import Scratch, _get_scratch, make_scratch
 __all__ = [
     "matmul", "matmul_multi", "plan_multi", "run_multi", "MultiPlan", "can_share_activations", "matmul_portable", "supported_types", "simd_types", "kernel_path", "kernel",
     "kernel_asm", "Scratch", "make_scratch", "repack_r16", "r16_types", "r16_wanted",
-    "r16_shape", "R16_MAX_HEAD", "r16_budget", "r16_same_bits",
+    "r16_shape", "R16_MAX_HEAD", "r16_budget", "r16_same_bits", "set_threads",
 ]
 
 _KADDR: dict[int, int] = {}  # qtype (-qtype: r16) -> address of its compiled row kernel
+
+# Per Python thread, as Numba's thread count is: whether that thread set one thread through
+# set_threads. Its products then run on the calling thread with no parallel region: SmolLM2's
+# decode step starts ~120 of them, and a region of one thread costs ~2-3 us to start and
+# more in a step (whose weight stream has pushed the threading layer's state out of cache);
+# measured +4-5% decode tok/s on one thread. A count set another way only keeps the regions:
+# which thread computes a row never changes its bits.
+_thread = threading.local()
+
+
+def set_threads(n: int) -> None:
+    """numba.set_num_threads(n) for the calling thread, noting whether n is 1."""
+    numba.set_num_threads(n)
+    _thread.serial = n == 1
+
+
+def _parallel(par: bool) -> bool:
+    """Whether a product the plan would parallelise gets a region on this thread."""
+    return par and not getattr(_thread, "serial", False)
 
 
 def kernel_path() -> str:
@@ -245,7 +268,7 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
             fn = _KADDR[qt] = kernel(qt).address
     else:  # tests: a given kernel variant
         fn = kernel(qt, _wide).address
-    par = rows * rb * n >= _SERIAL_BYTES
+    par = _parallel(rows * rb * n >= _SERIAL_BYTES)
     group = _group(n, rows, rb, packed is not None or _k_tiled(qt, n))
     if packed is not None:
         w_raw = packed
@@ -379,7 +402,7 @@ def run_multi(plan: MultiPlan, x: np.ndarray) -> None:
         else:
             quantize_q8_k(x, s.xq, s.xd, s.xbs, s.xb2)
         quantized = True
-    _mm_multi(plan.tab, kind, x, *s.addrs, plan.par, quantized)
+    _mm_multi(plan.tab, kind, x, *s.addrs, _parallel(plan.par), quantized)
 
 
 def matmul_multi(parts: list[tuple[np.ndarray, int, np.ndarray | None]], x: np.ndarray,
