@@ -4,6 +4,8 @@ All of them write into preallocated float32 arrays (`out` may alias the input wh
 forward pass allocates nothing per token.  Semantics follow llama.cpp / ggml:
 
   rms_norm        ggml_rms_norm (sum of squares in float64) followed by the weight multiply
+  add_rms_norm    a block's residual add (after its post-norm, where the family has one) and
+                  the next block's rms_norm in one call
   rope_tables,    ggml_rope_ext, modes NORMAL (adjacent pairs) and NEOX (split halves), linear
   rope_apply      frequency scaling, per-pair frequency factors and YaRN (rope_yarn); no LongRoPE
   gelu_tanh_mul   ggml_gelu (tanh approximation, computed exactly here: ggml's CPU path reads a
