@@ -70,17 +70,24 @@ def _flat(a: np.ndarray) -> np.ndarray | None:
 # --------------------------------------------------------------------------------------------
 
 
+@njit(cache=True, fastmath=_FM, inline="always")
+def _rms_scale(row, eps):
+    """1 / sqrt(mean(row^2) + eps) of a [D] f32 row, the sum of squares in float64 (ggml):
+    the one place the norms compute it."""
+    ss = 0.0
+    for i in range(row.shape[0]):
+        v = np.float64(row[i])
+        ss += v * v
+    return np.float32(1.0 / math.sqrt(ss / row.shape[0] + eps))
+
+
 @njit(cache=True, fastmath=_FM)
 def _rms_norm3(x, w, eps, out, add_one):
     """x, out: [N, H, D] f32 (may alias); w: [D] f32.  Normalises each x[n, h, :]."""
     n_rows, n_heads, d = x.shape
     for n in range(n_rows):
         for h in range(n_heads):
-            ss = 0.0  # float64 accumulator, as ggml
-            for i in range(d):
-                v = np.float64(x[n, h, i])
-                ss += v * v
-            scale = np.float32(1.0 / math.sqrt(ss / d + eps))
+            scale = _rms_scale(x[n, h], eps)
             if add_one:
                 for i in range(d):
                     out[n, h, i] = x[n, h, i] * scale * (np.float32(1.0) + w[i])
@@ -116,20 +123,12 @@ def _add_rms_norm(x, o, w, eps, out, post, has_post):
     n_rows, d = x.shape
     for n in range(n_rows):
         if has_post:
-            ss = 0.0  # float64 accumulator, as ggml
-            for i in range(d):
-                v = np.float64(o[n, i])
-                ss += v * v
-            scale = np.float32(1.0 / math.sqrt(ss / d + eps))
+            scale = _rms_scale(o[n], eps)
             for i in range(d):
                 o[n, i] = o[n, i] * scale * post[i]
-        ss = 0.0
         for i in range(d):
-            s = x[n, i] + o[n, i]
-            x[n, i] = s
-            v = np.float64(s)
-            ss += v * v
-        scale = np.float32(1.0 / math.sqrt(ss / d + eps))
+            x[n, i] += o[n, i]
+        scale = _rms_scale(x[n], eps)
         for i in range(d):
             out[n, i] = x[n, i] * scale * w[i]
 
