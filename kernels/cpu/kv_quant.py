@@ -223,21 +223,27 @@ def _dq4_0_block(typingctx, src, off, d, dst, doff):
     return types.void(src, types.intp, types.float32, dst, types.intp), codegen
 
 
-# Halves widened by F16C's vcvtph2ps (an LLVM fpext) on the AVX2 path without AVX-512; the bit
-# arithmetic elsewhere (see _dhalf16). Never on the portable path: its target may lack F16C.
-_CVT_F16: bool = FEATURES.simd and not FEATURES.wide and not simd_disabled_by_env()
+# Halves widened by F16C's vcvtph2ps (an LLVM fpext) on the AVX2 path without AVX-512 and on
+# Intel's cores since Sapphire Rapids; the bit arithmetic elsewhere, AMD's AVX-512 (see
+# _dhalf16). Never on the portable path: its target may lack F16C.
+_CVT_F16: bool = (FEATURES.simd and (not FEATURES.wide or FEATURES.intel_since_spr)
+                  and not simd_disabled_by_env())
 
 
 @intrinsic
 def _dhalf16(typingctx, src, off, dst, doff):
     """dst[doff:doff+16] = the 16 IEEE halves at byte offset off of src, exactly.
 
-    With AVX-512: the same bit arithmetic as _h2f, on vectors. (vcvtph2ps gives the same
-    values; measured, a decode step at depth 16384 ran 7.5-8.3 ms against 4.9-5.6 with it.)
-    Without AVX-512 (_CVT_F16): F16C's vcvtph2ps, an exact widening: there the bit arithmetic
-    was two thirds of a decode call's time (Zen 3, one thread, the 1B layer's 32 / 8 heads at
-    depth 4000: 7.5 -> 3.5 ms a call). The same bits for every half but a NaN, which comes
-    back a NaN with the quiet bit set (the bit arithmetic keeps a signalling payload as is).
+    With AVX-512 on AMD: the same bit arithmetic as _h2f, on vectors. (vcvtph2ps gives the
+    same values; measured on Zen 5, a decode step at depth 16384 ran 7.5-8.3 ms against
+    4.9-5.6 with the bit arithmetic.)
+    Without AVX-512, and on Intel since Sapphire Rapids (_CVT_F16): F16C's vcvtph2ps, an exact
+    widening. There the bit arithmetic was two thirds of a decode call's time on Zen 3 (one
+    thread, the 1B layer's 32 / 8 heads at depth 4000: 7.5 -> 3.5 ms a call) and ~40% of it
+    on Emerald Rapids, where the conversion cut a call at depth 16384 from 9.2-10.8 ms to
+    7.3-7.6 (at 1024: 0.55-0.61 -> 0.47-0.50; `bench/bench_attention.py -n 1 -d D -t 1`,
+    the same checksums). The same bits for every half but a NaN, which comes back a NaN with
+    the quiet bit set (the bit arithmetic keeps a signalling payload as is).
     """
     if not (_is_array(src) and _is_array(dst, types.float32)):
         return None
@@ -1013,6 +1019,10 @@ def _attention_kernel(
     counter = new_counter()
     for _ in prange(min(MAX_WORKERS, n_items)):
         it = next_task(counter)
+        if it >= n_items:
+            # nothing left: no buffers (the loop runs up to MAX_WORKERS iterations, most of
+            # them on a thread that found none; at one thread and depth 4096, 256 of them)
+            continue
         # one set of buffers per worker, not per item: a decode item is ~1 us of work and
         # eleven allocations cost as much (_attention_item resets the running sums)
         bufs = _item_buffers(q, out, rows_per_tile, n_hkv)
@@ -1028,6 +1038,8 @@ def _attention_kernel(
     merged = new_counter()
     for _ in prange(min(MAX_WORKERS, n_pairs)):
         rh = next_task(merged)
+        if rh >= n_pairs:
+            continue
         mm = np.empty(1, dtype=np.float32)
         ll = np.empty(1, dtype=np.float32)
         aa = np.empty((1, out.shape[2]), dtype=np.float32)
