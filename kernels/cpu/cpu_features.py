@@ -53,7 +53,7 @@ class CpuFeatures:
     def intel_since_spr(self) -> bool:
         """An Intel core since Sapphire Rapids, told apart by AVX-512 FP16 (no AMD core has
         it): where the decode kernels' tuning measured on Emerald Rapids applies (mm_r16's
-        R16_ANY_HEAD, simd's _PREFETCH_LOCALITY)."""
+        R16_ANY_HEAD, simd's _PREFETCH_LOCALITY, kv_quant's _CVT_F16)."""
         return self.avx512_fp16
 
     @property
