@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as QT
 
 from localllm.formats import GGUFFile, dequantize
 from localllm.kernels.cpu import ops, poison
+from localllm.kernels.cpu.arena import Arena
 from localllm.kernels.cpu.dequant import get_rows
 from localllm.kernels.cpu.matmul import (
     MultiPlan,
@@ -211,6 +212,7 @@ class WeightLoader:
         # the r16 budget of this model (kernels/cpu/mm_r16.py): the memory free as it loads
         self.r16_limit = R16_MAX_TOTAL if R16_MAX_TOTAL is not None else r16_budget()
         self.expert_packed_bytes = 0  # bytes of repacked MoE experts (a budget of their own)
+        self.arena = Arena()  # the r16 copies' memory, on huge pages (kernels/cpu/arena.py)
 
     def has(self, name: str) -> bool:
         return name in self.gf.tensors
@@ -263,7 +265,8 @@ class WeightLoader:
             self.packed_bytes += q.raw.nbytes
             return q
         packed = repack_r16(q.raw, q.qtype,
-                            release=layout.rows_releaser(self.gf, q) if release else None)
+                            release=layout.rows_releaser(self.gf, q) if release else None,
+                            arena=self.arena)
         if expert_budget is None:
             self.packed_bytes += packed.nbytes
         else:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from localllm.kernels.cpu.arena import Arena
 from localllm.kernels.cpu.matmul import kernel, repack_r16
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class PendingLayouts:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.qtypes = sorted({int(q.qtype) for q in weights})  # of the weights listed
+        self._arena = Arena()  # the copies' memory, on huge pages (kernels/cpu/arena.py)
 
     def load_kernels(self) -> None:
         """Compile (or load from the disk cache) the row-major kernels the listed weights
@@ -130,7 +132,7 @@ class PendingLayouts:
                 # one thread beside the steps (the engine leaves a core for it); all of the
                 # r16 pool's once the engine waits (a prompt's step)
                 packed = repack_r16(q.raw, q.qtype, threads=None if self._hurry.is_set() else 1,
-                                    release=self._releaser(q))
+                                    release=self._releaser(q), arena=self._arena)
                 with self._lock:
                     self._made.append((q, packed))
         except _Stopped:

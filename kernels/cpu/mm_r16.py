@@ -11,6 +11,7 @@ import numpy as np
 from numba import carray, njit
 
 from localllm.kernels.cpu import dequant
+from localllm.kernels.cpu.arena import Arena, zeros_aligned
 from localllm.kernels.cpu.cpu_features import FEATURES, simd_disabled_by_env
 from localllm.kernels.cpu.mm_b32 import _b32_bytes, _b32_cmul, _b32_mode
 from localllm.kernels.cpu.mm_common import (
@@ -491,25 +492,18 @@ def r16_shape(rows: int, row_bytes: int) -> tuple[int, int]:
     return (rows + 15) // 16 * 16, row_bytes
 
 
-def _zeros64(shape: tuple[int, ...]) -> np.ndarray:
-    """np.zeros of uint8 whose first byte is 64-byte aligned. Large numpy arrays start 16
-    bytes into a page (glibc's chunk header), so every 64-byte record vector would straddle
-    two cache lines, and on CPUs without AVX-512 every other 32-byte half (mm_r16h) would."""
-    n = int(np.prod(shape))
-    buf = np.zeros(n + 64, np.uint8)
-    off = -buf.ctypes.data % 64
-    return buf[off:off + n].reshape(shape)
-
-
 def repack_r16(w_raw: np.ndarray, qtype: int, threads: int | None = None,
-               release: Callable[[int, int], None] | None = None) -> np.ndarray:
+               release: Callable[[int, int], None] | None = None,
+               arena: Arena | None = None) -> np.ndarray:
     """The row-interleaved copy of a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K weight
     [rows, row_bytes] u8: returns [ceil(rows/16) * 16, row_bytes] u8 (read-only) holding the
     r16 records (layout in the comment above _r16_dec, and mm_r16k's docstring for the
     K-quants; padding rows are zero). Any CPU can build it; the SIMD kernels read it.
     threads: how many threads copy (default: the kernels' count, r16_copy.repack_threads).
     release(row0, row1): told when source rows row0..row1-1 are copied (the loader gives
-    their file pages back as it goes, so a weight is never resident twice over)."""
+    their file pages back as it goes, so a weight is never resident twice over).
+    arena: where the copy's memory comes from (a model's loader passes its own, so that its
+    copies sit on huge pages, kernels/cpu/arena.py); default a NumPy allocation."""
     qt = int(qtype)
     if qt not in _R16_BYTES:
         raise ValueError(f"no r16 layout for GGML type {qt} ({dequant.qtype_name(qt)})")
@@ -522,7 +516,9 @@ def repack_r16(w_raw: np.ndarray, qtype: int, threads: int | None = None,
     if src.flags.writeable:  # one compiled signature (read-only mmap views)
         src = src.view()
         src.flags.writeable = False
-    dst = _zeros64((n_groups, rb // bb, 16 * bb))  # [groups, nb, record]
+    n = n_groups * rb * 16
+    dst = (arena.zeros(n) if arena is not None else zeros_aligned(n)).reshape(
+        n_groups, rb // bb, 16 * bb)  # [groups, nb, record]
     if rows:
         done = None if release is None else (
             lambda g0, g1: release(16 * g0, min(16 * g1, rows)))
