@@ -34,7 +34,8 @@ _HAS_MAPPINGS = hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS")
 
 def zeros_aligned(n: int) -> np.ndarray:
     """n zero bytes [n] u8 from NumPy, the first 64-byte aligned (large NumPy arrays start 16
-    bytes into a page: every 64-byte record vector would straddle two cache lines)."""
+    bytes into a page: every 64-byte record vector would straddle two cache lines, and on
+    CPUs without AVX-512 every other 32-byte half, mm_r16h)."""
     buf = np.zeros(n + ALIGN, np.uint8)
     off = -buf.ctypes.data % ALIGN
     return buf[off:off + n]
