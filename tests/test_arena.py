@@ -102,3 +102,27 @@ def test_repack_into_an_arena_gives_the_same_records(qt: T, monkeypatch) -> None
     if arena_mod._HAS_MAPPINGS:  # carved from the arena's chunk, right after the first
         start, end = _span(ar._chunk)
         assert start + 1024 == got.ctypes.data and got.ctypes.data + got.nbytes <= end
+
+
+@pytest.mark.skipif(not arena_mod._HAS_MAPPINGS, reason="no anonymous mappings here")
+def test_a_kernel_without_huge_pages_still_gets_buffers(monkeypatch) -> None:
+    """madvise(MADV_HUGEPAGE) fails with EINVAL where the kernel has no THP: the buffer comes
+    on small pages, as a NumPy allocation would."""
+    class NoHuge(arena_mod.mmap.mmap):
+        def madvise(self, *a) -> None:
+            raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(arena_mod.mmap, "mmap", NoHuge)
+    a = Arena().zeros(3 << 20)
+    a[:] = 1
+    assert a.all() and a.ctypes.data % arena_mod.HUGE_PAGE == 0
+
+
+def test_out_of_memory_is_a_memory_error(monkeypatch) -> None:
+    def no_memory(*a, **k):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(arena_mod.mmap, "mmap", no_memory)
+    monkeypatch.setattr(arena_mod, "_HAS_MAPPINGS", True)
+    with pytest.raises(MemoryError, match="weights' copies"):
+        Arena().zeros(3 << 20)

@@ -45,9 +45,15 @@ def _chunk(n: int) -> np.ndarray:
     """A fresh mapping of at least n bytes (whole huge pages), first byte 2 MiB-aligned."""
     size = max(CHUNK, -(-n // HUGE_PAGE) * HUGE_PAGE)
     # over-map by one huge page to align; the unused slack is never touched, so never resident
-    m = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        m = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as e:  # ENOMEM: what np.zeros raises when memory runs out
+        raise MemoryError(f"cannot map {size} bytes for the weights' copies: {e}") from e
     if hasattr(mmap, "MADV_HUGEPAGE"):
-        m.madvise(mmap.MADV_HUGEPAGE)  # a hint: without THP the pages are small, as before
+        try:  # a hint: without THP the pages are small, as before
+            m.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # EINVAL from a kernel built without transparent huge pages
+            pass
     whole = np.frombuffer(m, np.uint8)
     off = -whole.ctypes.data % HUGE_PAGE
     return whole[off:off + size]
