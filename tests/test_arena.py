@@ -4,7 +4,7 @@ overlap, that outlive the arena, and that hold the same records as a NumPy alloc
 from __future__ import annotations
 
 import gc
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -69,20 +69,12 @@ def test_buffers_outlive_their_arena() -> None:
 
 def test_threads_get_disjoint_buffers() -> None:
     ar = Arena()
-    got: list[np.ndarray] = []
-    lock = threading.Lock()
 
-    def take() -> None:
-        for _ in range(20):
-            b = ar.zeros(arena_mod.SMALL + 64)
-            with lock:
-                got.append(b)
+    def take(_: int) -> list[np.ndarray]:
+        return [ar.zeros(arena_mod.SMALL + 64) for _ in range(20)]
 
-    threads = [threading.Thread(target=take) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(4) as ex:
+        got = [b for bufs in ex.map(take, range(4)) for b in bufs]
     assert len(got) == 80 and _disjoint(got)
 
 
