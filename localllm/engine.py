@@ -197,6 +197,21 @@ class Engine:
                            contextlib.nullcontext([])) as pending:
                 model = load_model(self.gf)
             cache_class = KVCache
+        # made now: the output head's copy is already under way (models/layout.py), and a
+        # failure below stops it
+        layouts = PendingLayouts(self.gf, pending)
+        try:
+            kv, n_ctx = self._kv_cache(model, cache_class, n_ctx, kv_opts, say)
+        except BaseException:
+            layouts.close()
+            raise
+        self.model, self.cfg, self.n_ctx, self.kv, self.device = model, model.cfg, n_ctx, kv, device
+        self.layouts = layouts
+
+    @staticmethod
+    def _kv_cache(model, cache_class: type[KVCache], n_ctx: int | None, kv_opts: dict,
+                  say: Callable[[str, int, int], None]) -> tuple[KVCache, int]:
+        """The model's KV cache and its context size."""
         cfg = model.cfg
         n_ctx = context_size(n_ctx, cfg.n_ctx_train, getattr(model, "max_positions", None))
         if n_ctx <= 0:
@@ -206,13 +221,10 @@ class Engine:
             # an encoder keeps no K/V (embeddings run whole inputs through Engine.encode):
             # a token-sized placeholder, so the engine's shape stays the same for its callers
             kv_opts = {**kv_opts, "n_slots": 1, "kv_memory": None}
-            kv = cache_class(cfg.n_layer, 1, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v,
-                             layer_window=cfg.layer_window, **kv_opts)
-        else:
-            kv = cache_class(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim,
-                             cfg.head_dim_v, layer_window=cfg.layer_window, **kv_opts)
-        self.model, self.cfg, self.n_ctx, self.kv, self.device = model, cfg, n_ctx, kv, device
-        self.layouts = PendingLayouts(self.gf, pending)
+            return cache_class(cfg.n_layer, 1, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v,
+                               layer_window=cfg.layer_window, **kv_opts), n_ctx
+        return cache_class(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim,
+                           cfg.head_dim_v, layer_window=cfg.layer_window, **kv_opts), n_ctx
 
     @property
     def is_encoder(self) -> bool:

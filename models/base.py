@@ -35,6 +35,7 @@ from localllm.kernels.cpu.matmul import (
     run_multi,
     supported_types,
 )
+from localllm.kernels.cpu.r16_copy import repack_threads
 from localllm.kv.batch import Batch
 from localllm.kv.cache import KVCache
 from localllm.models import layout
@@ -253,15 +254,19 @@ class WeightLoader:
                 and used + q.raw.nbytes <= limit):
             return q
         pending = layout.pending_list()
-        if pending is not None and release and expert_budget is None and not head \
+        if pending is not None and release and expert_budget is None \
                 and r16_same_bits(q.qtype):
             # made after the load (models/layout.py); a weight of its own, so that a tied
-            # embedding's QWeight never changes. Not an output head: every step reads it
-            # whole, so row-major it would keep its file pages resident beside the copy
-            # being made (the default model's peak RSS +115 MiB) and its row-major kernel at
-            # N > 1 costs 3-4x r16's, for no earlier first token (measured: load_ab.py)
+            # embedding's QWeight never changes
             q = replace(q, r16_bits=True)
-            pending.append(q)
+            if head:
+                # started now, made while the load goes on; the first step waits for it:
+                # every step reads a head whole, so row-major it would keep its file pages
+                # resident beside the copy being made (the default model's peak RSS +115
+                # MiB) and its row-major kernel at N > 1 costs 3-4x r16's
+                layout.start_early(self.gf, q, self.arena, repack_threads())
+            else:
+                pending.append(q)
             self.packed_bytes += q.raw.nbytes
             return q
         packed = repack_r16(q.raw, q.qtype,

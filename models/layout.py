@@ -13,15 +13,20 @@ so a token never depends on when the copy arrived.
 
 Who does what:
 - WeightLoader.laid_out (models/base.py), inside `deferred_layouts()`, lists the layer
-  weights here instead of repacking them (the model's r16 budget is counted as before); an
-  output head is still repacked during the load (see there why);
-- PendingLayouts.start() repacks them in load order on one background thread, copying on
+  weights here instead of repacking them (the model's r16 budget is counted as before);
+- an output head's copy starts at once instead (start_early), on a thread of its own with
+  all of the r16 pool's threads, while the load goes on (the layers listed, the KV cache
+  allocated, the tokenizer read, the kernels loaded): every step reads the head whole, so
+  the first step waits for it (apply) rather than run it row-major;
+- PendingLayouts.start() repacks the layers in load order on one background thread (after
+  the head's copy is made, so the two never share the cores), copying on
   that thread alone while steps run (Engine.step leaves it a core: a step's threads one
   fewer until the copies are in) and on all of the r16 pool's (kernels/cpu/r16_copy.py)
   once the engine waits for them; each copy's file pages are given back as it is made;
-- the engine thread calls apply() before each step: the copies made so far are set on their
-  weights, the weight groups re-plan (`generation`), the file pages are given back. Only the
-  engine thread ever changes a weight, and only between steps;
+- the engine thread calls apply() before each step: the head's copy is waited for, the
+  copies made so far are set on their weights, the weight groups re-plan (`generation`),
+  the file pages are given back. Only the engine thread ever changes a weight, and only
+  between steps;
 - a step of many rows (a prompt) first waits for all copies (wait()): row-major prefill
   runs at a fraction of r16's speed, so waiting costs less than it saves.
 """
@@ -56,14 +61,29 @@ _PENDING: contextvars.ContextVar[list | None] = contextvars.ContextVar("pending_
                                                                       default=None)
 
 
+class Deferred(list):
+    """The weights a load listed for copies after it (a list of QWeight), and `early`: the
+    copies it started at once (start_early), which PendingLayouts takes over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.early: list[EarlyCopy] = []
+
+
 @contextlib.contextmanager
-def deferred_layouts() -> Iterator[list[QWeight]]:
+def deferred_layouts() -> Iterator[Deferred]:
     """Within: weights whose r16 copy gives their row-major bits are listed in the yielded
-    list instead of being repacked (WeightLoader.laid_out)."""
-    pending: list[QWeight] = []
+    list instead of being repacked, and output heads start theirs at once
+    (WeightLoader.laid_out)."""
+    pending = Deferred()
     token = _PENDING.set(pending)
     try:
         yield pending
+    except BaseException:
+        for c in pending.early:  # a load that failed: its copies end with it
+            c.stop.set()
+            c.join()
+        raise
     finally:
         _PENDING.reset(token)
 
@@ -74,9 +94,51 @@ def layout_deferral() -> bool:
     return os.environ.get("LOCALLLM_SYNC_LAYOUT", "").strip().lower() in ("", "0", "false", "no")
 
 
-def pending_list() -> list[QWeight] | None:
+def pending_list() -> Deferred | None:
     """The list of the enclosing deferred_layouts(), or None outside one."""
     return _PENDING.get()
+
+
+class EarlyCopy:
+    """One weight's r16 copy made on a thread of its own from the moment the load asks for it
+    (an output head: read whole by every step, so the first step waits for it, while the
+    rest of the load, the tokenizer and the kernels' loading go on beside it). The copy
+    itself is repack_r16's, with every thread the engine's steps use."""
+
+    def __init__(self, gf: GGUFFile, q: QWeight, arena: Arena, threads: int) -> None:
+        self.q = q
+        self.packed: np.ndarray | None = None
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+        release = rows_releaser(gf, q)
+
+        def done(r0: int, r1: int) -> None:  # as PendingLayouts._releaser
+            release(r0, r1)
+            if self.stop.is_set() and r1 < q.rows:
+                raise _Stopped
+
+        def run() -> None:
+            try:
+                self.packed = repack_r16(q.raw, q.qtype, threads=threads, release=done,
+                                         arena=arena)
+            except _Stopped:
+                pass  # stays row-major (the same bits)
+            except BaseException as e:  # noqa: BLE001 - kept: the weight stays row-major
+                self.error = e
+
+        self._thread = threading.Thread(target=run, name="r16-head", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+def start_early(gf: GGUFFile, q: QWeight, arena: Arena, threads: int) -> None:
+    """Start q's copy now (EarlyCopy), in the enclosing deferred_layouts()'s `early` list."""
+    pending = _PENDING.get()
+    if pending is None:
+        raise RuntimeError("start_early outside deferred_layouts()")
+    pending.early.append(EarlyCopy(gf, q, arena, threads))
 
 
 def rows_releaser(gf: GGUFFile, q: QWeight) -> Callable[[int, int], None]:
@@ -94,15 +156,20 @@ class PendingLayouts:
 
     def __init__(self, gf: GGUFFile, weights: list[QWeight]) -> None:
         self._gf = gf
+        self._early: list[EarlyCopy] = list(getattr(weights, "early", ()))  # under way
         self._todo = list(weights)
         self._made: list[tuple[QWeight, np.ndarray]] = []  # made, not yet applied
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._hurry = threading.Event()  # the engine waits: repack on every core
         self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
-        self.qtypes = sorted({int(q.qtype) for q in weights})  # of the weights listed
+        self.error: BaseException | None = None  # the layers' thread's
+        self.early_error: BaseException | None = None  # an early copy's
+        # of the weights listed (not the early copies': a step waits for those)
+        self.qtypes = sorted({int(q.qtype) for q in weights})
         self._arena = Arena()  # the copies' memory, on huge pages (kernels/cpu/arena.py)
+        if self._early:
+            _LIVE.add(self)  # stopped at exit (_close_all)
 
     def load_kernels(self) -> None:
         """Compile (or load from the disk cache) the row-major kernels the listed weights
@@ -115,7 +182,7 @@ class PendingLayouts:
     @property
     def done(self) -> bool:
         """Every copy made and applied (or none to make)."""
-        return not self._todo
+        return not self._todo and not self._early
 
     def start(self) -> None:
         if not self._todo or self._thread is not None:
@@ -125,6 +192,8 @@ class PendingLayouts:
         self._thread.start()
 
     def _run(self) -> None:
+        for c in self._early:  # the head's copy first, on every core
+            c.join()
         try:
             for q in list(self._todo):
                 if self._stop.is_set():
@@ -158,6 +227,8 @@ class PendingLayouts:
         """On the engine thread, between steps: give the copies made so far to their
         weights. Returns how many."""
         global generation
+        if self._early:
+            self._apply_early()
         made: list[tuple[QWeight, np.ndarray]] = []
         if self._made:
             with self._lock:
@@ -178,6 +249,20 @@ class PendingLayouts:
             #                  to stay row-major (the same bits, slower)
         return len(made)
 
+    def _apply_early(self) -> None:
+        """Wait for the early copies and give them to their weights (a failed or stopped
+        one leaves its weight row-major: the same bits, slower)."""
+        global generation
+        for c in self._early:
+            c.join()
+            if c.packed is not None:
+                c.q.packed = c.packed
+                self._gf.release_pages(self._gf.tensors[c.q.name])
+            elif c.error is not None:
+                self.early_error = c.error
+        self._early = []
+        generation += 1
+
     def wait(self) -> None:
         """Block until every copy is made, then apply them (engine thread)."""
         self._hurry.set()
@@ -190,6 +275,9 @@ class PendingLayouts:
         """Stop the copies (process exit, model unload): the one being made ends after its
         current task, unless the engine waits for them all (its tasks then run in a pool)."""
         self._stop.set()
+        for c in self._early:
+            c.stop.set()
+            c.join()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 

@@ -77,8 +77,16 @@ def test_load_lists_the_weights_instead_of_repacking(r16_model) -> None:
     assert {id(w) for w in ws} <= {id(q) for q in pending}
     assert all(w.packed is None and w.r16_bits for w in ws)
     assert m.token_embd.packed is None  # a tied head is a weight of its own
-    # the output head is repacked in the load (read whole every step: see laid_out)
-    assert m.output.packed is not None and not m.output.r16_bits
+    # the output head's copy started in the load, on its own thread (read whole every
+    # step: the first step waits for it, see laid_out); it is not among the listed weights
+    assert id(m.output) not in {id(q) for q in pending}
+    assert [c.q for c in pending.early] == [m.output] and m.output.r16_bits
+    p = layout.PendingLayouts(gf, pending)
+    assert not p.done
+    p.apply()  # (what the engine does before a step: waits for the head's copy)
+    assert m.output.packed is not None and p.early_error is None
+    assert id(m.output.packed) != id(m.token_embd.raw)
+    p.close()
     # outside deferred_layouts() (LOCALLLM_SYNC_LAYOUT=1) the copies are made in the load
     m2 = load_model(gf)
     assert all(w.packed is not None and not w.r16_bits for w in _matrices(m2))
@@ -146,6 +154,9 @@ def test_a_failed_copy_leaves_the_weights_row_major(r16_model, monkeypatch) -> N
     if r16_types():
         assert isinstance(e.layouts.error, MemoryError)
         assert all(w.packed is None for w in _matrices(e.model))
+        # the head's copy (started in the load) failed alike: it stays row-major too
+        assert isinstance(e.layouts.early_error, MemoryError)
+        assert e.model.output.packed is None and e.model.output.r16_bits
 
 
 def test_close_stops_the_copies_and_the_engine_still_answers(r16_model, monkeypatch) -> None:
@@ -163,8 +174,10 @@ def test_close_stops_the_copies_and_the_engine_still_answers(r16_model, monkeypa
     e.close()
     assert e.layouts.done
     if r16_types():
-        ws = _matrices(e.model)
-        assert ws[0].packed is not None and ws[-1].packed is None
+        # the head's copy, started in the load, was under way: it is kept; the layers'
+        # thread, which starts after it, made none
+        assert e.model.output.packed is not None
+        assert all(w.packed is None for w in _matrices(e.model))
     e.kv.clear(0)
     assert np.array_equal(e.step(Batch.for_sequence([1, 2, 3], 0, 0, "last")), ref)
 
@@ -204,3 +217,24 @@ def test_close_ends_a_big_copy_between_its_tasks(r16_model, monkeypatch) -> None
         assert all(w.packed is None for w in _matrices(e.model))
     e.kv.clear(0)
     assert np.array_equal(e.step(Batch.for_sequence([1, 2, 3], 0, 0, "last")), ref)
+
+
+def test_a_load_that_fails_after_the_head_started_stops_its_copy(r16_model, monkeypatch) -> None:
+    """The output head's copy starts inside the load (on a thread of its own); an engine
+    whose construction fails after that leaves no copy running behind the error."""
+    from localllm.errors import LocalLLMError
+
+    monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "0")
+    started = []
+    real = layout.EarlyCopy.__init__
+
+    def spy(self, *a, **k):
+        real(self, *a, **k)
+        started.append(self)
+
+    monkeypatch.setattr(layout.EarlyCopy, "__init__", spy)
+    with pytest.raises(LocalLLMError):
+        Engine(r16_model, n_ctx=-5, n_threads=1)  # the context size fails after the load
+    if r16_types():
+        assert len(started) == 1
+    assert not any(c._thread.is_alive() for c in started)
