@@ -417,20 +417,20 @@ def test_one_thread_skips_the_region_with_the_same_bits() -> None:
     before = numba.get_num_threads()
     try:
         mm.set_threads(before)  # (an engine test may have left this thread on one)
-        assert mm._parallel(True) == (before > 1)
+        assert mm._workers(True) == before and mm._workers(False) == 0
         regions = products()
         mm.set_threads(1)
-        assert not mm._parallel(True) and numba.get_num_threads() == 1
-        seen: list[bool] = []
-        other = threading.Thread(target=lambda: seen.append(mm._parallel(True)))
+        assert mm._workers(True) == 1 and numba.get_num_threads() == 1  # (1: no region)
+        seen: list[int] = []
+        other = threading.Thread(target=lambda: seen.append(mm._workers(True)))
         other.start()
         other.join()
-        assert seen == [True]  # per Python thread, as Numba's count is
+        assert seen == [numba.config.NUMBA_NUM_THREADS]  # per Python thread, as Numba's
         for a, b in zip(regions, products(), strict=True):
             np.testing.assert_array_equal(a, b)
     finally:
         mm.set_threads(before)
-    assert mm._parallel(True) == (before > 1)
+    assert mm._workers(True) == before
 
 
 def test_concurrent_python_threads() -> None:

@@ -114,24 +114,28 @@ __all__ = [
 
 _KADDR: dict[int, int] = {}  # qtype (-qtype: r16) -> address of its compiled row kernel
 
-# Per Python thread, as Numba's thread count is: whether that thread set one thread through
-# set_threads. Its products then run on the calling thread with no parallel region: SmolLM2's
-# decode step starts ~120 of them, and a region of one thread costs ~2-3 us to start and
-# more in a step (whose weight stream has pushed the threading layer's state out of cache);
-# measured +4-5% decode tok/s on one thread. A count set another way only keeps the regions:
-# which thread computes a row never changes its bits.
+# Per Python thread, as Numba's thread count is: the count that thread set through
+# set_threads. At one thread its products run on the calling thread with no parallel
+# region: SmolLM2's decode step starts ~120 of them, and a region of one thread costs ~2-3 us
+# to start and more in a step (whose weight stream has pushed the threading layer's state
+# out of cache); measured +4-5% decode tok/s on one thread. A count set another way is
+# asked of Numba. Which thread computes a row never changes its bits.
 _thread = threading.local()
 
 
 def set_threads(n: int) -> None:
-    """numba.set_num_threads(n) for the calling thread, noting whether n is 1."""
+    """numba.set_num_threads(n) for the calling thread, noting n for the products."""
     numba.set_num_threads(n)
-    _thread.serial = n == 1
+    _thread.workers = n
 
 
-def _parallel(par: bool) -> bool:
-    """Whether a product the plan would parallelise gets a region on this thread."""
-    return par and not getattr(_thread, "serial", False)
+def _workers(par: bool) -> int:
+    """The threads a product the plan would parallelise runs on from this thread (the
+    drivers' `workers`: under 2, no parallel region)."""
+    if not par:
+        return 0
+    n = getattr(_thread, "workers", None)
+    return numba.get_num_threads() if n is None else n
 
 
 def kernel_path() -> str:
@@ -268,7 +272,7 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
             fn = _KADDR[qt] = kernel(qt).address
     else:  # tests: a given kernel variant
         fn = kernel(qt, _wide).address
-    par = _parallel(rows * rb * n >= _SERIAL_BYTES)
+    workers = _workers(rows * rb * n >= _SERIAL_BYTES)
     group = _group(n, rows, rb, packed is not None or _k_tiled(qt, n))
     if packed is not None:
         w_raw = packed
@@ -280,7 +284,7 @@ def matmul(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
         else:
             quantize_q8_k(x, s.xq, s.xd, s.xbs, s.xb2)
         quantized = True
-    _mm_simd(fn, kind, w_raw, x, out, *s.addrs, nb, group, par, quantized, rows)
+    _mm_simd(fn, kind, w_raw, x, out, *s.addrs, nb, group, workers, quantized, rows)
 
 
 def _check_weight(w_raw: np.ndarray, qtype: int, x: np.ndarray, out: np.ndarray,
@@ -402,7 +406,7 @@ def run_multi(plan: MultiPlan, x: np.ndarray) -> None:
         else:
             quantize_q8_k(x, s.xq, s.xd, s.xbs, s.xb2)
         quantized = True
-    _mm_multi(plan.tab, kind, x, *s.addrs, _parallel(plan.par), quantized)
+    _mm_multi(plan.tab, kind, x, *s.addrs, _workers(plan.par), quantized)
 
 
 def matmul_multi(parts: list[tuple[np.ndarray, int, np.ndarray | None]], x: np.ndarray,

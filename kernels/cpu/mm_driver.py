@@ -8,7 +8,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from localllm.kernels.cpu import dequant
-from localllm.kernels.cpu.claim import MAX_WORKERS, new_counter, next_task
+from localllm.kernels.cpu.claim import new_regions, take_task
 from localllm.kernels.cpu.cpu_features import FEATURES
 from localllm.kernels.cpu.mm_amx import rows_r16_amx
 from localllm.kernels.cpu.mm_b32 import (
@@ -519,7 +519,7 @@ def _prepare_act(kind, x, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, quantized) -
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _mm_simd(fn, kind, w, x, out, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, group, par,
+def _mm_simd(fn, kind, w, x, out, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, group, workers,
              quantized, rows):  # a_*: Scratch.addrs, in order
     """The parallel driver shared by all types.
 
@@ -528,8 +528,8 @@ def _mm_simd(fn, kind, w, x, out, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, grou
     out [N, >= rows] f32 (rows contiguous); a_*: addresses of the scratch arrays
     (see Scratch; passed as integers because typing 6 more arrays costs microseconds per call).
     Quantizes x unless `quantized`, then splits the rows into groups of `group`: parallel tasks
-    if `par`, else a single call on this thread (a parallel region costs more than a small
-    product).
+    on `workers` threads (the region's thread count) when that is 2 or more, else a single
+    call on this thread (a parallel region costs more than a small product).
     """
     n_act, k = x.shape
     _prepare_act(kind, x, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, quantized)
@@ -537,23 +537,25 @@ def _mm_simd(fn, kind, w, x, out, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, grou
     wp = _addr(w)
     op = _addr(out)
     ldo = out.strides[0] // 4
-    if not par:
+    if workers < 2:
         _call_kernel(fn, (wp, rows, rb, 0, rows, nb, k, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf,
                           op, ldo, n_act))
         return
     n_groups = (rows + group - 1) // group
-    # each thread takes the next group as it comes free (not a fixed share), so a thread
-    # that starts late or is descheduled holds back only the group it has: any group gets
-    # the same bits whichever thread computes it
-    counter = new_counter()
-    for _ in prange(min(MAX_WORKERS, n_groups)):  # a worker that finds none left ends
-        g = next_task(counter)
-        while g < n_groups:
+    # each worker takes its own contiguous share of the groups in order, then the others'
+    # from their ends (claim.py: one stream per thread, and a thread that starts late or is
+    # descheduled holds back only the group it has): any group gets the same bits whichever
+    # thread computes it
+    n_w = min(workers, n_groups)
+    regions = new_regions(n_groups, n_w)
+    for wk in prange(n_w):
+        g = take_task(regions, wk)
+        while g >= 0:
             r0 = g * group
             r1 = min(rows, r0 + group)
             _call_kernel(fn, (wp, rows, rb, r0, r1, nb, k, a_xq, a_xd, a_xs, a_xbs, a_xb2,
                               a_xf, op, ldo, n_act))
-            g = next_task(counter)
+            g = take_task(regions, wk)
 
 
 
@@ -563,7 +565,7 @@ T_COLS = 9
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _mm_multi(tab, kind, x, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, par, quantized):
+def _mm_multi(tab, kind, x, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, workers, quantized):
     """_mm_simd for several weights that read the same activations x [N, K] (the q/k/v or
     gate/up products of a layer): x is quantized once and one parallel region runs every
     weight's row groups, so a layer pays one quantization and one region start per group of
@@ -581,16 +583,17 @@ def _mm_multi(tab, kind, x, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, par, quantized
     _prepare_act(kind, x, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, tab[0, T_NB], quantized)
     last = tab[m_w - 1]
     n_tasks = last[T_TASK0] + (last[T_ROWS] + last[T_GROUP] - 1) // last[T_GROUP]
-    if not par:
+    if workers < 2:
         for m in range(m_w):
             t = tab[m]
             _call_kernel(t[T_FN], (t[T_W], t[T_ROWS], t[T_RB], 0, t[T_ROWS], t[T_NB], k, a_xq,
                                    a_xd, a_xs, a_xbs, a_xb2, a_xf, t[T_OUT], t[T_LDO], n_act))
         return
-    counter = new_counter()  # tasks taken as threads come free, as in _mm_simd
-    for _ in prange(min(MAX_WORKERS, n_tasks)):
-        task = next_task(counter)
-        while task < n_tasks:
+    n_w = min(workers, n_tasks)  # tasks taken by regions, as in _mm_simd
+    regions = new_regions(n_tasks, n_w)
+    for wk in prange(n_w):
+        task = take_task(regions, wk)
+        while task >= 0:
             m = 0
             while m + 1 < m_w and tab[m + 1, T_TASK0] <= task:
                 m += 1
@@ -599,4 +602,4 @@ def _mm_multi(tab, kind, x, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, par, quantized
             r1 = min(t[T_ROWS], r0 + t[T_GROUP])
             _call_kernel(t[T_FN], (t[T_W], t[T_ROWS], t[T_RB], r0, r1, t[T_NB], k, a_xq,
                                    a_xd, a_xs, a_xbs, a_xb2, a_xf, t[T_OUT], t[T_LDO], n_act))
-            task = next_task(counter)
+            task = take_task(regions, wk)
