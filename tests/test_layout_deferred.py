@@ -196,25 +196,30 @@ def test_close_ends_a_big_copy_between_its_tasks(r16_model, monkeypatch) -> None
     monkeypatch.setenv("LOCALLLM_SYNC_LAYOUT", "0")
     monkeypatch.setattr(r16_copy, "_TASK_BYTES", 1)  # a task per group of 16 rows
     tasks: list[tuple[str, int]] = []
-    real = layout.PendingLayouts._releaser
+    real = layout.stopping_releaser
 
-    def stopping(self, q):
-        done = real(self, q)
+    def stopping(gf, q, stop):
+        done = real(gf, q, stop)
 
         def first_task_done(r0: int, r1: int) -> None:
             tasks.append((q.name, q.rows))
-            self._stop.set()  # as close() does, while the first weight is being copied
+            stop.set()  # as close() does, while the copy is being made
             done(r0, r1)
 
         return first_task_done
 
-    monkeypatch.setattr(layout.PendingLayouts, "_releaser", stopping)
+    # every copy's callback (the head's, started in the load, and the layers' after it)
+    monkeypatch.setattr(layout, "stopping_releaser", stopping)
     e = Engine(r16_model, n_ctx=64, n_threads=1)
     e.close()
-    assert e.layouts.done and e.layouts.error is None
+    assert e.layouts.done and e.layouts.error is None and e.layouts.early_error is None
     if r16_types():
-        assert len(tasks) == 1 and tasks[0][1] > 16  # one task of a weight that had more
-        assert all(w.packed is None for w in _matrices(e.model))
+        head = e.model.output
+        # the head's copy begins in the load, and the layers' thread may begin one more
+        # before close(): each one begun ended after its first task, of a weight that had more
+        assert tasks and tasks[0] == (head.name, head.rows)
+        assert len(tasks) == len({name for name, _ in tasks}) and all(r > 16 for _, r in tasks)
+        assert head.packed is None and all(w.packed is None for w in _matrices(e.model))
     e.kv.clear(0)
     assert np.array_equal(e.step(Batch.for_sequence([1, 2, 3], 0, 0, "last")), ref)
 
