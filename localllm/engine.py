@@ -217,14 +217,14 @@ class Engine:
         if n_ctx <= 0:
             raise InvalidValueError(f"context size must be positive, got {n_ctx}")
         say("allocating the KV cache", 0, 0)
+        positions = n_ctx
         if getattr(model, "is_encoder", False):
             # an encoder keeps no K/V (embeddings run whole inputs through Engine.encode):
             # a token-sized placeholder, so the engine's shape stays the same for its callers
             kv_opts = {**kv_opts, "n_slots": 1, "kv_memory": None}
-            return cache_class(cfg.n_layer, 1, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v,
-                               layer_window=cfg.layer_window, **kv_opts), n_ctx
-        return cache_class(cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim,
-                           cfg.head_dim_v, layer_window=cfg.layer_window, **kv_opts), n_ctx
+            positions = 1
+        return cache_class(cfg.n_layer, positions, cfg.n_head_kv, cfg.head_dim, cfg.head_dim_v,
+                           layer_window=cfg.layer_window, **kv_opts), n_ctx
 
     @property
     def is_encoder(self) -> bool:
