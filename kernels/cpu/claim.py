@@ -61,9 +61,20 @@ def next_task(typingctx, counter):
 
 
 @njit(inline="always")
+def _zeros(n: int) -> np.ndarray:
+    """n zeroed int64, written by a plain loop: in a parallel=True function np.zeros becomes
+    a parfor, a parallel region of its own started before the caller's (measured: one
+    more region start per product)."""
+    a = np.empty(n, np.int64)
+    for i in range(n):
+        a[i] = 0
+    return a
+
+
+@njit(inline="always")
 def new_counter() -> np.ndarray:
     """A zeroed counter alone on its 64-byte cache line (threads hammer it)."""
-    return np.zeros(8, np.int64)
+    return _zeros(8)
 
 
 @intrinsic
@@ -90,7 +101,7 @@ _HI_MASK = (1 << 32) - 1
 def new_regions(n_tasks: int, n_regions: int) -> np.ndarray:
     """Tasks 0 .. n_tasks - 1 in n_regions contiguous shares, each share's state [lo, hi)
     (tasks not yet taken) packed in one int64 alone on its 64-byte cache line (index 8r)."""
-    regions = np.zeros(8 * n_regions, np.int64)
+    regions = _zeros(8 * n_regions)
     for r in range(n_regions):
         lo = n_tasks * r // n_regions
         hi = n_tasks * (r + 1) // n_regions
@@ -128,3 +139,4 @@ def take_task(regions: np.ndarray, w: int) -> int:
         if t >= 0:
             return t
     return -1
+

@@ -487,11 +487,12 @@ def _quant_rows(kind, x, xq, xd, xs, xc, xbs, xb2, xf) -> None:
             round_row_f16(x[n], xf[n])
         elif kind == ACT_BF16:
             round_row_bf16(x[n], xf[n])
-        else:
-            xf[n, :] = x[n, :]
+        else:  # a loop: the slice assignment's generic code took ~2 s to compile
+            for j in range(x.shape[1]):
+                xf[n, j] = x[n, j]
 
 
-@njit
+@njit(cache=True)
 def _prepare_act(kind, x, a_xq, a_xd, a_xs, a_xbs, a_xb2, a_xf, nb, quantized) -> None:
     """The scratch as the row kernels read it: x [N, K] quantized (unless `quantized`: the
     caller did it in parallel) and, for Q8_0 with N > 1, the transposed scale copies."""
