@@ -23,6 +23,7 @@ from localllm.formats import GGUFFile, dequantize
 from localllm.kernels.cpu import ops, poison
 from localllm.kernels.cpu.arena import Arena
 from localllm.kernels.cpu.dequant import get_rows
+from localllm.kernels.cpu.fused_ffn import GATES, FfnPlan, plan_ffn, run_ffn
 from localllm.kernels.cpu.matmul import (
     MultiPlan,
     can_share_activations,
@@ -151,20 +152,26 @@ class WeightGroup:
 
     def __call__(self, x: np.ndarray, outs: list[np.ndarray]) -> None:
         """x [N, cols] float32 (C-contiguous) -> outs[m] [N, rows_m] float32 (overwritten)."""
-        if self._generation != layout.generation:  # a weight took its r16 copy since
-            self._take_parts()
         if not self.shared or not x.flags.c_contiguous:
+            if self._generation != layout.generation:  # a weight took its r16 copy since
+                self._take_parts()
             for w, out in zip(self.weights, outs, strict=True):
                 w(x, out)
             return
-        key = (x.shape[0], *map(id, outs))
+        run_multi(self.plan(x.shape[0], outs), x)
+
+    def plan(self, n: int, outs: list[np.ndarray]) -> MultiPlan:
+        """The checked call for n input rows into outs (a shared group only), kept."""
+        if self._generation != layout.generation:  # a weight took its r16 copy since
+            self._take_parts()
+        key = (n, *map(id, outs))
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= 8:  # a few batch sizes at a time (as _buffers keeps)
                 self._plans.clear()
-            plan = self._plans[key] = plan_multi(self._parts, x.shape[0], x.shape[1], outs,
+            plan = self._plans[key] = plan_multi(self._parts, n, self.weights[0].cols, outs,
                                                  self._r16_bits)
-        run_multi(plan, x)
+        return plan
 
 
 @dataclass
@@ -196,6 +203,9 @@ class LayerWeights:
             self.gate_up = WeightGroup(self.w_gate, self.w_up)  # input: ffn-normed x
             self.down = WeightGroup(self.w_down)
 
+
+# whether decode steps run a layer's second half fused (fused_ffn.py); tests compare both
+FUSED_FFN = True
 
 # the r16 budget of a model in bytes; None: r16_budget(), the memory free at load (tests set it)
 R16_MAX_TOTAL: int | None = None
@@ -408,6 +418,8 @@ class DecoderModel:
         self.rope_freq_factors = rope_freq_factors  # LongRoPE: its short factors
         self.rope_factors_long = rope_factors_long
         self._scratch: dict[int, tuple[np.ndarray, ...]] = {}  # row count -> buffers
+        self._ffn_plans: dict[int, tuple[tuple, FfnPlan]] = {}  # layer -> (its key, plan)
+        self._ffn_scratch: dict = {}  # the fused plans' activation buffers (plan_ffn)
 
     def rope_factors(self, n_ctx: int) -> np.ndarray | None:
         """Rope frequency factors [n_rot/2] for a cache of n_ctx positions per sequence:
@@ -471,16 +483,47 @@ class DecoderModel:
                     q_slot, q_pos, n = row_slot[keep], pos[keep], keep.size
             kv.attend_rows(il, q_slot, q3, q_pos, cfg.layer_window[il], cfg.attn_scale,
                            cfg.attn_softcap, attn, L.sinks)
-            L.o_proj(attn.reshape(n, H * Dv), [o])
+            nxt = self.layers[il + 1].attn_norm if il < last else None
+            a2 = attn.reshape(n, H * Dv)
+            fused = self._ffn_plan(il, L, nxt, n, o, gate, up) if n == len(batch) else None
+            if fused is not None:  # the rest of the layer in one call (fused_ffn.py)
+                run_ffn(fused, cfg.rms_eps, x, a2, o, h, gate, up)
+                normed = nxt is not None
+                continue
+            L.o_proj(a2, [o])
             if L.bo is not None:
                 o += L.bo
             self._ffn(L, self._add_block(x, o, L.post_attn_norm, L.ffn_norm, h), gate, up, o)
-            nxt = self.layers[il + 1].attn_norm if il < last else None
             normed = self._add_block(x, o, L.post_ffn_norm, nxt, h) is h
 
         if not batch.want_logits.any():
             return np.empty((0, cfg.n_embd if hidden else cfg.n_vocab), dtype=np.float32)
         return self.final_norm(x) if hidden else self.logits(x)
+
+    def _ffn_plan(self, il: int, L: LayerWeights, nxt: np.ndarray | None, n: int,
+                  o: np.ndarray, gate: np.ndarray, up: np.ndarray) -> FfnPlan | None:
+        """Layer il's fused second half (fused_ffn.py) for n rows into the step's buffers o,
+        gate, up; None where the layer or the call does not fit it: more than 7 rows, an
+        MoE or biased layer, no FFN pre-norm, a residual scale, a gate without a fused
+        form, weights without one shared activation format, a post-norm with no next norm
+        after it. Kept per layer, row count, buffers and layout state."""
+        cfg = self.cfg
+        if n >= 8 or not FUSED_FFN:
+            return None
+        if (L.moe is not None or L.bo is not None or L.ffn_norm is None
+                or cfg.residual_scale != 1.0 or cfg.activation not in GATES
+                or (nxt is None and L.post_ffn_norm is not None)
+                or not (L.o_proj.shared and L.gate_up.shared and L.down.shared)):
+            return None
+        key = (n, layout.generation, id(o), id(gate), id(up))
+        got = self._ffn_plans.get(il)
+        if got is not None and got[0] == key:
+            return got[1]
+        plan = plan_ffn(L.o_proj.plan(n, [o]), L.gate_up.plan(n, [gate, up]),
+                        L.down.plan(n, [o]), cfg.activation, L.ffn_norm, L.post_attn_norm,
+                        nxt, L.post_ffn_norm, self._ffn_scratch)
+        self._ffn_plans[il] = (key, plan)
+        return plan
 
     def _qkv(self, il: int, L: LayerWeights, x: np.ndarray, bufs: tuple[np.ndarray, ...],
              rope: RopeTables, normed: bool = False

@@ -140,3 +140,66 @@ def take_task(regions: np.ndarray, w: int) -> int:
             return t
     return -1
 
+
+# ---------------------------------------------------------------- phases in one region
+# A fused step (fused_ffn.py) runs several dependent products in one parallel region: each
+# phase's tasks are taken as above, and a worker whose phase has no task left to take waits
+# until every task of it is *done* (a count per phase). A worker never waits for a task
+# nobody has taken, so the region finishes even when Numba runs two worker iterations one
+# after the other on one thread (fewer threads than workers): the first does every task.
+# The count's increment publishes the task's writes (seq_cst) and the waiting reads see them
+# (acquire), so no load or store of the tasks moves across either.
+
+
+@intrinsic
+def _add_seq(typingctx, arr, i, v):
+    """Atomically arr[i] += v (int64 array), sequentially consistent; returns the old value."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = builder.gep(ary.data, [args[1]])
+        return builder.atomic_rmw("add", ptr, args[2], "seq_cst")
+
+    return types.int64(arr, types.int64, types.int64), codegen
+
+
+@intrinsic
+def _load_acquire(typingctx, arr, i):
+    """arr[i] (int64 array) as an atomic load with acquire ordering."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = builder.gep(ary.data, [args[1]])
+        return builder.load_atomic(ptr, "acquire", 8)
+
+    return types.int64(arr, types.int64), codegen
+
+
+@njit(inline="always")
+def new_phases(n_phases: int) -> np.ndarray:
+    """Done counts and one-task claims of n_phases phases, each alone on its cache line
+    (phase p: done count at 16p, claim word at 16p + 8)."""
+    return _zeros(16 * n_phases)
+
+
+@njit(inline="always")
+def task_done(phases: np.ndarray, p: int) -> None:
+    """One more task of phase p is done (its writes published)."""
+    _add_seq(phases, 16 * p, 1)
+
+
+@njit(inline="always")
+def wait_phase(phases: np.ndarray, p: int, n_tasks: int) -> None:
+    """Spin until n_tasks tasks of phase p are done (called once none is left to take)."""
+    while _load_acquire(phases, 16 * p) < n_tasks:
+        pass
+
+
+@njit(inline="always")
+def claim_once(phases: np.ndarray, p: int) -> bool:
+    """Whether the calling worker is the first to claim phase p's single task."""
+    return _add_seq(phases, 16 * p + 8, 1) == 0

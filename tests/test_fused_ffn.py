@@ -1,0 +1,158 @@
+"""The fused second half of a layer (kernels/cpu/fused_ffn.py) gives every logit the bits the
+unfused calls give: on tiny models of the dense families, each weight type's kernels, one
+and several rows, one and two threads, and while the r16 copies are still on their way; and
+a region with fewer threads than workers still finishes."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from tiny_models import write_tiny_model
+
+import localllm.models.base as base
+from localllm.formats import read_gguf
+from localllm.kernels.cpu import fused_ffn
+from localllm.kernels.cpu.matmul import plan_multi, set_threads, simd_types
+from localllm.kv.batch import Batch
+from localllm.kv.cache import KVCache
+from localllm.models import layout
+from localllm.models.registry import load_model
+
+pytestmark = pytest.mark.skipif(not simd_types(), reason="the fused step runs on the SIMD "
+                                "path only (the portable path has no shared activations)")
+
+ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3", "phi3", "granite"]
+
+
+def _steps(m, rows: int, seed: int = 3) -> np.ndarray:
+    """Logits of a 6-token prefill then 5 decode steps of `rows` sequences at once."""
+    c = m.cfg
+    kv = KVCache(c.n_layer, 64, c.n_head_kv, c.head_dim, c.head_dim_v, n_slots=rows)
+    rng = np.random.default_rng(seed)
+    toks = rng.integers(3, c.n_vocab, (rows, 11))
+    for s in range(rows):
+        m.forward(Batch.for_sequence(toks[s, :6].tolist(), 0, s, "last"), kv)
+    out = []
+    for i in range(6, 11):
+        step = Batch.concat([Batch.for_sequence([int(toks[s, i])], i, s, "last")
+                             for s in range(rows)])
+        out.append(m.forward(step, kv))
+    return np.stack(out)
+
+
+def _both(m, rows: int, monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, np.ndarray, int]:
+    calls = []
+    real = base.run_ffn
+    monkeypatch.setattr(base, "run_ffn", lambda *a: (calls.append(1), real(*a)))
+    monkeypatch.setattr(base, "FUSED_FFN", False)
+    plain = _steps(m, rows)
+    monkeypatch.setattr(base, "FUSED_FFN", True)
+    fused = _steps(m, rows)
+    return plain, fused, len(calls)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_layers_give_the_same_bits(tmp_path, arch: str,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    p = tmp_path / f"{arch}.gguf"
+    write_tiny_model(p, arch, qtype=QT.Q8_0, seed=1)
+    m = load_model(read_gguf(p))
+    try:
+        for threads in (1, 2):
+            set_threads(threads)
+            for rows in (1, 3):
+                plain, fused, calls = _both(m, rows, monkeypatch)
+                assert np.array_equal(plain.view(np.uint32), fused.view(np.uint32)), \
+                    (arch, threads, rows)
+                fits = m.cfg.residual_scale == 1.0 and m.layers[0].ffn_norm is not None
+                assert (calls > 0) == fits, (arch, calls)  # granite / olmo2 stay unfused
+    finally:
+        set_threads(numba.config.NUMBA_NUM_THREADS)
+
+
+@pytest.mark.parametrize("qt", [QT.Q4_0, QT.Q4_1, QT.Q5_K, QT.Q6_K, QT.Q4_K, QT.F16],
+                         ids=lambda q: q.name)
+def test_each_type_fused_alike(tmp_path, qt: QT, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each type's kernels, with a K-quant down product (the gate/up of a 32-weight type:
+    two activation formats in one fused call), before and after the r16 copies."""
+    p = tmp_path / f"m-{qt.name}.gguf"
+    write_tiny_model(p, "llama", qtype=qt, seed=2, tensor_qtypes={"ffn_down": QT.Q6_K}
+                     if qt != QT.Q6_K else {"ffn_down": QT.Q4_K})
+    gf = read_gguf(p)
+    set_threads(2)
+    try:
+        for waiting in (True, False):  # r16 copies listed but not made (r16_bits), or made
+            with layout.deferred_layouts() as pending:
+                m = load_model(gf) if waiting else None
+            m = m or load_model(gf)
+            try:
+                plain, fused, calls = _both(m, 2, monkeypatch)
+            finally:
+                layout.PendingLayouts(gf, pending).close()
+            assert calls > 0
+            assert np.array_equal(plain.view(np.uint32), fused.view(np.uint32)), (qt, waiting)
+    finally:
+        set_threads(numba.config.NUMBA_NUM_THREADS)
+
+
+def _layer_plan(m, n: int):
+    """One layer's fused plan and step buffers, as the forward pass makes them."""
+    L = m.layers[0]
+    h, q, k, v, attn, o, gate, up = m._buffers(n)
+    plan = fused_ffn.plan_ffn(L.o_proj.plan(n, [o]), L.gate_up.plan(n, [gate, up]),
+                              L.down.plan(n, [o]), m.cfg.activation, L.ffn_norm,
+                              L.post_attn_norm, m.layers[1].attn_norm, L.post_ffn_norm)
+    return plan, attn.reshape(n, -1), o, h, gate, up
+
+
+def test_more_workers_than_threads_still_finish(tmp_path) -> None:
+    """A worker never waits for a task nobody took: with one thread running all four worker
+    iterations in turn, the first does every task and the call ends with the same bits."""
+    p = tmp_path / "w.gguf"
+    write_tiny_model(p, "llama", qtype=QT.Q8_0, seed=4)
+    m = load_model(read_gguf(p))
+    plan, xa, o, h, gate, up = _layer_plan(m, 2)
+    rng = np.random.default_rng(0)
+    x0 = rng.standard_normal((2, m.cfg.n_embd)).astype(np.float32)
+    xa[:] = rng.standard_normal(xa.shape).astype(np.float32)
+    outs = []
+    old = numba.get_num_threads()
+    try:
+        for threads, workers in ((1, 0), (1, 1), (1, 4), (2, 2), (2, 5)):
+            numba.set_num_threads(threads)
+            x = x0.copy()
+            args = (plan.tab, plan.sc, plan.meta, plan.nw, fused_ffn._GELU_F16, x, xa, o, h,
+                    gate, up, m.cfg.rms_eps)
+            if workers:
+                fused_ffn._ffn_step(*args, workers)
+            else:
+                fused_ffn._ffn_step1(*args)
+            outs.append((x.copy(), h.copy()))
+    finally:
+        numba.set_num_threads(old)
+    for x, hh in outs[1:]:
+        assert np.array_equal(x, outs[0][0]) and np.array_equal(hh, outs[0][1])
+
+
+def test_plan_ffn_refuses_what_it_cannot_run(tmp_path) -> None:
+    p = tmp_path / "r.gguf"
+    write_tiny_model(p, "llama", qtype=QT.Q8_0, seed=5)
+    m = load_model(read_gguf(p))
+    L = m.layers[0]
+    h, q, k, v, attn, o, gate, up = m._buffers(1)
+    args = (L.o_proj.plan(1, [o]), L.gate_up.plan(1, [gate, up]), L.down.plan(1, [o]))
+    with pytest.raises(ValueError, match="no fused gate"):
+        fused_ffn.plan_ffn(*args, "relu", L.ffn_norm, None, None, None)
+    with pytest.raises(ValueError, match="post-norm"):
+        fused_ffn.plan_ffn(*args, "silu", L.ffn_norm, None, None, L.ffn_norm)
+    with pytest.raises(ValueError, match="gate \\+ up"):
+        fused_ffn.plan_ffn(args[0], args[0], args[2], "silu", L.ffn_norm, None, None, None)
+    big = m._buffers(8)
+    with pytest.raises(ValueError, match="8 or more"):
+        fused_ffn.plan_ffn(*(plan_multi(g._parts, 8, g.weights[0].cols, outs)
+                             for g, outs in ((L.o_proj, [big[5]]),
+                                             (L.gate_up, [big[6], big[7]]),
+                                             (L.down, [big[5]]))),
+                           "silu", L.ffn_norm, None, None, None)
