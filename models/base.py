@@ -466,8 +466,9 @@ class DecoderModel:
         rope = RopeTables(cfg, pos, self.rope_factors(kv.n_ctx))
 
         normed = False  # whether h holds this layer's attention input (the last add made it)
+        qkv_done = False  # whether q, k, v hold its products too (the last fused call ran them)
         for il, L in enumerate(self.layers):
-            q3, k3, v3 = self._qkv(il, L, x, (h, q, k, v), rope, normed)
+            q3, k3, v3 = self._qkv(il, L, x, (h, q, k, v), rope, normed, qkv_done)
             kv.store_rows(il, placed, k3, v3)
             q_slot, q_pos = row_slot, pos
             if il == last:
@@ -485,57 +486,66 @@ class DecoderModel:
                            cfg.attn_softcap, attn, L.sinks)
             nxt = self.layers[il + 1].attn_norm if il < last else None
             a2 = attn.reshape(n, H * Dv)
-            fused = self._ffn_plan(il, L, nxt, n, o, gate, up) if n == len(batch) else None
+            fused = (self._ffn_plan(il, L, n, (o, gate, up, q, k, v))
+                     if n == len(batch) else None)
             if fused is not None:  # the rest of the layer in one call (fused_ffn.py)
                 run_ffn(fused, cfg.rms_eps, x, a2, o, h, gate, up)
-                normed = nxt is not None
+                normed, qkv_done = nxt is not None, fused.qkv
                 continue
             L.o_proj(a2, [o])
             if L.bo is not None:
                 o += L.bo
             self._ffn(L, self._add_block(x, o, L.post_attn_norm, L.ffn_norm, h), gate, up, o)
             normed = self._add_block(x, o, L.post_ffn_norm, nxt, h) is h
+            qkv_done = False
 
         if not batch.want_logits.any():
             return np.empty((0, cfg.n_embd if hidden else cfg.n_vocab), dtype=np.float32)
         return self.final_norm(x) if hidden else self.logits(x)
 
-    def _ffn_plan(self, il: int, L: LayerWeights, nxt: np.ndarray | None, n: int,
-                  o: np.ndarray, gate: np.ndarray, up: np.ndarray) -> FfnPlan | None:
-        """Layer il's fused second half (fused_ffn.py) for n rows into the step's buffers o,
-        gate, up; None where the layer or the call does not fit it: more than 7 rows, an
-        MoE or biased layer, no FFN pre-norm, a residual scale, a gate without a fused
-        form, weights without one shared activation format, a post-norm with no next norm
-        after it. Kept per layer, row count, buffers and layout state."""
+    def _ffn_plan(self, il: int, L: LayerWeights, n: int,
+                  bufs: tuple[np.ndarray, ...]) -> FfnPlan | None:
+        """Layer il's fused second half (fused_ffn.py) for n rows into the step's buffers
+        bufs = (o, gate, up, q, k, v), with the next layer's q/k/v products where they fit
+        (a next layer with a pre-norm and weights of one activation format); None where the
+        layer or the call does not fit it: more than 7 rows, an MoE or biased layer, no FFN
+        pre-norm, a residual scale, a gate without a fused form, weights without one shared
+        activation format, a post-norm with no next norm after it. Kept per layer, row
+        count, buffers and layout state."""
         cfg = self.cfg
         if n >= 8 or not FUSED_FFN:
             return None
+        nl = self.layers[il + 1] if il + 1 < len(self.layers) else None
+        nxt = nl.attn_norm if nl is not None else None
         if (L.moe is not None or L.bo is not None or L.ffn_norm is None
                 or cfg.residual_scale != 1.0 or cfg.activation not in GATES
                 or (nxt is None and L.post_ffn_norm is not None)
                 or not (L.o_proj.shared and L.gate_up.shared and L.down.shared)):
             return None
-        key = (n, layout.generation, id(o), id(gate), id(up))
+        key = (n, layout.generation, *map(id, bufs))
         got = self._ffn_plans.get(il)
         if got is not None and got[0] == key:
             return got[1]
+        o, gate, up, q, k, v = bufs
+        qkv = nl.qkv.plan(n, [q, k, v]) if nxt is not None and nl.qkv.shared else None
         plan = plan_ffn(L.o_proj.plan(n, [o]), L.gate_up.plan(n, [gate, up]),
                         L.down.plan(n, [o]), cfg.activation, L.ffn_norm, L.post_attn_norm,
-                        nxt, L.post_ffn_norm, self._ffn_scratch)
+                        nxt, L.post_ffn_norm, self._ffn_scratch, qkv)
         self._ffn_plans[il] = (key, plan)
         return plan
 
     def _qkv(self, il: int, L: LayerWeights, x: np.ndarray, bufs: tuple[np.ndarray, ...],
-             rope: RopeTables, normed: bool = False
+             rope: RopeTables, normed: bool = False, done: bool = False
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Layer il's attention input: the pre-norm (into h, unless `normed`: the last layer's
-        residual add wrote it there), the q/k/v products and biases, the QK-norms and rope,
-        in place in the buffers (h, q, k, v); returns the views q [N, H, Dh],
-        k [N, Hkv, Dh], v [N, Hkv, Dv]."""
+        residual add wrote it there), the q/k/v products (unless `done`: the last layer's
+        fused call ran them) and biases, the QK-norms and rope, in place in the buffers (h, q,
+        k, v); returns the views q [N, H, Dh], k [N, Hkv, Dh], v [N, Hkv, Dv]."""
         cfg = self.cfg
         h, q, k, v = bufs
         n = x.shape[0]
-        L.qkv(h if normed else self._pre_norm(x, L.attn_norm, h), [q, k, v])
+        if not done:
+            L.qkv(h if normed else self._pre_norm(x, L.attn_norm, h), [q, k, v])
         add_qkv_biases(L, q, k, v)
         q3 = q.reshape(n, cfg.n_head, cfg.head_dim)  # views: the norms below write through them
         k3 = k.reshape(n, cfg.n_head_kv, cfg.head_dim)

@@ -1,7 +1,8 @@
-"""The fused second half of a layer (kernels/cpu/fused_ffn.py) gives every logit the bits the
-unfused calls give: on tiny models of the dense families, each weight type's kernels, one
-and several rows, one and two threads, and while the r16 copies are still on their way; and
-a region with fewer threads than workers still finishes."""
+"""The fused second half of a layer (kernels/cpu/fused_ffn.py, with the next layer's q/k/v
+products) gives every logit the bits the unfused calls give: on tiny models of the dense
+families, each weight type's kernels, one and several rows, one and two threads, and while
+the r16 copies are still on their way; and a region with fewer threads than workers still
+finishes."""
 
 from __future__ import annotations
 
@@ -92,6 +93,9 @@ def test_each_type_fused_alike(tmp_path, qt: QT, monkeypatch: pytest.MonkeyPatch
             finally:
                 layout.PendingLayouts(gf, pending).close()
             assert calls > 0
+            # every layer but the last ran the next layer's q/k/v products in its call
+            assert sorted(il for il, (_, p) in m._ffn_plans.items() if p.qkv) == \
+                list(range(m.cfg.n_layer - 1))
             assert np.array_equal(plain.view(np.uint32), fused.view(np.uint32)), (qt, waiting)
     finally:
         set_threads(numba.config.NUMBA_NUM_THREADS)
@@ -103,8 +107,9 @@ def _layer_plan(m, n: int):
     h, q, k, v, attn, o, gate, up = m._buffers(n)
     plan = fused_ffn.plan_ffn(L.o_proj.plan(n, [o]), L.gate_up.plan(n, [gate, up]),
                               L.down.plan(n, [o]), m.cfg.activation, L.ffn_norm,
-                              L.post_attn_norm, m.layers[1].attn_norm, L.post_ffn_norm)
-    return plan, attn.reshape(n, -1), o, h, gate, up
+                              L.post_attn_norm, m.layers[1].attn_norm, L.post_ffn_norm,
+                              qkv_plan=m.layers[1].qkv.plan(n, [q, k, v]))
+    return plan, attn.reshape(n, -1), o, h, gate, up, q
 
 
 def test_more_workers_than_threads_still_finish(tmp_path) -> None:
@@ -113,7 +118,7 @@ def test_more_workers_than_threads_still_finish(tmp_path) -> None:
     p = tmp_path / "w.gguf"
     write_tiny_model(p, "llama", qtype=QT.Q8_0, seed=4)
     m = load_model(read_gguf(p))
-    plan, xa, o, h, gate, up = _layer_plan(m, 2)
+    plan, xa, o, h, gate, up, q = _layer_plan(m, 2)
     rng = np.random.default_rng(0)
     x0 = rng.standard_normal((2, m.cfg.n_embd)).astype(np.float32)
     xa[:] = rng.standard_normal(xa.shape).astype(np.float32)
@@ -123,17 +128,17 @@ def test_more_workers_than_threads_still_finish(tmp_path) -> None:
         for threads, workers in ((1, 0), (1, 1), (1, 4), (2, 2), (2, 5)):
             numba.set_num_threads(threads)
             x = x0.copy()
-            args = (plan.tab, plan.sc, plan.meta, plan.nw, fused_ffn._GELU_F16, x, xa, o, h,
-                    gate, up, m.cfg.rms_eps)
+            args = (plan.sc, plan.meta, plan.nw, fused_ffn._GELU_F16, x, xa, o, h, gate, up,
+                    m.cfg.rms_eps)
             if workers:
-                fused_ffn._ffn_step(*args, workers)
+                fused_ffn._ffn_step(plan.tab, *args, workers)
             else:
-                fused_ffn._ffn_step1(*args)
-            outs.append((x.copy(), h.copy()))
+                fused_ffn._ffn_step1(plan.tab1, *args)
+            outs.append((x.copy(), h.copy(), q.copy()))
     finally:
         numba.set_num_threads(old)
-    for x, hh in outs[1:]:
-        assert np.array_equal(x, outs[0][0]) and np.array_equal(hh, outs[0][1])
+    for got in outs[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(got, outs[0], strict=True))
 
 
 def test_plan_ffn_refuses_what_it_cannot_run(tmp_path) -> None:
@@ -147,6 +152,11 @@ def test_plan_ffn_refuses_what_it_cannot_run(tmp_path) -> None:
         fused_ffn.plan_ffn(*args, "relu", L.ffn_norm, None, None, None)
     with pytest.raises(ValueError, match="post-norm"):
         fused_ffn.plan_ffn(*args, "silu", L.ffn_norm, None, None, L.ffn_norm)
+    qkv = m.layers[1].qkv.plan(1, [q, k, v])
+    with pytest.raises(ValueError, match="next norm"):
+        fused_ffn.plan_ffn(*args, "silu", L.ffn_norm, None, None, None, qkv_plan=qkv)
+    with pytest.raises(ValueError, match="q, k, v"):
+        fused_ffn.plan_ffn(*args, "silu", L.ffn_norm, None, L.ffn_norm, None, qkv_plan=args[1])
     with pytest.raises(ValueError, match="gate \\+ up"):
         fused_ffn.plan_ffn(args[0], args[0], args[2], "silu", L.ffn_norm, None, None, None)
     big = m._buffers(8)

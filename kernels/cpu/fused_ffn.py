@@ -62,17 +62,20 @@ from localllm.kernels.cpu.scratch import make_scratch
 # exact-formula GELU is the tests' reference, and gpt-oss's gate only runs in MoE layers)
 GATES = {"silu": 0, "gelu_tanh_ggml": 1}
 
-# rows of the table: the output projection, gate, up, down (plan_multi's columns)
-_O, _GATE, _UP, _DOWN = range(4)
+# rows of the table: the output projection, gate, up, down, and the next layer's q, k, v
+# (plan_multi's columns; the last three only where meta[M_QKV])
+_O, _GATE, _UP, _DOWN, _Q, _K, _V = range(7)
 # meta [META_LEN] int64: each product's activation format, the gate, whether the first add has a
 # post-norm, whether the second has one, whether the second add is followed by a norm, 0
 # (the activations are never quantized beforehand: a runtime bool, so _prepare_act is called
-# with _mm_multi's argument types and its compiled code is shared)
-M_KIND_O, M_KIND_GU, M_KIND_D, M_ACT, M_POST1, M_POST2, M_NORM2, M_QUANTIZED = range(8)
+# with _mm_multi's argument types and its compiled code is shared), the q/k/v products'
+# format, whether the call runs them (the next layer's, from its normed input h)
+(M_KIND_O, M_KIND_GU, M_KIND_D, M_ACT, M_POST1, M_POST2, M_NORM2, M_QUANTIZED, M_KIND_QKV,
+ M_QKV) = range(10)
 # then each product phase's first and end rows in tab (meta[M_ROWS + 2q], [.. + 1]): runtime
 # values, so that _drain compiles once (constant arguments would give it one version each)
-M_ROWS = 8
-META_LEN = 14
+M_ROWS = 10
+META_LEN = 18
 # nw [4, D] float32 rows: the FFN norm, the attention block's post-norm, the next layer's
 # attention norm, the FFN block's post-norm (rows whose flag is off are never read)
 N_NORM1, N_POST1, N_NORM2, N_POST2 = range(4)
@@ -155,7 +158,7 @@ def _drain(tab, meta, q, regions, wk, k, sc, n_act, ph, p):
 
 @njit(nogil=True)
 def _ffn_worker(wk, tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, r_o, r_gu, r_d,
-                ph):
+                r_qkv, ph):
     """Worker wk's part of a fused layer half (see _ffn_step): the phases in order, the
     steps between the products taken by whichever worker comes first. (A function of its
     own, so that the parallel region's body is one call: Numba's passes over a region's
@@ -173,35 +176,46 @@ def _ffn_worker(wk, tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, r_o, r
         task_done(ph, 3)
     wait_phase(ph, 3, 1)
     _drain(tab, meta, z + 2, r_d, wk, gate.shape[1], sc[2], n_act, ph, z + 4)
+    if meta[M_QKV] != 0:
+        if claim_once(ph, 5):
+            _after_down(meta, nw, eps, x, o, h)
+            _prepare_act(meta[M_KIND_QKV], h, sc[3, 0], sc[3, 1], sc[3, 2], sc[3, 3], sc[3, 4],
+                         sc[3, 5], tab[_Q, T_NB], meta[M_QUANTIZED] != 0)
+            task_done(ph, 5)
+        wait_phase(ph, 5, 1)
+        _drain(tab, meta, z + 3, r_qkv, wk, x.shape[1], sc[3], n_act, ph, z + 6)
 
 
 @njit(inline="always")
 def _start(tab, sc, meta, xa, n_w):
     """The output projection's input quantized; each product phase's task regions for n_w
-    workers and the phases' counts."""
+    workers (none for q/k/v unless the call runs them) and the phases' counts."""
     _prepare_act(meta[M_KIND_O], xa, sc[0, 0], sc[0, 1], sc[0, 2], sc[0, 3], sc[0, 4], sc[0, 5],
                  tab[_O, T_NB], meta[M_QUANTIZED] != 0)
     return (new_regions(_n_tasks(tab, _O, _O + 1), n_w),
             new_regions(_n_tasks(tab, _GATE, _UP + 1), n_w),
             new_regions(_n_tasks(tab, _DOWN, _DOWN + 1), n_w),
-            new_phases(5))  # o, after o, gate/up, after gate/up, down
+            new_regions(_n_tasks(tab, _Q, _V + 1) if meta[M_QKV] != 0 else 0, n_w),
+            # o, after o, gate/up, after gate/up, down, after down, q/k/v
+            new_phases(7))
 
 
 @njit(cache=True, parallel=True, nogil=True)
 def _ffn_step(tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, workers):
     """One layer's o product, add + FFN norm, gate/up products, gate, down product and add
-    (+ the next norm), for x [N, D] (the residual stream, updated), xa [N, H*Dv] (the
-    attention output), o [N, D], h [N, D], gate / up [N, F] (the step's buffers), on
-    `workers` threads in one parallel region (_ffn_step1: on this thread).
-    tab [4, T_COLS]: the four products as plan_multi lays them out (outputs o, gate, up, o;
-    T_TASK0 counted per phase); sc [3, 6]: the scratch addresses of the o, gate/up and down
-    inputs; meta, nw: see M_*, N_*; table: ops._GELU_F16."""
-    r_o, r_gu, r_d, ph = _start(tab, sc, meta, xa, workers)
+    (+ the next norm, + the next layer's q/k/v products where meta[M_QKV]), for x [N, D]
+    (the residual stream, updated), xa [N, H*Dv] (the attention output), o [N, D], h [N, D],
+    gate / up [N, F] (the step's buffers), on `workers` threads in one parallel region
+    (_ffn_step1: on this thread).
+    tab [7, T_COLS]: the products as plan_multi lays them out (outputs o, gate, up, o, and
+    the step's q, k, v; T_TASK0 counted per phase); sc [4, 6]: the scratch addresses of the
+    o, gate/up, down and q/k/v inputs; meta, nw: see M_*, N_*; table: ops._GELU_F16."""
+    r_o, r_gu, r_d, r_qkv, ph = _start(tab, sc, meta, xa, workers)
     for wk in prange(workers):
         _ffn_worker(wk, tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, r_o, r_gu, r_d,
-                    ph)
-    # the region's end waits for every down task
-    _after_down(meta, nw, eps, x, o, h)
+                    r_qkv, ph)
+    if meta[M_QKV] == 0:  # (the region's end waits for every down task)
+        _after_down(meta, nw, eps, x, o, h)
 
 
 @njit(cache=True, nogil=True)
@@ -210,25 +224,30 @@ def _ffn_step1(tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps):
     more than it is worth, ~30 times a step). A function of its own: a serial call in
     _ffn_step would compile _ffn_worker twice there (inside and outside the region), and a
     one-thread process need not compile the region at all."""
-    r_o, r_gu, r_d, ph = _start(tab, sc, meta, xa, 1)
-    _ffn_worker(0, tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, r_o, r_gu, r_d, ph)
-    _after_down(meta, nw, eps, x, o, h)
+    r_o, r_gu, r_d, r_qkv, ph = _start(tab, sc, meta, xa, 1)
+    _ffn_worker(0, tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, r_o, r_gu, r_d, r_qkv,
+                ph)
+    if meta[M_QKV] == 0:
+        _after_down(meta, nw, eps, x, o, h)
 
 
 class FfnPlan(NamedTuple):
     """A checked _ffn_step call for one layer, row count and set of step buffers."""
 
-    tab: np.ndarray  # [4, T_COLS] int64
-    sc: np.ndarray  # [3, 6] int64
-    meta: np.ndarray  # [8] int64
+    tab: np.ndarray  # [7, T_COLS] int64
+    tab1: np.ndarray  # the same, each product one task (for one worker: fewer atomics)
+    sc: np.ndarray  # [4, 6] int64
+    meta: np.ndarray  # [META_LEN] int64
     nw: np.ndarray  # [4, D] float32
     par: bool  # whether any of the products would start a region unfused
+    qkv: bool  # whether the call runs the next layer's q/k/v products
     keep: tuple  # the plans and scratches whose addresses are in tab / sc
 
 
 def plan_ffn(o_plan: MultiPlan, gu_plan: MultiPlan, down_plan: MultiPlan, act: str,
              norm1: np.ndarray, post1: np.ndarray | None, norm2: np.ndarray | None,
-             post2: np.ndarray | None, scratches: dict | None = None) -> FfnPlan:
+             post2: np.ndarray | None, scratches: dict | None = None,
+             qkv_plan: MultiPlan | None = None) -> FfnPlan:
     """The fused call of three checked products (plan_multi's plans for the output
     projection, gate + up, down: their outputs must be the step's o, gate, up and o), the
     gate `act` (a GATES name) and the norms' weights [D] float32 (post1 / post2: the blocks'
@@ -236,7 +255,8 @@ def plan_ffn(o_plan: MultiPlan, gu_plan: MultiPlan, down_plan: MultiPlan, act: s
     then takes no post2). The activations are quantized into scratch buffers of the plan's
     own (make_scratch; `scratches`, a dict by (N, K, format), shares them between the plans
     of one model, which run one at a time): never the calling thread's matmul scratch, which
-    another thread's products may use while this plan runs."""
+    another thread's products may use while this plan runs. qkv_plan: the next layer's q, k,
+    v products (its input: the next norm's output h; so norm2 is needed), run last."""
     if act not in GATES:
         raise ValueError(f"no fused gate {act!r}")
     if gu_plan.tab.shape[0] != 2 or o_plan.tab.shape[0] != 1 or down_plan.tab.shape[0] != 1:
@@ -244,32 +264,44 @@ def plan_ffn(o_plan: MultiPlan, gu_plan: MultiPlan, down_plan: MultiPlan, act: s
     n = o_plan.n
     if gu_plan.n != n or down_plan.n != n or n >= 8:
         raise ValueError(f"the plans' row counts differ or are 8 or more ({n})")
-    if norm2 is None and post2 is not None:
-        raise ValueError("a post-norm after the FFN needs the next norm (norm2) too")
-    tab = np.concatenate([o_plan.tab, gu_plan.tab, down_plan.tab]).astype(np.int64)
-    assert tab.shape == (4, T_COLS)
+    if norm2 is None and (post2 is not None or qkv_plan is not None):
+        raise ValueError("a post-norm after the FFN or the next q/k/v products need the next "
+                         "norm (norm2)")
+    if qkv_plan is not None and (qkv_plan.tab.shape[0] != 3 or qkv_plan.n != n):
+        raise ValueError("qkv_plan must be the q, k, v products of the same rows")
+    plans = [o_plan, gu_plan, down_plan] + ([qkv_plan] if qkv_plan is not None else [])
+    tab = np.zeros((7, T_COLS), np.int64)
+    tab[:4] = np.concatenate([o_plan.tab, gu_plan.tab, down_plan.tab])
+    if qkv_plan is not None:
+        tab[4:] = qkv_plan.tab
     if scratches is None:
         scratches = {}
     own = []
-    for p in (o_plan, gu_plan, down_plan):
+    for p in plans:
         key = (p.n, p.k, p.kind)
         if key not in scratches:
             scratches[key] = make_scratch(*key)
         own.append(scratches[key])
-    sc = np.array([s.addrs for s in own], np.int64)
+    sc = np.zeros((4, 6), np.int64)
+    sc[:len(own)] = [s.addrs for s in own]
     d = norm1.shape[0]
     nw = np.zeros((4, d), np.float32)
     for row, w in ((N_NORM1, norm1), (N_POST1, post1), (N_NORM2, norm2), (N_POST2, post2)):
         if w is not None:
             nw[row] = w
     meta = np.zeros(META_LEN, np.int64)
-    meta[M_ROWS:] = (_O, _O + 1, _GATE, _UP + 1, _DOWN, _DOWN + 1)
+    meta[M_ROWS:] = (_O, _O + 1, _GATE, _UP + 1, _DOWN, _DOWN + 1, _Q, _V + 1)
+    if qkv_plan is not None:
+        meta[M_KIND_QKV], meta[M_QKV] = qkv_plan.kind, 1
     meta[M_KIND_O], meta[M_KIND_GU], meta[M_KIND_D] = o_plan.kind, gu_plan.kind, down_plan.kind
     meta[M_ACT] = GATES[act]
     meta[M_POST1], meta[M_POST2], meta[M_NORM2] = (post1 is not None, post2 is not None,
                                                    norm2 is not None)
-    par = o_plan.par or gu_plan.par or down_plan.par
-    return FfnPlan(tab, sc, meta, nw, par, (o_plan, gu_plan, down_plan, *own))
+    par = any(p.par for p in plans)
+    tab1 = tab.copy()
+    tab1[:, T_GROUP] = np.maximum(tab[:, T_ROWS], 1)
+    tab1[:, T_TASK0] = (0, 0, 1, 0, 0, 1, 2)  # each product's task within its phase
+    return FfnPlan(tab, tab1, sc, meta, nw, par, qkv_plan is not None, (*plans, *own))
 
 
 def run_ffn(plan: FfnPlan, eps: float, x: np.ndarray, xa: np.ndarray, o: np.ndarray,
@@ -278,7 +310,7 @@ def run_ffn(plan: FfnPlan, eps: float, x: np.ndarray, xa: np.ndarray, o: np.ndar
     x [N, D] the residual stream, C-contiguous)."""
     workers = _workers(plan.par)
     if workers < 2:
-        _ffn_step1(plan.tab, plan.sc, plan.meta, plan.nw, _GELU_F16, x, xa, o, h, gate, up,
+        _ffn_step1(plan.tab1, plan.sc, plan.meta, plan.nw, _GELU_F16, x, xa, o, h, gate, up,
                    float(eps))
     else:
         _ffn_step(plan.tab, plan.sc, plan.meta, plan.nw, _GELU_F16, x, xa, o, h, gate, up,
