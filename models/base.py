@@ -418,7 +418,7 @@ class DecoderModel:
         self.rope_freq_factors = rope_freq_factors  # LongRoPE: its short factors
         self.rope_factors_long = rope_factors_long
         self._scratch: dict[int, tuple[np.ndarray, ...]] = {}  # row count -> buffers
-        self._ffn_plans: dict[int, tuple[tuple, FfnPlan]] = {}  # layer -> (its key, plan)
+        self._ffn_plans: dict[tuple, FfnPlan] = {}  # (layer, row count, buffers, ...) -> plan
         self._ffn_scratch: dict = {}  # the fused plans' activation buffers (plan_ffn)
 
     def rope_factors(self, n_ctx: int) -> np.ndarray | None:
@@ -522,16 +522,18 @@ class DecoderModel:
                 or (nxt is None and L.post_ffn_norm is not None)
                 or not (L.o_proj.shared and L.gate_up.shared and L.down.shared)):
             return None
-        key = (n, layout.generation, *map(id, bufs))
-        got = self._ffn_plans.get(il)
-        if got is not None and got[0] == key:
-            return got[1]
+        key = (il, n, layout.generation, *map(id, bufs))
+        plan = self._ffn_plans.get(key)
+        if plan is not None:
+            return plan
+        if len(self._ffn_plans) >= 4 * len(self.layers):  # a few row counts at a time (as
+            self._ffn_plans.clear()                       # _buffers keeps)
         o, gate, up, q, k, v = bufs
         qkv = nl.qkv.plan(n, [q, k, v]) if nxt is not None and nl.qkv.shared else None
         plan = plan_ffn(L.o_proj.plan(n, [o]), L.gate_up.plan(n, [gate, up]),
                         L.down.plan(n, [o]), cfg.activation, L.ffn_norm, L.post_attn_norm,
                         nxt, L.post_ffn_norm, self._ffn_scratch, qkv)
-        self._ffn_plans[il] = (key, plan)
+        self._ffn_plans[key] = plan
         return plan
 
     def _qkv(self, il: int, L: LayerWeights, x: np.ndarray, bufs: tuple[np.ndarray, ...],
