@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from localllm.kernels.build.compile_workers import Claims, by_cost
+import pytest
+
+from localllm.kernels.build.compile_workers import Claims, _worker_env, by_cost
 
 # A small real kernel (~1 s to compile): row decoding of F32 weights.
 SCRIPT = r'''
@@ -144,3 +146,16 @@ def test_load_kernels_compiles_the_r16_kernels_this_machine_repacks() -> None:
         assert load_kernels([("@kernel", qt, "r16")]) == int(here)
         if here:
             assert (qt, "r16") in mm_driver._KERNELS
+
+
+def test_workers_import_the_copy_this_process_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker compiles the source files this process loaded (Numba keys cached kernels by
+    file path and stamp): the folder localllm came from goes first on its PYTHONPATH, before
+    what was there, and nothing else is dropped."""
+    import localllm
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    parts = _worker_env()["PYTHONPATH"].split(os.pathsep)
+    assert parts == [str(Path(localllm.__file__).resolve().parent.parent), "/elsewhere"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert _worker_env()["PYTHONPATH"] == str(Path(localllm.__file__).resolve().parent.parent)
