@@ -80,6 +80,16 @@ def product(raws: list[np.ndarray], qtype: int, n: int, rng: np.random.Generator
 _BLOCK = layouts()  # qtype -> (weights, bytes) per block
 
 
+def random_blocks(rng: np.random.Generator, q, rows: int, k: int) -> np.ndarray:
+    """[rows, row bytes] random blocks of type q (a QType whose block starts with its f16
+    scale d), d set small and finite."""
+    nb = k // q.block
+    raw = rng.integers(0, 256, (rows, nb, q.nbytes), dtype=np.uint8)
+    d = (rng.uniform(0.5, 1.5, (rows, nb)) * 0.01).astype("<f2")
+    raw[:, :, 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
+    return raw.reshape(rows, nb * q.nbytes)
+
+
 def synthetic(names: list[str], rows: int, k: int, n_prefill: int, runs: int) -> None:
     """Decode- and prefill-shaped timings of random-block weights of the named types."""
     from localllm.formats.qtypes import BY_NAME
@@ -90,11 +100,7 @@ def synthetic(names: list[str], rows: int, k: int, n_prefill: int, runs: int) ->
         q = BY_NAME[name]
         if not q.fields.startswith("d:f16"):
             raise SystemExit(f"--synthetic: {name} blocks do not start with an f16 scale")
-        nb = k // q.block
-        raw = rng.integers(0, 256, (rows, nb, q.nbytes), dtype=np.uint8)
-        d = (rng.uniform(0.5, 1.5, (rows, nb)) * 0.01).astype("<f2")
-        raw[:, :, 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
-        raw = raw.reshape(rows, nb * q.nbytes)
+        raw = random_blocks(rng, q, rows, k)
         t1 = median_time(product([raw], q.id, 1, rng), runs)
         tp = median_time(product([raw], q.id, n_prefill, rng), max(3, runs // 2))
         print(f"{name:8s} {rows:5d}x{k:<5d} {t1 * 1e6:8.0f}us {raw.nbytes / t1 / 1e9:5.1f}GB/s "

@@ -19,19 +19,11 @@ import time
 
 import numba
 import numpy as np
+from bench_matmul import random_blocks  # (bench/ is this script's folder)
 
 from localllm.formats.qtypes import BY_NAME
 from localllm.kernels.cpu import matmul as mm
 from localllm.kernels.cpu.arena import Arena
-
-
-def _weight(rng: np.random.Generator, qtype, rows: int, k: int) -> np.ndarray:
-    """[rows, row bytes] random blocks whose leading f16 scale is small and finite."""
-    nb = k // qtype.block
-    raw = rng.integers(0, 256, (rows, nb, qtype.nbytes), dtype=np.uint8)
-    d = (rng.uniform(0.5, 1.5, (rows, nb)) * 0.01).astype("<f2")
-    raw[:, :, 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
-    return raw.reshape(rows, nb * qtype.nbytes)
 
 
 def main() -> None:
@@ -46,7 +38,7 @@ def main() -> None:
     k = 2048
     row_bytes = k // q.block * q.nbytes
     rows = max(1, a.mib * (1 << 20) // row_bytes // 32768) * 32768  # whole calls of each size
-    w = _weight(np.random.default_rng(0), q, rows, k)
+    w = random_blocks(np.random.default_rng(0), q, rows, k)
     packed = mm.repack_r16(w, q.id, arena=Arena())
     del w
     x = np.random.default_rng(1).standard_normal((1, k)).astype(np.float32)

@@ -418,7 +418,8 @@ class DecoderModel:
         self.rope_freq_factors = rope_freq_factors  # LongRoPE: its short factors
         self.rope_factors_long = rope_factors_long
         self._scratch: dict[int, tuple[np.ndarray, ...]] = {}  # row count -> buffers
-        self._ffn_plans: dict[tuple, FfnPlan] = {}  # (layer, row count, buffers, ...) -> plan
+        # (layer, row count, layout state, buffers) -> its plan, None where it does not fit
+        self._ffn_plans: dict[tuple, FfnPlan | None] = {}
         self._ffn_scratch: dict = {}  # the fused plans' activation buffers (plan_ffn)
 
     def rope_factors(self, n_ctx: int) -> np.ndarray | None:
@@ -512,9 +513,20 @@ class DecoderModel:
         pre-norm, a residual scale, a gate without a fused form, weights without one shared
         activation format, a post-norm with no next norm after it. Kept per layer, row
         count, buffers and layout state."""
-        cfg = self.cfg
         if n >= 8 or not FUSED_FFN:
             return None
+        key = (il, n, layout.generation, *map(id, bufs))
+        if key in self._ffn_plans:  # (a layer that does not fit is kept as None)
+            return self._ffn_plans[key]
+        if len(self._ffn_plans) >= 4 * len(self.layers):  # a few row counts at a time (as
+            self._ffn_plans.clear()                       # _buffers keeps)
+        self._ffn_plans[key] = plan = self._new_ffn_plan(il, L, n, bufs)
+        return plan
+
+    def _new_ffn_plan(self, il: int, L: LayerWeights, n: int,
+                      bufs: tuple[np.ndarray, ...]) -> FfnPlan | None:
+        """_ffn_plan's plan when the layer fits, else None."""
+        cfg = self.cfg
         nl = self.layers[il + 1] if il + 1 < len(self.layers) else None
         nxt = nl.attn_norm if nl is not None else None
         if (L.moe is not None or L.bo is not None or L.ffn_norm is None
@@ -522,18 +534,11 @@ class DecoderModel:
                 or (nxt is None and L.post_ffn_norm is not None)
                 or not (L.o_proj.shared and L.gate_up.shared and L.down.shared)):
             return None
-        key = (il, n, layout.generation, *map(id, bufs))
-        plan = self._ffn_plans.get(key)
-        if plan is not None:
-            return plan
-        if len(self._ffn_plans) >= 4 * len(self.layers):  # a few row counts at a time (as
-            self._ffn_plans.clear()                       # _buffers keeps)
         o, gate, up, q, k, v = bufs
         qkv = nl.qkv.plan(n, [q, k, v]) if nxt is not None and nl.qkv.shared else None
         plan = plan_ffn(L.o_proj.plan(n, [o]), L.gate_up.plan(n, [gate, up]),
                         L.down.plan(n, [o]), cfg.activation, L.ffn_norm, L.post_attn_norm,
                         nxt, L.post_ffn_norm, self._ffn_scratch, qkv)
-        self._ffn_plans[key] = plan
         return plan
 
     def _qkv(self, il: int, L: LayerWeights, x: np.ndarray, bufs: tuple[np.ndarray, ...],
