@@ -35,3 +35,30 @@ def test_every_signature_reads_back() -> None:
     manifest = suite_kernels._read_list()
     assert manifest is not None
     assert len(manifest.entries) == len(_rows())
+
+
+def test_tuple_signatures_are_listed_and_read_back() -> None:
+    """A function taking tuples of arrays (the fused step's attention arguments) is kept in a
+    written-out list, as text that evaluates back to its types; a helper taking a literal is
+    not."""
+    import numpy as np
+    from numba import typeof
+    from numba.core import types
+
+    from localllm.kernels.build.warmup import (
+        _types_namespace,
+        listable,
+        manifest_from_listing,
+        signature_text,
+    )
+
+    arrays = (np.zeros((2, 3), np.float32), np.zeros(4, np.int64), np.zeros((1, 1, 1), np.uint16))
+    sig = tuple(typeof(v) for v in (arrays[0], 1.5, 3, arrays, (arrays[1], arrays[1]), (2, 3)))
+    assert isinstance(sig[3], types.Tuple) and isinstance(sig[4], types.UniTuple)
+    assert eval(signature_text(sig), _types_namespace()) == sig  # noqa: S307
+    one = (typeof(arrays[0]),)
+    assert eval(signature_text(one), _types_namespace()) == one  # noqa: S307
+    rows = listable([("m", "f", sig), ("m", "g", (types.literal(3),)), ("m", "h", one)])
+    assert [r[1] for r in rows] == ["f", "h"]
+    back = manifest_from_listing({"entries": rows, "seconds": {}})
+    assert [e[2] for e in back.entries] == [sig, one]

@@ -140,16 +140,21 @@ def load_kernels(entries: list[ManifestEntry]) -> int:
 
 
 def callable_from_python(entry: ManifestEntry) -> bool:
-    """Whether an entry is a function Python calls (arrays and plain numbers as arguments),
-    not a helper compiled into its callers (literal or SIMD vector arguments): only those are
-    worth compiling on their own."""
+    """Whether an entry is a function Python calls (arrays, plain numbers and tuples of them
+    as arguments), not a helper compiled into its callers (literal or SIMD vector arguments):
+    only those are worth compiling on their own."""
+    mod, _, sig = entry
+    return mod == "@kernel" or all(map(_python_value, sig))
+
+
+def _python_value(t: Any) -> bool:
+    """Whether a Numba type is that of an array, a plain number or a tuple of them."""
     from numba.core import types
 
-    mod, _, sig = entry
-    if mod == "@kernel":
-        return True
-    return all(isinstance(t, (types.Array, types.Integer, types.Float, types.Boolean))
-               and not isinstance(t, types.Literal) for t in sig)
+    if isinstance(t, types.BaseTuple):
+        return all(map(_python_value, t.types))
+    return (isinstance(t, (types.Array, types.Integer, types.Float, types.Boolean))
+            and not isinstance(t, types.Literal))
 
 
 class Manifest:
@@ -231,16 +236,36 @@ def manifest_from_listing(got: dict) -> Manifest:
     return Manifest(entries, {tuple(k.split(":")): v for k, v in got["seconds"].items()})
 
 
+def _type_text(t: Any) -> str:
+    """A Numba type as text that evaluates back to it in _types_namespace: repr, but a
+    tuple of mixed types as Tuple((...)) (its repr, Tuple(a, b), does not evaluate)."""
+    from numba.core import types
+
+    if isinstance(t, types.Tuple):
+        return f"Tuple(({', '.join(map(_type_text, t.types))},))"
+    if isinstance(t, types.UniTuple):
+        return f"UniTuple({_type_text(t.dtype)}, {t.count})"
+    return repr(t)
+
+
+def signature_text(sig: tuple) -> str:
+    """A signature (a tuple of Numba types) as the text a written-out list keeps."""
+    return f"({', '.join(map(_type_text, sig))}{',' if len(sig) == 1 else ''})"
+
+
 def listable(entries: list[ManifestEntry]) -> list[tuple[str, Any, Any]]:
-    """The entries a written-out list keeps, signatures as reprs (row kernels as they are):
-    functions Python calls whose repr manifest_from_listing evaluates back to the same types."""
+    """The entries a written-out list keeps, signatures as text (signature_text; row kernels
+    as they are): functions Python calls whose text manifest_from_listing evaluates back to
+    the same types."""
     ns = _types_namespace()
     rows = []
     for mod, attr, sig in entries:
         if mod == "@kernel":
             rows.append((mod, attr, sig))
-        elif callable_from_python((mod, attr, sig)) and eval(repr(sig), ns) == sig:  # noqa: S307
-            rows.append((mod, attr, repr(sig)))
+            continue
+        text = signature_text(sig)
+        if callable_from_python((mod, attr, sig)) and eval(text, ns) == sig:  # noqa: S307
+            rows.append((mod, attr, text))
     return rows
 
 
