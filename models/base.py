@@ -20,7 +20,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from localllm.formats import GGUFFile, dequantize
-from localllm.kernels.cpu import ops, poison
+from localllm.kernels.cpu import fused_attn, ops, poison
 from localllm.kernels.cpu.arena import Arena
 from localllm.kernels.cpu.dequant import get_rows
 from localllm.kernels.cpu.fused_ffn import GATES, FfnPlan, plan_ffn, run_ffn
@@ -204,8 +204,10 @@ class LayerWeights:
             self.down = WeightGroup(self.w_down)
 
 
-# whether decode steps run a layer's second half fused (fused_ffn.py); tests compare both
+# whether decode steps run a layer's second half fused (fused_ffn.py), and with it the next
+# layer's attention where it fits (fused_attn.py); tests compare each way
 FUSED_FFN = True
+FUSED_ATTN = True
 
 # the r16 budget of a model in bytes; None: r16_budget(), the memory free at load (tests set it)
 R16_MAX_TOTAL: int | None = None
@@ -418,8 +420,10 @@ class DecoderModel:
         self.rope_freq_factors = rope_freq_factors  # LongRoPE: its short factors
         self.rope_factors_long = rope_factors_long
         self._scratch: dict[int, tuple[np.ndarray, ...]] = {}  # row count -> buffers
-        # (layer, row count, layout state, buffers) -> its plan, None where it does not fit
-        self._ffn_plans: dict[tuple, FfnPlan | None] = {}
+        # (row count, layout state, buffers) -> each layer's plan and the next layer's
+        # attention arguments (fused_attn.static_args, None where they do not fit), None
+        # where the plan does not fit
+        self._ffn_plans: dict[tuple, list[tuple[FfnPlan, tuple | None] | None]] = {}
         self._ffn_scratch: dict = {}  # the fused plans' activation buffers (plan_ffn)
 
     def rope_factors(self, n_ctx: int) -> np.ndarray | None:
@@ -468,64 +472,98 @@ class DecoderModel:
 
         normed = False  # whether h holds this layer's attention input (the last add made it)
         qkv_done = False  # whether q, k, v hold its products too (the last fused call ran them)
+        attn_done = False  # whether attn holds its attention (the last fused call ran it)
+        every_row = bool(batch.want_logits.all())
+        n_all = n
+        plans = self._ffn_plans_for(n, (o, gate, up, q, k, v, attn))  # None: not fused
+        memo: dict = {}  # kv.fused_attention's parts of this step
         for il, L in enumerate(self.layers):
-            q3, k3, v3 = self._qkv(il, L, x, (h, q, k, v), rope, normed, qkv_done)
-            kv.store_rows(il, placed, k3, v3)
-            q_slot, q_pos = row_slot, pos
+            if not attn_done:
+                self._attention(il, L, kv, x, (h, q, k, v, attn), rope, placed, row_slot,
+                                batch.want_logits, normed, qkv_done)
             if il == last:
                 # Past the last K/V store only the rows that want logits matter (llama.cpp
-                # does the same): attention, output projection and FFN for those alone.
+                # does the same): attention, output projection and FFN for those alone
+                # (_attention attended just those; a fused call attends only when all do).
                 keep = np.flatnonzero(batch.want_logits)
                 if keep.size == 0:
                     break
                 if keep.size < n:  # (all rows, as in decode: keep the buffers themselves)
-                    q3 = q3[keep]
                     x, h, o, attn = x[keep], h[: keep.size], o[: keep.size], attn[: keep.size]
                     gate, up = gate[: keep.size], up[: keep.size]
-                    q_slot, q_pos, n = row_slot[keep], pos[keep], keep.size
-            kv.attend_rows(il, q_slot, q3, q_pos, cfg.layer_window[il], cfg.attn_scale,
-                           cfg.attn_softcap, attn, L.sinks)
+                    n = keep.size
             nxt = self.layers[il + 1].attn_norm if il < last else None
             a2 = attn.reshape(n, H * Dv)
-            fused = (self._ffn_plan(il, L, n, (o, gate, up, q, k, v))
-                     if n == len(batch) else None)
+            fused = plans[il] if plans is not None and n == n_all else None
             if fused is not None:  # the rest of the layer in one call (fused_ffn.py)
-                run_ffn(fused, cfg.rms_eps, x, a2, o, h, gate, up)
-                normed, qkv_done = nxt is not None, fused.qkv
+                plan, st = fused
+                att = fused_attn.NO_ATTN
+                if st is not None and (il + 1 < last or every_row):
+                    dy = kv.fused_attention(il + 1, placed, row_slot, pos,
+                                            cfg.layer_window[il + 1], H, memo)
+                    if dy is not None:
+                        att = (st, (*rope.for_layer(il + 1), *dy))
+                run_ffn(plan, cfg.rms_eps, x, a2, o, h, gate, up, att)
+                normed, qkv_done = nxt is not None, plan.qkv
+                attn_done = att is not fused_attn.NO_ATTN
                 continue
             L.o_proj(a2, [o])
             if L.bo is not None:
                 o += L.bo
             self._ffn(L, self._add_block(x, o, L.post_attn_norm, L.ffn_norm, h), gate, up, o)
             normed = self._add_block(x, o, L.post_ffn_norm, nxt, h) is h
-            qkv_done = False
+            qkv_done = attn_done = False
 
         if not batch.want_logits.any():
             return np.empty((0, cfg.n_embd if hidden else cfg.n_vocab), dtype=np.float32)
         return self.final_norm(x) if hidden else self.logits(x)
 
-    def _ffn_plan(self, il: int, L: LayerWeights, n: int,
-                  bufs: tuple[np.ndarray, ...]) -> FfnPlan | None:
-        """Layer il's fused second half (fused_ffn.py) for n rows into the step's buffers
-        bufs = (o, gate, up, q, k, v), with the next layer's q/k/v products where they fit
-        (a next layer with a pre-norm and weights of one activation format); None where the
-        layer or the call does not fit it: more than 7 rows, an MoE or biased layer, no FFN
-        pre-norm, a residual scale, a gate without a fused form, weights without one shared
-        activation format, a post-norm with no next norm after it. Kept per layer, row
-        count, buffers and layout state."""
+    def _attention(self, il: int, L: LayerWeights, kv: KVCache, x: np.ndarray,
+                   bufs: tuple[np.ndarray, ...], rope: RopeTables, placed: dict,
+                   row_slot: np.ndarray, want: np.ndarray, normed: bool, qkv_done: bool
+                   ) -> None:
+        """Layer il's attention block up to its output attn [N, H, Dv] (bufs = (h, q, k, v,
+        attn)): _qkv, the K/V store, attention; at the last layer only the rows that want
+        logits attend (the first rows of attn)."""
+        cfg = self.cfg
+        h, q, k, v, attn = bufs
+        q3, k3, v3 = self._qkv(il, L, x, (h, q, k, v), rope, normed, qkv_done)
+        kv.store_rows(il, placed, k3, v3)
+        q_slot, q_pos = row_slot, rope.pos
+        if il == cfg.n_layer - 1:
+            keep = np.flatnonzero(want)
+            if keep.size == 0:
+                return
+            if keep.size < q3.shape[0]:
+                q3, q_slot, q_pos = q3[keep], row_slot[keep], q_pos[keep]
+                attn = attn[: keep.size]
+        kv.attend_rows(il, q_slot, q3, q_pos, cfg.layer_window[il], cfg.attn_scale,
+                       cfg.attn_softcap, attn, L.sinks)
+
+    def _ffn_plans_for(self, n: int, bufs: tuple[np.ndarray, ...]
+                       ) -> list[tuple[FfnPlan, tuple | None] | None] | None:
+        """Each layer's fused second half (fused_ffn.py) for n rows into the step's buffers
+        bufs = (o, gate, up, q, k, v, attn), with the next layer's q/k/v products where they
+        fit (a next layer with a pre-norm and weights of one activation format), and the
+        static arguments of its attention where that fits too (_attn_static); None for a
+        layer that does not fit: an MoE or biased layer, no FFN pre-norm, a residual
+        scale, a gate without a fused form, weights without one shared activation format,
+        a post-norm with no next norm after it. None for all at 8 rows or more. Kept per
+        row count, buffers and layout state."""
         if n >= 8 or not FUSED_FFN:
             return None
-        key = (il, n, layout.generation, *map(id, bufs))
-        if key in self._ffn_plans:  # (a layer that does not fit is kept as None)
-            return self._ffn_plans[key]
-        if len(self._ffn_plans) >= 4 * len(self.layers):  # a few row counts at a time (as
-            self._ffn_plans.clear()                       # _buffers keeps)
-        self._ffn_plans[key] = plan = self._new_ffn_plan(il, L, n, bufs)
-        return plan
+        key = (n, FUSED_ATTN, layout.generation, *map(id, bufs))
+        plans = self._ffn_plans.get(key)
+        if plans is None:
+            if len(self._ffn_plans) >= 4:  # a few row counts at a time (as _buffers keeps)
+                self._ffn_plans.clear()
+            plans = self._ffn_plans[key] = [self._new_ffn_plan(il, L, n, bufs)
+                                            for il, L in enumerate(self.layers)]
+        return plans
 
-    def _new_ffn_plan(self, il: int, L: LayerWeights, n: int,
-                      bufs: tuple[np.ndarray, ...]) -> FfnPlan | None:
-        """_ffn_plan's plan when the layer fits, else None."""
+    def _new_ffn_plan(self, il: int, L: LayerWeights, n: int, bufs: tuple[np.ndarray, ...]
+                      ) -> tuple[FfnPlan, tuple | None] | None:
+        """Layer il's entry of _ffn_plans_for: its plan where the layer fits, else None."""
         cfg = self.cfg
         nl = self.layers[il + 1] if il + 1 < len(self.layers) else None
         nxt = nl.attn_norm if nl is not None else None
@@ -534,12 +572,45 @@ class DecoderModel:
                 or (nxt is None and L.post_ffn_norm is not None)
                 or not (L.o_proj.shared and L.gate_up.shared and L.down.shared)):
             return None
-        o, gate, up, q, k, v = bufs
+        o, gate, up, q, k, v, attn = bufs
         qkv = nl.qkv.plan(n, [q, k, v]) if nxt is not None and nl.qkv.shared else None
         plan = plan_ffn(L.o_proj.plan(n, [o]), L.gate_up.plan(n, [gate, up]),
                         L.down.plan(n, [o]), cfg.activation, L.ffn_norm, L.post_attn_norm,
                         nxt, L.post_ffn_norm, self._ffn_scratch, qkv)
-        return plan
+        st = self._attn_static(il + 1, nl, (q, k, v, attn)) if qkv is not None else None
+        return plan, st
+
+    def _attn_static(self, il: int, L: LayerWeights, bufs: tuple[np.ndarray, ...]
+                     ) -> tuple | None:
+        """fused_attn.static_args of layer il (whose q/k/v products a fused call runs) on the
+        step's buffers (q, k, v, attn); None where its attention does not fit that call:
+        FUSED_ATTN off, whole-row QK-norms (olmo2), attention sinks."""
+        cfg = self.cfg
+        if not FUSED_ATTN or cfg.qk_norm_whole or L.sinks is not None:
+            return None
+        q, k, v, attn = bufs
+        n = q.shape[0]
+        H, Hkv, Dh = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+        qk = np.zeros((2, Dh), np.float32)
+        for i, w in enumerate((L.q_norm, L.k_norm)):
+            if w is not None:
+                qk[i] = w
+        biases = (L.bq, L.bk, L.bv)
+        bias = np.concatenate([np.zeros(b.shape[1], np.float32) if w is None else w
+                               for w, b in zip(biases, (q, k, v), strict=True)]
+                              ).astype(np.float32)
+        ai = np.zeros(fused_attn.AI_LEN, np.int64)
+        ai[fused_attn.A_ON] = 1
+        ai[fused_attn.A_ROPE] = cfg.layer_rope[il]
+        ai[fused_attn.A_NEOX] = cfg.rope_neox
+        ai[fused_attn.A_QNORM] = L.q_norm is not None
+        ai[fused_attn.A_KNORM] = L.k_norm is not None
+        ai[fused_attn.A_BQ : fused_attn.A_BV + 1] = [w is not None for w in biases]
+        ai[fused_attn.A_NHKV] = Hkv
+        ai[fused_attn.A_WINDOW] = cfg.layer_window[il]
+        af = np.array([cfg.attn_scale, cfg.attn_softcap], np.float32)
+        return fused_attn.static_args(q.reshape(n, H, Dh), k.reshape(n, Hkv, Dh),
+                                      v.reshape(n, Hkv, cfg.head_dim_v), attn, qk, bias, ai, af)
 
     def _qkv(self, il: int, L: LayerWeights, x: np.ndarray, bufs: tuple[np.ndarray, ...],
              rope: RopeTables, normed: bool = False, done: bool = False

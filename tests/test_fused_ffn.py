@@ -1,7 +1,8 @@
 """The fused second half of a layer (kernels/cpu/fused_ffn.py, with the next layer's q/k/v
-products) gives every logit the bits the unfused calls give: on tiny models of the dense
-families, each weight type's kernels, one and several rows, one and two threads, and while
-the r16 copies are still on their way; and a region with fewer threads than workers still
+products and its attention, fused_attn.py) gives every logit the bits the unfused calls
+give: on tiny models of the dense families, each weight type's kernels, one and several
+rows, one and two threads, short and split (flash-decoding) attention, and while the r16
+copies are still on their way; and a region with fewer threads than workers still
 finishes."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from tiny_models import write_tiny_model
 
 import localllm.models.base as base
 from localllm.formats import read_gguf
-from localllm.kernels.cpu import fused_ffn
+from localllm.kernels.cpu import fused_attn, fused_ffn
 from localllm.kernels.cpu.matmul import plan_multi, set_threads, simd_types
 from localllm.kv.batch import Batch
 from localllm.kv.cache import KVCache
@@ -27,31 +28,43 @@ pytestmark = pytest.mark.skipif(not simd_types(), reason="the fused step runs on
 ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "smollm3", "phi3", "granite"]
 
 
-def _steps(m, rows: int, seed: int = 3) -> np.ndarray:
-    """Logits of a 6-token prefill then 5 decode steps of `rows` sequences at once."""
+def _steps(m, rows: int, seed: int = 3, prompt: int = 6) -> np.ndarray:
+    """Logits of a `prompt`-token prefill then 5 decode steps of `rows` sequences at once
+    (an f16 cache, the one whose attention the fused call runs)."""
     c = m.cfg
-    kv = KVCache(c.n_layer, 64, c.n_head_kv, c.head_dim, c.head_dim_v, n_slots=rows)
+    kv = KVCache(c.n_layer, prompt + 64, c.n_head_kv, c.head_dim, c.head_dim_v,
+                 n_slots=rows, k_type="f16")
     rng = np.random.default_rng(seed)
-    toks = rng.integers(3, c.n_vocab, (rows, 11))
+    toks = rng.integers(3, c.n_vocab, (rows, prompt + 5))
     for s in range(rows):
-        m.forward(Batch.for_sequence(toks[s, :6].tolist(), 0, s, "last"), kv)
+        m.forward(Batch.for_sequence(toks[s, :prompt].tolist(), 0, s, "last"), kv)
     out = []
-    for i in range(6, 11):
+    for i in range(prompt, prompt + 5):
         step = Batch.concat([Batch.for_sequence([int(toks[s, i])], i, s, "last")
                              for s in range(rows)])
         out.append(m.forward(step, kv))
     return np.stack(out)
 
 
-def _both(m, rows: int, monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, np.ndarray, int]:
-    calls = []
+def _both(m, rows: int, monkeypatch: pytest.MonkeyPatch, prompt: int = 6
+          ) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Logits unfused and fused (checked equal to fused without the attention), the fused
+    calls of that last run and how many of them ran the next layer's attention."""
+    calls: list[bool] = []
     real = base.run_ffn
-    monkeypatch.setattr(base, "run_ffn", lambda *a: (calls.append(1), real(*a)))
+    monkeypatch.setattr(base, "run_ffn", lambda *a: (
+        calls.append(a[-1] is not fused_attn.NO_ATTN), real(*a)))
     monkeypatch.setattr(base, "FUSED_FFN", False)
-    plain = _steps(m, rows)
+    plain = _steps(m, rows, prompt=prompt)
     monkeypatch.setattr(base, "FUSED_FFN", True)
-    fused = _steps(m, rows)
-    return plain, fused, len(calls)
+    monkeypatch.setattr(base, "FUSED_ATTN", False)
+    no_attn = _steps(m, rows, prompt=prompt)
+    assert not any(calls)
+    monkeypatch.setattr(base, "FUSED_ATTN", True)
+    calls.clear()
+    fused = _steps(m, rows, prompt=prompt)
+    assert np.array_equal(no_attn.view(np.uint32), fused.view(np.uint32)), "attention fused"
+    return plain, fused, len(calls), sum(calls)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -64,11 +77,15 @@ def test_fused_layers_give_the_same_bits(tmp_path, arch: str,
         for threads in (1, 2):
             set_threads(threads)
             for rows in (1, 3):
-                plain, fused, calls = _both(m, rows, monkeypatch)
+                plain, fused, calls, attns = _both(m, rows, monkeypatch)
                 assert np.array_equal(plain.view(np.uint32), fused.view(np.uint32)), \
                     (arch, threads, rows)
                 fits = m.cfg.residual_scale == 1.0 and m.layers[0].ffn_norm is not None
                 assert (calls > 0) == fits, (arch, calls)  # granite / olmo2 stay unfused
+                # each fused call but the last layer's ran the next layer's attention, but
+                # in a prefill (only its last row wants logits) the last layer's attention
+                n_l = m.cfg.n_layer
+                assert attns == (5 * (n_l - 1) + rows * (n_l - 2) if fits else 0), (arch, attns)
     finally:
         set_threads(numba.config.NUMBA_NUM_THREADS)
 
@@ -89,14 +106,38 @@ def test_each_type_fused_alike(tmp_path, qt: QT, monkeypatch: pytest.MonkeyPatch
                 m = load_model(gf) if waiting else None
             m = m or load_model(gf)
             try:
-                plain, fused, calls = _both(m, 2, monkeypatch)
+                plain, fused, calls, _ = _both(m, 2, monkeypatch)
             finally:
                 layout.PendingLayouts(gf, pending).close()
             assert calls > 0
             # every layer but the last ran the next layer's q/k/v products in its call
-            assert sorted({key[0] for key, p in m._ffn_plans.items() if p and p.qkv}) == \
+            assert sorted({il for plans in m._ffn_plans.values()
+                           for il, p in enumerate(plans) if p and p[0].qkv}) == \
                 list(range(m.cfg.n_layer - 1))
             assert np.array_equal(plain.view(np.uint32), fused.view(np.uint32)), (qt, waiting)
+    finally:
+        set_threads(numba.config.NUMBA_NUM_THREADS)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_split_attention_fused_alike(tmp_path, arch: str,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past 128 positions a decode step's attention is split by chunks of keys and merged
+    (flash decoding): the fused call's item and merge phases give the unfused bits, also
+    with more workers than threads (a worker waits only for tasks someone took)."""
+    p = tmp_path / f"s-{arch}.gguf"
+    write_tiny_model(p, arch, qtype=QT.Q4_0, seed=6)
+    m = load_model(read_gguf(p))
+    try:
+        for threads, workers in ((1, None), (2, None), (1, 3)):
+            set_threads(threads)
+            if workers:
+                monkeypatch.setattr(fused_ffn, "_workers", lambda par, w=workers: w)
+            for rows in (1, 3):
+                plain, fused, calls, attns = _both(m, rows, monkeypatch, prompt=300)
+                assert attns == 5 * (m.cfg.n_layer - 1), (threads, rows, attns)
+                assert np.array_equal(plain.view(np.uint32), fused.view(np.uint32)), \
+                    (threads, workers, rows)
     finally:
         set_threads(numba.config.NUMBA_NUM_THREADS)
 
@@ -131,9 +172,9 @@ def test_more_workers_than_threads_still_finish(tmp_path) -> None:
             args = (plan.sc, plan.meta, plan.nw, fused_ffn._GELU_F16, x, xa, o, h, gate, up,
                     m.cfg.rms_eps)
             if workers:
-                fused_ffn._ffn_step(plan.tab, *args, workers)
+                fused_ffn._ffn_step(plan.tab, *args, workers, *fused_attn.NO_ATTN)
             else:
-                fused_ffn._ffn_step1(plan.tab1, *args)
+                fused_ffn._ffn_step1(plan.tab1, *args, *fused_attn.NO_ATTN)
             outs.append((x.copy(), h.copy(), q.copy()))
     finally:
         numba.set_num_threads(old)

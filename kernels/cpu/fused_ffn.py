@@ -18,7 +18,7 @@ fused or not, at any thread count (tests/test_fused_ffn.py).
 
 Used by DecoderModel.forward for rows of fewer than 8 (above that the unfused products
 quantize their activations in parallel first) when the layer is dense with pre-norms and
-no output bias (DecoderModel._ffn_plan)."""
+no output bias (DecoderModel._ffn_plans_for)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,15 @@ from localllm.kernels.cpu.claim import (
     take_task,
     task_done,
     wait_phase,
+)
+from localllm.kernels.cpu.fused_attn import (
+    A_ON,
+    NO_ATTN,
+    attn_items,
+    attn_merge,
+    attn_prep,
+    n_items,
+    n_pairs,
 )
 from localllm.kernels.cpu.matmul import MultiPlan, _workers
 from localllm.kernels.cpu.mm_driver import (
@@ -158,7 +167,7 @@ def _drain(tab, meta, q, regions, wk, k, sc, n_act, ph, p):
 
 @njit(nogil=True)
 def _ffn_worker(wk, tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, r_o, r_gu, r_d,
-                r_qkv, ph):
+                r_qkv, r_at, r_mg, ph, st, dy):
     """Worker wk's part of a fused layer half (see _ffn_step): the phases in order, the
     steps between the products taken by whichever worker comes first. (A function of its
     own, so that the parallel region's body is one call: Numba's passes over a region's
@@ -184,24 +193,34 @@ def _ffn_worker(wk, tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, r_o, r
             task_done(ph, 5)
         wait_phase(ph, 5, 1)
         _drain(tab, meta, z + 3, r_qkv, wk, x.shape[1], sc[3], n_act, ph, z + 6)
+        if st[7][A_ON] != 0:  # the next layer's attention (fused_attn.py)
+            if claim_once(ph, 7):
+                attn_prep(st, dy, eps)
+                task_done(ph, 7)
+            wait_phase(ph, 7, 1)
+            attn_items(st, dy, r_at, wk, ph, z + 8)
+            attn_merge(st, dy, r_mg, wk, ph, z + 9)
 
 
 @njit(inline="always")
-def _start(tab, sc, meta, xa, n_w):
+def _start(tab, sc, meta, xa, n_w, st, dy):
     """The output projection's input quantized; each product phase's task regions for n_w
-    workers (none for q/k/v unless the call runs them) and the phases' counts."""
+    workers (none for q/k/v unless the call runs them), the attention's items and merges
+    (none unless it runs them) and the phases' counts."""
     _prepare_act(meta[M_KIND_O], xa, sc[0, 0], sc[0, 1], sc[0, 2], sc[0, 3], sc[0, 4], sc[0, 5],
                  tab[_O, T_NB], meta[M_QUANTIZED] != 0)
     return (new_regions(_n_tasks(tab, _O, _O + 1), n_w),
             new_regions(_n_tasks(tab, _GATE, _UP + 1), n_w),
             new_regions(_n_tasks(tab, _DOWN, _DOWN + 1), n_w),
             new_regions(_n_tasks(tab, _Q, _V + 1) if meta[M_QKV] != 0 else 0, n_w),
-            # o, after o, gate/up, after gate/up, down, after down, q/k/v
-            new_phases(7))
+            new_regions(n_items(st, dy), n_w), new_regions(n_pairs(st, dy), n_w),
+            # o, after o, gate/up, after gate/up, down, after down, q/k/v, attention prep,
+            # items, merges
+            new_phases(10))
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _ffn_step(tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, workers):
+def _ffn_step(tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, workers, st, dy):
     """One layer's o product, add + FFN norm, gate/up products, gate, down product and add
     (+ the next norm, + the next layer's q/k/v products where meta[M_QKV]), for x [N, D]
     (the residual stream, updated), xa [N, H*Dv] (the attention output), o [N, D], h [N, D],
@@ -209,24 +228,25 @@ def _ffn_step(tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, workers):
     (_ffn_step1: on this thread).
     tab [7, T_COLS]: the products as plan_multi lays them out (outputs o, gate, up, o, and
     the step's q, k, v; T_TASK0 counted per phase); sc [4, 6]: the scratch addresses of the
-    o, gate/up, down and q/k/v inputs; meta, nw: see M_*, N_*; table: ops._GELU_F16."""
-    r_o, r_gu, r_d, r_qkv, ph = _start(tab, sc, meta, xa, workers)
+    o, gate/up, down and q/k/v inputs; meta, nw: see M_*, N_*; table: ops._GELU_F16;
+    st, dy: the next layer's attention after its q/k/v (fused_attn.py; NO_ATTN: none)."""
+    r_o, r_gu, r_d, r_qkv, r_at, r_mg, ph = _start(tab, sc, meta, xa, workers, st, dy)
     for wk in prange(workers):
         _ffn_worker(wk, tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, r_o, r_gu, r_d,
-                    r_qkv, ph)
+                    r_qkv, r_at, r_mg, ph, st, dy)
     if meta[M_QKV] == 0:  # (the region's end waits for every down task)
         _after_down(meta, nw, eps, x, o, h)
 
 
 @njit(cache=True, nogil=True)
-def _ffn_step1(tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps):
+def _ffn_step1(tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, st, dy):
     """_ffn_step on this thread, as one worker with no region (a region of one thread costs
     more than it is worth, ~30 times a step). A function of its own: a serial call in
     _ffn_step would compile _ffn_worker twice there (inside and outside the region), and a
     one-thread process need not compile the region at all."""
-    r_o, r_gu, r_d, r_qkv, ph = _start(tab, sc, meta, xa, 1)
+    r_o, r_gu, r_d, r_qkv, r_at, r_mg, ph = _start(tab, sc, meta, xa, 1, st, dy)
     _ffn_worker(0, tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, r_o, r_gu, r_d, r_qkv,
-                ph)
+                r_at, r_mg, ph, st, dy)
     if meta[M_QKV] == 0:
         _after_down(meta, nw, eps, x, o, h)
 
@@ -305,13 +325,15 @@ def plan_ffn(o_plan: MultiPlan, gu_plan: MultiPlan, down_plan: MultiPlan, act: s
 
 
 def run_ffn(plan: FfnPlan, eps: float, x: np.ndarray, xa: np.ndarray, o: np.ndarray,
-            h: np.ndarray, gate: np.ndarray, up: np.ndarray) -> None:
+            h: np.ndarray, gate: np.ndarray, up: np.ndarray, attn: tuple = NO_ATTN) -> None:
     """Run a planned layer half on the step's buffers (the ones its plans were made with;
-    x [N, D] the residual stream, C-contiguous)."""
-    workers = _workers(plan.par)
+    x [N, D] the residual stream, C-contiguous). attn: (static_args, step_args) of the next
+    layer's attention (fused_attn.py), for a plan that runs its q/k/v; NO_ATTN: none."""
+    workers = _workers(plan.par or attn is not NO_ATTN)
+    st, dy = attn
     if workers < 2:
         _ffn_step1(plan.tab1, plan.sc, plan.meta, plan.nw, _GELU_F16, x, xa, o, h, gate, up,
-                   float(eps))
+                   float(eps), st, dy)
     else:
         _ffn_step(plan.tab, plan.sc, plan.meta, plan.nw, _GELU_F16, x, xa, o, h, gate, up,
-                  float(eps), workers)
+                  float(eps), workers, st, dy)

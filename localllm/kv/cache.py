@@ -150,7 +150,8 @@ class KVCache:
         # [S, n_table] int64 per kind: logical block i of slot s -> pool block, -1 where none
         self.tables = {w: np.full((n_slots, self.n_table), -1, np.int64) for w in self.kinds}
         self._views: list[tuple | None] = [None] * n_layer  # per layer: kernel views of k, v
-        self._plans: dict[tuple, kv_quant.AttentionPlan] = {}  # of the current step(s)
+        # of the current step(s): (plan, its cut as an array)
+        self._plans: dict[tuple, tuple[kv_quant.AttentionPlan, np.ndarray]] = {}
         self.k: list[np.ndarray] = []  # per layer [n_blocks * block, Hkv, Wk]
         self.v: list[np.ndarray] = []
         for w in self.layer_window:
@@ -590,25 +591,65 @@ class KVCache:
             raise ValueError(f"q {q.shape} does not hold {q_pos.shape[0]} rows of heads")
         if q.shape[0] == 0:
             return
-        n_hq = q.shape[1]
-        # One plan per step and window: every layer of a forward pass attends with the same
-        # rows, so the tiling, chunking and partial buffers are made once, keyed by the
-        # rows' positions and sequences themselves (values, not array identities).
-        q_pos = np.ascontiguousarray(q_pos, dtype=np.int64)
-        row_slot = np.ascontiguousarray(row_slot, dtype=np.int64)
-        key = (w, window, n_hq, q_pos.tobytes(), row_slot.tobytes())
-        plan = self._plans.get(key)
-        if plan is None:
-            if len(self._plans) >= 8:
-                self._plans.clear()
-            plan = self._plans[key] = kv_quant.attention_plan(
-                n_hq, self.n_head_kv, self.head_dim_v, q_pos, row_slot, window)
+        plan = self._plan(w, window, q.shape[1], q_pos, row_slot)[0]
         kv, vv = self._layer_views(layer)
         kv_quant.attention_planned(plan, np.ascontiguousarray(q, dtype=np.float32), kv, vv,
                                    self.pools[w].pos, self.tables[w], self.block, scale,
                                    softcap, out, sinks)
         if self.v_rot:
             ops.hadamard_(out, self.v_rot)
+
+    def _plan(self, w: int, window: int, n_hq: int, q_pos: np.ndarray, row_slot: np.ndarray
+              ) -> tuple[kv_quant.AttentionPlan, np.ndarray]:
+        """The attention plan of a step's rows (and its cut as fused_attn's ad array). One
+        plan per step and window: every layer of a forward pass attends with the same rows,
+        so the tiling, chunking and partial buffers are made once, keyed by the rows'
+        positions and sequences themselves (values, not array identities)."""
+        q_pos = np.ascontiguousarray(q_pos, dtype=np.int64)
+        row_slot = np.ascontiguousarray(row_slot, dtype=np.int64)
+        key = (w, window, n_hq, q_pos.tobytes(), row_slot.tobytes())
+        got = self._plans.get(key)
+        if got is None:
+            if len(self._plans) >= 8:
+                self._plans.clear()
+            plan = kv_quant.attention_plan(n_hq, self.n_head_kv, self.head_dim_v, q_pos,
+                                           row_slot, window)
+            ad = np.array([plan.rows_per_tile, plan.c_lo, plan.n_chunks, plan.split,
+                           self.block], np.int64)  # (fused_attn's D_* order)
+            got = self._plans[key] = (plan, ad)
+        return got
+
+    def fused_attention(self, layer: int, entries: dict[int, np.ndarray],  # place_rows()'
+                        row_slot: np.ndarray,  # [N] int64, as attend_rows takes them
+                        q_pos: np.ndarray,  # [N] int64
+                        window: int, n_hq: int, memo: dict | None = None) -> tuple | None:
+        """What a fused layer call (kernels/cpu/fused_attn.py step_args, after the rope
+        tables) needs to store a layer's K/V rows and attend them as store_rows and
+        attend_rows would: (K storage, V storage, storage entries [N], kv_pos, block table,
+        the plan's tiles, partial buffers and cut ad). None where that call cannot: keys or
+        values not f16 (the quantized kinds are rotated), a plan of more than one kernel
+        call. memo: a dict the caller keeps for one step's rows (the parts every layer of a
+        window kind shares are then made once)."""
+        if self.k_type != "f16" or self.v_type != "f16":
+            return None
+        w = self._check_window(layer, window)
+        rows = memo.get((w, window)) if memo is not None else None
+        if rows is None:
+            plan, ad = self._plan(w, window, n_hq, q_pos, row_slot)
+            idx = entries[w]
+            if idx.shape[0] != plan.n_rows:
+                raise ValueError(f"{idx.shape[0]} stored rows for {plan.n_rows} attending rows")
+            rows = ()
+            if len(plan.calls) == 1:
+                _, _, tiles, part_m, part_l, part_acc = plan.calls[0]
+                rows = (idx, plan.q_pos, plan.row_seq, self.pools[w].pos, self.tables[w],
+                        tiles, part_m, part_l, part_acc, ad)
+            if memo is not None:
+                memo[(w, window)] = rows
+        if not rows:
+            return None
+        kv, vv = self._layer_views(layer)
+        return (kv.arr, vv.arr, *rows)
 
     def entries(self, layer: int, slot: int, positions: np.ndarray) -> np.ndarray:
         """Storage entries [n] of a slot's positions in a layer (KeyError if not held)."""
