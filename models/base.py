@@ -23,7 +23,7 @@ from localllm.formats import GGUFFile, dequantize
 from localllm.kernels.cpu import fused_attn, ops, poison
 from localllm.kernels.cpu.arena import Arena
 from localllm.kernels.cpu.dequant import get_rows
-from localllm.kernels.cpu.fused_ffn import GATES, FfnPlan, plan_ffn, run_ffn
+from localllm.kernels.cpu.fused_ffn import GATES, FfnPlan, plan_ffn, plan_qkv, run_ffn
 from localllm.kernels.cpu.matmul import (
     MultiPlan,
     can_share_activations,
@@ -420,10 +420,8 @@ class DecoderModel:
         self.rope_freq_factors = rope_freq_factors  # LongRoPE: its short factors
         self.rope_factors_long = rope_factors_long
         self._scratch: dict[int, tuple[np.ndarray, ...]] = {}  # row count -> buffers
-        # (row count, layout state, buffers) -> each layer's plan and the next layer's
-        # attention arguments (fused_attn.static_args, None where they do not fit), None
-        # where the plan does not fit
-        self._ffn_plans: dict[tuple, list[tuple[FfnPlan, tuple | None] | None]] = {}
+        # (row count, layout state, buffers) -> the fused calls of a step (_ffn_plans_for)
+        self._ffn_plans: dict[tuple, tuple] = {}
         self._ffn_scratch: dict = {}  # the fused plans' activation buffers (plan_ffn)
 
     def rope_factors(self, n_ctx: int) -> np.ndarray | None:
@@ -475,8 +473,19 @@ class DecoderModel:
         attn_done = False  # whether attn holds its attention (the last fused call ran it)
         every_row = bool(batch.want_logits.all())
         n_all = n
-        plans = self._ffn_plans_for(n, (o, gate, up, q, k, v, attn))  # None: not fused
+        fusing = self._ffn_plans_for(n, (o, gate, up, q, k, v, attn))  # None: not fused
+        plans = fusing[1] if fusing is not None else None
         memo: dict = {}  # kv.fused_attention's parts of this step
+        if fusing is not None and fusing[0] is not None and (last > 0 or every_row):
+            # the first layer's q/k/v and attention in one call (no earlier layer's call
+            # runs them), after its pre-norm
+            dy = kv.fused_attention(0, placed, row_slot, pos, cfg.layer_window[0], H, memo)
+            if dy is not None:
+                plan, st = fusing[0]
+                self._pre_norm(x, self.layers[0].attn_norm, h)
+                run_ffn(plan, cfg.rms_eps, x, attn.reshape(n, H * Dv), o, h, gate, up,
+                        (st, (*rope.for_layer(0), *dy)))
+                attn_done = True
         for il, L in enumerate(self.layers):
             if not attn_done:
                 self._attention(il, L, kv, x, (h, q, k, v, attn), rope, placed, row_slot,
@@ -540,26 +549,41 @@ class DecoderModel:
         kv.attend_rows(il, q_slot, q3, q_pos, cfg.layer_window[il], cfg.attn_scale,
                        cfg.attn_softcap, attn, L.sinks)
 
-    def _ffn_plans_for(self, n: int, bufs: tuple[np.ndarray, ...]
-                       ) -> list[tuple[FfnPlan, tuple | None] | None] | None:
-        """Each layer's fused second half (fused_ffn.py) for n rows into the step's buffers
-        bufs = (o, gate, up, q, k, v, attn), with the next layer's q/k/v products where they
-        fit (a next layer with a pre-norm and weights of one activation format), and the
-        static arguments of its attention where that fits too (_attn_static); None for a
-        layer that does not fit: an MoE or biased layer, no FFN pre-norm, a residual
-        scale, a gate without a fused form, weights without one shared activation format,
-        a post-norm with no next norm after it. None for all at 8 rows or more. Kept per
-        row count, buffers and layout state."""
+    def _ffn_plans_for(self, n: int, bufs: tuple[np.ndarray, ...]) -> tuple | None:
+        """The fused calls (fused_ffn.py) of an n-row step into its buffers bufs = (o, gate,
+        up, q, k, v, attn): (the first layer's q/k/v and attention call, _first_plan, or
+        None; each layer's second half). A layer's half runs the next layer's q/k/v
+        products where they fit (a next layer with a pre-norm and weights of one activation
+        format), and with the static arguments of its attention where that fits too
+        (_attn_static); None for a layer that does not fit: an MoE or biased layer, no FFN
+        pre-norm, a residual scale, a gate without a fused form, weights without one shared
+        activation format, a post-norm with no next norm after it. None for all at 8 rows
+        or more. Kept per row count, buffers and layout state."""
         if n >= 8 or not FUSED_FFN:
             return None
         key = (n, FUSED_ATTN, layout.generation, *map(id, bufs))
-        plans = self._ffn_plans.get(key)
-        if plans is None:
+        got = self._ffn_plans.get(key)
+        if got is None:
             if len(self._ffn_plans) >= 4:  # a few row counts at a time (as _buffers keeps)
                 self._ffn_plans.clear()
-            plans = self._ffn_plans[key] = [self._new_ffn_plan(il, L, n, bufs)
-                                            for il, L in enumerate(self.layers)]
-        return plans
+            got = self._ffn_plans[key] = (self._first_plan(n, bufs),
+                                          [self._new_ffn_plan(il, L, n, bufs)
+                                           for il, L in enumerate(self.layers)])
+        return got
+
+    def _first_plan(self, n: int, bufs: tuple[np.ndarray, ...]
+                    ) -> tuple[FfnPlan, tuple] | None:
+        """The first layer's q/k/v products and attention as one fused call (plan_qkv) and
+        its attention's static arguments, where they fit (a pre-norm, one activation
+        format, _attn_static)."""
+        L = self.layers[0]
+        if L.attn_norm is None or not L.qkv.shared:
+            return None
+        q, k, v, attn = bufs[3:]
+        st = self._attn_static(0, L, (q, k, v, attn))
+        if st is None:
+            return None
+        return plan_qkv(L.qkv.plan(n, [q, k, v]), self.cfg.n_embd, self._ffn_scratch), st
 
     def _new_ffn_plan(self, il: int, L: LayerWeights, n: int, bufs: tuple[np.ndarray, ...]
                       ) -> tuple[FfnPlan, tuple | None] | None:

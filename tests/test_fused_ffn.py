@@ -47,24 +47,29 @@ def _steps(m, rows: int, seed: int = 3, prompt: int = 6) -> np.ndarray:
 
 
 def _both(m, rows: int, monkeypatch: pytest.MonkeyPatch, prompt: int = 6
-          ) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Logits unfused and fused (checked equal to fused without the attention), the fused
-    calls of that last run and how many of them ran the next layer's attention."""
-    calls: list[bool] = []
+          ) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+    """Logits unfused and fused (checked equal to fused without the attention); of the
+    fused calls of that last run, the layer halves, those of them that ran the next layer's
+    attention, and the first layer's q/k/v + attention calls (plan_qkv)."""
+    calls: list[tuple[bool, bool]] = []
     real = base.run_ffn
     monkeypatch.setattr(base, "run_ffn", lambda *a: (
-        calls.append(a[-1] is not fused_attn.NO_ATTN), real(*a)))
+        calls.append((bool(a[0].meta[fused_ffn.M_FFN]), a[-1] is not fused_attn.NO_ATTN)),
+        real(*a)))
     monkeypatch.setattr(base, "FUSED_FFN", False)
     plain = _steps(m, rows, prompt=prompt)
     monkeypatch.setattr(base, "FUSED_FFN", True)
     monkeypatch.setattr(base, "FUSED_ATTN", False)
     no_attn = _steps(m, rows, prompt=prompt)
-    assert not any(calls)
+    assert all(half and not att for half, att in calls)
     monkeypatch.setattr(base, "FUSED_ATTN", True)
     calls.clear()
     fused = _steps(m, rows, prompt=prompt)
     assert np.array_equal(no_attn.view(np.uint32), fused.view(np.uint32)), "attention fused"
-    return plain, fused, len(calls), sum(calls)
+    halves = [att for half, att in calls if half]
+    firsts = [att for half, att in calls if not half]
+    assert all(firsts)  # (a first call always runs the attention)
+    return plain, fused, len(halves), sum(halves), len(firsts)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -77,15 +82,18 @@ def test_fused_layers_give_the_same_bits(tmp_path, arch: str,
         for threads in (1, 2):
             set_threads(threads)
             for rows in (1, 3):
-                plain, fused, calls, attns = _both(m, rows, monkeypatch)
+                plain, fused, calls, attns, firsts = _both(m, rows, monkeypatch)
                 assert np.array_equal(plain.view(np.uint32), fused.view(np.uint32)), \
                     (arch, threads, rows)
                 fits = m.cfg.residual_scale == 1.0 and m.layers[0].ffn_norm is not None
                 assert (calls > 0) == fits, (arch, calls)  # granite / olmo2 stay unfused
-                # each fused call but the last layer's ran the next layer's attention, but
+                # each fused half but the last layer's ran the next layer's attention, but
                 # in a prefill (only its last row wants logits) the last layer's attention
                 n_l = m.cfg.n_layer
                 assert attns == (5 * (n_l - 1) + rows * (n_l - 2) if fits else 0), (arch, attns)
+                # every step's first layer attended in its own call (olmo2: no pre-norm)
+                pre = m.layers[0].attn_norm is not None
+                assert firsts == (5 + rows if pre else 0), (arch, firsts)
     finally:
         set_threads(numba.config.NUMBA_NUM_THREADS)
 
@@ -106,12 +114,12 @@ def test_each_type_fused_alike(tmp_path, qt: QT, monkeypatch: pytest.MonkeyPatch
                 m = load_model(gf) if waiting else None
             m = m or load_model(gf)
             try:
-                plain, fused, calls, _ = _both(m, 2, monkeypatch)
+                plain, fused, calls, _, _ = _both(m, 2, monkeypatch)
             finally:
                 layout.PendingLayouts(gf, pending).close()
             assert calls > 0
             # every layer but the last ran the next layer's q/k/v products in its call
-            assert sorted({il for plans in m._ffn_plans.values()
+            assert sorted({il for _, plans in m._ffn_plans.values()
                            for il, p in enumerate(plans) if p and p[0].qkv}) == \
                 list(range(m.cfg.n_layer - 1))
             assert np.array_equal(plain.view(np.uint32), fused.view(np.uint32)), (qt, waiting)
@@ -134,8 +142,8 @@ def test_split_attention_fused_alike(tmp_path, arch: str,
             if workers:
                 monkeypatch.setattr(fused_ffn, "_workers", lambda par, w=workers: w)
             for rows in (1, 3):
-                plain, fused, calls, attns = _both(m, rows, monkeypatch, prompt=300)
-                assert attns == 5 * (m.cfg.n_layer - 1), (threads, rows, attns)
+                plain, fused, calls, attns, firsts = _both(m, rows, monkeypatch, prompt=300)
+                assert (attns, firsts) == (5 * (m.cfg.n_layer - 1), 5), (threads, rows, attns)
                 assert np.array_equal(plain.view(np.uint32), fused.view(np.uint32)), \
                     (threads, workers, rows)
     finally:
@@ -200,6 +208,8 @@ def test_plan_ffn_refuses_what_it_cannot_run(tmp_path) -> None:
         fused_ffn.plan_ffn(*args, "silu", L.ffn_norm, None, L.ffn_norm, None, qkv_plan=args[1])
     with pytest.raises(ValueError, match="gate \\+ up"):
         fused_ffn.plan_ffn(args[0], args[0], args[2], "silu", L.ffn_norm, None, None, None)
+    with pytest.raises(ValueError, match="q, k, v products"):
+        fused_ffn.plan_qkv(args[1], m.cfg.n_embd)
     big = m._buffers(8)
     with pytest.raises(ValueError, match="8 or more"):
         fused_ffn.plan_ffn(*(plan_multi(g._parts, 8, g.weights[0].cols, outs)

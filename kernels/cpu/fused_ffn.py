@@ -84,7 +84,10 @@ _O, _GATE, _UP, _DOWN, _Q, _K, _V = range(7)
 # then each product phase's first and end rows in tab (meta[M_ROWS + 2q], [.. + 1]): runtime
 # values, so that _drain compiles once (constant arguments would give it one version each)
 M_ROWS = 10
-META_LEN = 18
+# then whether the call runs the layer half at all (0: plan_qkv's call, the first layer's
+# q/k/v products and attention alone, from its normed input h)
+M_FFN = 18
+META_LEN = 19
 # nw [4, D] float32 rows: the FFN norm, the attention block's post-norm, the next layer's
 # attention norm, the FFN block's post-norm (rows whose flag is off are never read)
 N_NORM1, N_POST1, N_NORM2, N_POST2 = range(4)
@@ -174,20 +177,22 @@ def _ffn_worker(wk, tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, r_o, r
     body cost seconds of compile time per inlined helper.)"""
     n_act = x.shape[0]
     z = n_act - n_act  # 0 as a variable: _drain's phase arguments are then no constants
-    _drain(tab, meta, z, r_o, wk, xa.shape[1], sc[0], n_act, ph, z)
-    if claim_once(ph, 1):
-        _after_o(tab, meta, nw, eps, x, o, h, sc)
-        task_done(ph, 1)
-    wait_phase(ph, 1, 1)
-    _drain(tab, meta, z + 1, r_gu, wk, x.shape[1], sc[1], n_act, ph, z + 2)
-    if claim_once(ph, 3):
-        _after_gu(tab, meta, table, gate, up, sc)
-        task_done(ph, 3)
-    wait_phase(ph, 3, 1)
-    _drain(tab, meta, z + 2, r_d, wk, gate.shape[1], sc[2], n_act, ph, z + 4)
+    if meta[M_FFN] != 0:
+        _drain(tab, meta, z, r_o, wk, xa.shape[1], sc[0], n_act, ph, z)
+        if claim_once(ph, 1):
+            _after_o(tab, meta, nw, eps, x, o, h, sc)
+            task_done(ph, 1)
+        wait_phase(ph, 1, 1)
+        _drain(tab, meta, z + 1, r_gu, wk, x.shape[1], sc[1], n_act, ph, z + 2)
+        if claim_once(ph, 3):
+            _after_gu(tab, meta, table, gate, up, sc)
+            task_done(ph, 3)
+        wait_phase(ph, 3, 1)
+        _drain(tab, meta, z + 2, r_d, wk, gate.shape[1], sc[2], n_act, ph, z + 4)
     if meta[M_QKV] != 0:
         if claim_once(ph, 5):
-            _after_down(meta, nw, eps, x, o, h)
+            if meta[M_FFN] != 0:
+                _after_down(meta, nw, eps, x, o, h)
             _prepare_act(meta[M_KIND_QKV], h, sc[3, 0], sc[3, 1], sc[3, 2], sc[3, 3], sc[3, 4],
                          sc[3, 5], tab[_Q, T_NB], meta[M_QUANTIZED] != 0)
             task_done(ph, 5)
@@ -207,11 +212,13 @@ def _start(tab, sc, meta, xa, n_w, st, dy):
     """The output projection's input quantized; each product phase's task regions for n_w
     workers (none for q/k/v unless the call runs them), the attention's items and merges
     (none unless it runs them) and the phases' counts."""
-    _prepare_act(meta[M_KIND_O], xa, sc[0, 0], sc[0, 1], sc[0, 2], sc[0, 3], sc[0, 4], sc[0, 5],
-                 tab[_O, T_NB], meta[M_QUANTIZED] != 0)
-    return (new_regions(_n_tasks(tab, _O, _O + 1), n_w),
-            new_regions(_n_tasks(tab, _GATE, _UP + 1), n_w),
-            new_regions(_n_tasks(tab, _DOWN, _DOWN + 1), n_w),
+    ffn = meta[M_FFN] != 0
+    if ffn:
+        _prepare_act(meta[M_KIND_O], xa, sc[0, 0], sc[0, 1], sc[0, 2], sc[0, 3], sc[0, 4],
+                     sc[0, 5], tab[_O, T_NB], meta[M_QUANTIZED] != 0)
+    return (new_regions(_n_tasks(tab, _O, _O + 1) if ffn else 0, n_w),
+            new_regions(_n_tasks(tab, _GATE, _UP + 1) if ffn else 0, n_w),
+            new_regions(_n_tasks(tab, _DOWN, _DOWN + 1) if ffn else 0, n_w),
             new_regions(_n_tasks(tab, _Q, _V + 1) if meta[M_QKV] != 0 else 0, n_w),
             new_regions(n_items(st, dy), n_w), new_regions(n_pairs(st, dy), n_w),
             # o, after o, gate/up, after gate/up, down, after down, q/k/v, attention prep,
@@ -310,7 +317,8 @@ def plan_ffn(o_plan: MultiPlan, gu_plan: MultiPlan, down_plan: MultiPlan, act: s
         if w is not None:
             nw[row] = w
     meta = np.zeros(META_LEN, np.int64)
-    meta[M_ROWS:] = (_O, _O + 1, _GATE, _UP + 1, _DOWN, _DOWN + 1, _Q, _V + 1)
+    meta[M_ROWS:M_FFN] = (_O, _O + 1, _GATE, _UP + 1, _DOWN, _DOWN + 1, _Q, _V + 1)
+    meta[M_FFN] = 1
     if qkv_plan is not None:
         meta[M_KIND_QKV], meta[M_QKV] = qkv_plan.kind, 1
     meta[M_KIND_O], meta[M_KIND_GU], meta[M_KIND_D] = o_plan.kind, gu_plan.kind, down_plan.kind
@@ -322,6 +330,33 @@ def plan_ffn(o_plan: MultiPlan, gu_plan: MultiPlan, down_plan: MultiPlan, act: s
     tab1[:, T_GROUP] = np.maximum(tab[:, T_ROWS], 1)
     tab1[:, T_TASK0] = (0, 0, 1, 0, 0, 1, 2)  # each product's task within its phase
     return FfnPlan(tab, tab1, sc, meta, nw, par, qkv_plan is not None, (*plans, *own))
+
+
+def plan_qkv(qkv_plan: MultiPlan, d: int, scratches: dict | None = None) -> FfnPlan:
+    """A fused call with no layer half: the q, k, v products of a layer's normed input h
+    [N, d] (plan_multi's plan of the three into the step's q, k, v), for its attention to
+    follow in the same call (run_ffn's attn): the first layer's, which no earlier layer's
+    call runs."""
+    if qkv_plan.tab.shape[0] != 3 or qkv_plan.n >= 8:
+        raise ValueError("plan_qkv takes the q, k, v products of fewer than 8 rows")
+    if scratches is None:
+        scratches = {}
+    key = (qkv_plan.n, qkv_plan.k, qkv_plan.kind)
+    if key not in scratches:
+        scratches[key] = make_scratch(*key)
+    own = scratches[key]
+    tab = np.zeros((7, T_COLS), np.int64)
+    tab[_Q:] = qkv_plan.tab
+    sc = np.zeros((4, 6), np.int64)
+    sc[3] = own.addrs
+    meta = np.zeros(META_LEN, np.int64)
+    meta[M_ROWS:M_FFN] = (_O, _O + 1, _GATE, _UP + 1, _DOWN, _DOWN + 1, _Q, _V + 1)
+    meta[M_KIND_QKV], meta[M_QKV] = qkv_plan.kind, 1
+    tab1 = tab.copy()
+    tab1[_Q:, T_GROUP] = np.maximum(tab[_Q:, T_ROWS], 1)
+    tab1[_Q:, T_TASK0] = (0, 1, 2)
+    return FfnPlan(tab, tab1, sc, meta, np.zeros((4, d), np.float32), qkv_plan.par, True,
+                   (qkv_plan, own))
 
 
 def run_ffn(plan: FfnPlan, eps: float, x: np.ndarray, xa: np.ndarray, o: np.ndarray,
