@@ -62,3 +62,35 @@ def test_tuple_signatures_are_listed_and_read_back() -> None:
     assert [r[1] for r in rows] == ["f", "h"]
     back = manifest_from_listing({"entries": rows, "seconds": {}})
     assert [e[2] for e in back.entries] == [sig, one]
+
+
+def test_compile_records_tell_threads_apart() -> None:
+    """A compile that starts on another thread (the layout copies' thread) while one runs on
+    this thread is a top-level compile of its own, not a callee of this thread's."""
+    import threading
+    from types import SimpleNamespace
+
+    from localllm.kernels.build.warmup import _CompileProgress
+
+    def ev(name: str) -> SimpleNamespace:
+        fn = SimpleNamespace(__module__="m", __name__=name)
+        return SimpleNamespace(data={"dispatcher": SimpleNamespace(py_func=fn), "args": ()})
+
+    prog = _CompileProgress(False)
+    prog.on_compile(ev("engine_kernel"), True)
+
+    def other() -> None:
+        prog.on_compile(ev("repack"), True)
+        prog.on_compile(ev("repack_helper"), True)
+        prog.on_compile(ev("repack_helper"), False)
+        prog.on_compile(ev("repack"), False)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    prog.on_compile(ev("engine_helper"), True)
+    prog.on_compile(ev("engine_helper"), False)
+    prog.on_compile(ev("engine_kernel"), False)
+    assert {e[1] for e in prog._top} == {"engine_kernel", "repack"}
+    assert {e[1] for e in prog.nested} == {"engine_helper", "repack_helper"}
+    assert set(prog.seconds) == {("m", "engine_kernel"), ("m", "repack")}

@@ -28,6 +28,7 @@ import json
 import os
 import pickle
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -304,8 +305,11 @@ class _CompileProgress:
         self.seconds: dict[tuple[str, str], float] = {}
         self.nested: set[ManifestEntry] = set()  # compiled only as a callee
         self._top: set[ManifestEntry] = set()
-        self._depth = 0
-        self._t0 = 0.0
+        # per Python thread: the layout copies' thread compiles beside the engine's (their
+        # start events may come while the other thread's compile runs, so one shared depth
+        # took the engine's kernels for callees of a repack kernel)
+        self._depth: dict[int, int] = {}
+        self._t0: dict[int, float] = {}
         self._done = 0
         self._total = 0
         self._what = "kernels"
@@ -375,22 +379,25 @@ class _CompileProgress:
         if py is None:
             return
         key = (py.__module__, py.__name__)
+        tid = threading.get_ident()
+        depth = self._depth.get(tid, 0)
         if start:
             entry = (*key, tuple(ev.data.get("args") or ()))
-            (self._top if self._depth == 0 else self.nested).add(entry)
+            (self._top if depth == 0 else self.nested).add(entry)
             self.nested -= self._top
-            self._depth += 1
-            if self._depth == 1:
-                self._t0 = time.process_time()
+            self._depth[tid] = depth + 1
+            if depth == 0:
+                self._t0[tid] = time.process_time()
                 label = getattr(sys.modules.get(key[0]), "compile_label", None)
                 name = label(key[1], entry[2]) if label is not None else None
                 self._update(name or f"{key[0].rsplit('.', 1)[-1]}.{key[1]}")
         else:
-            self._depth -= 1
-            if self._depth == 0:
+            self._depth[tid] = depth = max(0, depth - 1)
+            if depth == 0:
                 # CPU seconds of this process: the same on a busy machine, where the
                 # workers' compiles run beside it
-                self.seconds[key] = self.seconds.get(key, 0.0) + time.process_time() - self._t0
+                self.seconds[key] = (self.seconds.get(key, 0.0) + time.process_time()
+                                     - self._t0.get(tid, time.process_time()))
 
 
 def _model_kind(gf: Any) -> tuple[list[int], str]:

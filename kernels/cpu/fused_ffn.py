@@ -239,7 +239,9 @@ def _ffn_step(tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, workers, st,
     st, dy: the next layer's attention after its q/k/v (fused_attn.py; NO_ATTN: none)."""
     r_o, r_gu, r_d, r_qkv, r_at, r_mg, ph = _start(tab, sc, meta, xa, workers, st, dy)
     for wk in prange(workers):
-        _ffn_worker(wk, tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, r_o, r_gu, r_d,
+        # (an int64 worker index: the region's body types the loop index otherwise than the
+        # function does, and _ffn_worker compiled twice, once per index type: +6 s)
+        _ffn_worker(np.int64(wk), tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, r_o, r_gu, r_d,
                     r_qkv, r_at, r_mg, ph, st, dy)
     if meta[M_QKV] == 0:  # (the region's end waits for every down task)
         _after_down(meta, nw, eps, x, o, h)
