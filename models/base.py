@@ -479,12 +479,11 @@ class DecoderModel:
         if fusing is not None and fusing[0] is not None and (last > 0 or every_row):
             # the first layer's q/k/v and attention in one call (no earlier layer's call
             # runs them), after its pre-norm
-            dy = kv.fused_attention(0, placed, row_slot, pos, cfg.layer_window[0], H, memo)
-            if dy is not None:
-                plan, st = fusing[0]
+            plan, st = fusing[0]
+            att = self._attn_args(0, st, kv, placed, row_slot, rope, memo)
+            if att is not fused_attn.NO_ATTN:
                 self._pre_norm(x, self.layers[0].attn_norm, h)
-                run_ffn(plan, cfg.rms_eps, x, attn.reshape(n, H * Dv), o, h, gate, up,
-                        (st, (*rope.for_layer(0), *dy)))
+                run_ffn(plan, cfg.rms_eps, x, attn.reshape(n, H * Dv), o, h, gate, up, att)
                 attn_done = True
         for il, L in enumerate(self.layers):
             if not attn_done:
@@ -508,10 +507,7 @@ class DecoderModel:
                 plan, st = fused
                 att = fused_attn.NO_ATTN
                 if st is not None and (il + 1 < last or every_row):
-                    dy = kv.fused_attention(il + 1, placed, row_slot, pos,
-                                            cfg.layer_window[il + 1], H, memo)
-                    if dy is not None:
-                        att = (st, (*rope.for_layer(il + 1), *dy))
+                    att = self._attn_args(il + 1, st, kv, placed, row_slot, rope, memo)
                 run_ffn(plan, cfg.rms_eps, x, a2, o, h, gate, up, att)
                 normed, qkv_done = nxt is not None, plan.qkv
                 attn_done = att is not fused_attn.NO_ATTN
@@ -526,6 +522,14 @@ class DecoderModel:
         if not batch.want_logits.any():
             return np.empty((0, cfg.n_embd if hidden else cfg.n_vocab), dtype=np.float32)
         return self.final_norm(x) if hidden else self.logits(x)
+
+    def _attn_args(self, il: int, st: tuple, kv: KVCache, placed: dict, row_slot: np.ndarray,
+                   rope: RopeTables, memo: dict) -> tuple:
+        """run_ffn's attn for layer il's attention (st: its _attn_static) in this step's
+        rows, or NO_ATTN where the cache cannot give it (KVCache.fused_attention)."""
+        dy = kv.fused_attention(il, placed, row_slot, rope.pos, self.cfg.layer_window[il],
+                                self.cfg.n_head, memo)
+        return fused_attn.NO_ATTN if dy is None else (st, (*rope.for_layer(il), *dy))
 
     def _attention(self, il: int, L: LayerWeights, kv: KVCache, x: np.ndarray,
                    bufs: tuple[np.ndarray, ...], rope: RopeTables, placed: dict,
@@ -579,11 +583,10 @@ class DecoderModel:
         L = self.layers[0]
         if L.attn_norm is None or not L.qkv.shared:
             return None
-        q, k, v, attn = bufs[3:]
-        st = self._attn_static(0, L, (q, k, v, attn))
+        st = self._attn_static(0, L, bufs[3:])  # (q, k, v, attn)
         if st is None:
             return None
-        return plan_qkv(L.qkv.plan(n, [q, k, v]), self.cfg.n_embd, self._ffn_scratch), st
+        return plan_qkv(L.qkv.plan(n, list(bufs[3:6])), self.cfg.n_embd, self._ffn_scratch), st
 
     def _new_ffn_plan(self, il: int, L: LayerWeights, n: int, bufs: tuple[np.ndarray, ...]
                       ) -> tuple[FfnPlan, tuple | None] | None:

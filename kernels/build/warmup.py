@@ -263,10 +263,10 @@ def listable(entries: list[ManifestEntry]) -> list[tuple[str, Any, Any]]:
     for mod, attr, sig in entries:
         if mod == "@kernel":
             rows.append((mod, attr, sig))
-            continue
-        text = signature_text(sig)
-        if callable_from_python((mod, attr, sig)) and eval(text, ns) == sig:  # noqa: S307
-            rows.append((mod, attr, text))
+        elif callable_from_python((mod, attr, sig)):
+            text = signature_text(sig)
+            if eval(text, ns) == sig:  # noqa: S307
+                rows.append((mod, attr, text))
     return rows
 
 
@@ -392,6 +392,7 @@ class _CompileProgress:
                 name = label(key[1], entry[2]) if label is not None else None
                 self._update(name or f"{key[0].rsplit('.', 1)[-1]}.{key[1]}")
         else:
+            # (an end with no start on this thread: the listener came in mid-compile)
             self._depth[tid] = depth = max(0, depth - 1)
             if depth == 0:
                 # CPU seconds of this process: the same on a busy machine, where the

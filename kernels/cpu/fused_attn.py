@@ -17,8 +17,9 @@ the one KVCache.attend_rows gives (tests/test_fused_ffn.py compares them).
 
 Scope: the K/V cache of f16 keys and values (the default; no Hadamard rotation), attention
 without sinks, a plan of one kernel call (KVCache.fused_attention); the forward pass
-(DecoderModel._ffn_plans_for, _attn_static) keeps the unfused calls otherwise. Every call passes the same argument types (NO_ATTN when
-the call runs no attention), so the fused step compiles once.
+(DecoderModel._ffn_plans_for, _attn_static) keeps the unfused calls otherwise. Every call
+passes the same argument types (NO_ATTN when the call runs no attention), so the fused step
+compiles once.
 """
 
 from __future__ import annotations

@@ -241,8 +241,8 @@ def _ffn_step(tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, workers, st,
     for wk in prange(workers):
         # (an int64 worker index: the region's body types the loop index otherwise than the
         # function does, and _ffn_worker compiled twice, once per index type: +6 s)
-        _ffn_worker(np.int64(wk), tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, r_o, r_gu, r_d,
-                    r_qkv, r_at, r_mg, ph, st, dy)
+        _ffn_worker(np.int64(wk), tab, sc, meta, nw, table, x, xa, o, h, gate, up, eps, r_o,
+                    r_gu, r_d, r_qkv, r_at, r_mg, ph, st, dy)
     if meta[M_QKV] == 0:  # (the region's end waits for every down task)
         _after_down(meta, nw, eps, x, o, h)
 
@@ -271,6 +271,30 @@ class FfnPlan(NamedTuple):
     par: bool  # whether any of the products would start a region unfused
     qkv: bool  # whether the call runs the next layer's q/k/v products
     keep: tuple  # the plans and scratches whose addresses are in tab / sc
+
+
+def _scratch_of(p: MultiPlan, scratches: dict):
+    """The activation scratch of plan p's inputs, shared through `scratches` (by (N, K,
+    format)) between the plans of one model, which run one at a time."""
+    key = (p.n, p.k, p.kind)
+    if key not in scratches:
+        scratches[key] = make_scratch(*key)
+    return scratches[key]
+
+
+def _new_meta() -> np.ndarray:
+    """A zeroed meta with each product phase's rows in tab (M_ROWS ..)."""
+    meta = np.zeros(META_LEN, np.int64)
+    meta[M_ROWS:M_FFN] = (_O, _O + 1, _GATE, _UP + 1, _DOWN, _DOWN + 1, _Q, _V + 1)
+    return meta
+
+
+def _one_task_each(tab: np.ndarray) -> np.ndarray:
+    """tab with each product one task of its phase (tab1: for one worker, fewer atomics)."""
+    tab1 = tab.copy()
+    tab1[:, T_GROUP] = np.maximum(tab[:, T_ROWS], 1)
+    tab1[:, T_TASK0] = (0, 0, 1, 0, 0, 1, 2)  # each product's task within its phase
+    return tab1
 
 
 def plan_ffn(o_plan: MultiPlan, gu_plan: MultiPlan, down_plan: MultiPlan, act: str,
@@ -305,12 +329,7 @@ def plan_ffn(o_plan: MultiPlan, gu_plan: MultiPlan, down_plan: MultiPlan, act: s
         tab[4:] = qkv_plan.tab
     if scratches is None:
         scratches = {}
-    own = []
-    for p in plans:
-        key = (p.n, p.k, p.kind)
-        if key not in scratches:
-            scratches[key] = make_scratch(*key)
-        own.append(scratches[key])
+    own = [_scratch_of(p, scratches) for p in plans]
     sc = np.zeros((4, 6), np.int64)
     sc[:len(own)] = [s.addrs for s in own]
     d = norm1.shape[0]
@@ -318,8 +337,7 @@ def plan_ffn(o_plan: MultiPlan, gu_plan: MultiPlan, down_plan: MultiPlan, act: s
     for row, w in ((N_NORM1, norm1), (N_POST1, post1), (N_NORM2, norm2), (N_POST2, post2)):
         if w is not None:
             nw[row] = w
-    meta = np.zeros(META_LEN, np.int64)
-    meta[M_ROWS:M_FFN] = (_O, _O + 1, _GATE, _UP + 1, _DOWN, _DOWN + 1, _Q, _V + 1)
+    meta = _new_meta()
     meta[M_FFN] = 1
     if qkv_plan is not None:
         meta[M_KIND_QKV], meta[M_QKV] = qkv_plan.kind, 1
@@ -328,10 +346,8 @@ def plan_ffn(o_plan: MultiPlan, gu_plan: MultiPlan, down_plan: MultiPlan, act: s
     meta[M_POST1], meta[M_POST2], meta[M_NORM2] = (post1 is not None, post2 is not None,
                                                    norm2 is not None)
     par = any(p.par for p in plans)
-    tab1 = tab.copy()
-    tab1[:, T_GROUP] = np.maximum(tab[:, T_ROWS], 1)
-    tab1[:, T_TASK0] = (0, 0, 1, 0, 0, 1, 2)  # each product's task within its phase
-    return FfnPlan(tab, tab1, sc, meta, nw, par, qkv_plan is not None, (*plans, *own))
+    return FfnPlan(tab, _one_task_each(tab), sc, meta, nw, par, qkv_plan is not None,
+                   (*plans, *own))
 
 
 def plan_qkv(qkv_plan: MultiPlan, d: int, scratches: dict | None = None) -> FfnPlan:
@@ -341,24 +357,15 @@ def plan_qkv(qkv_plan: MultiPlan, d: int, scratches: dict | None = None) -> FfnP
     call runs."""
     if qkv_plan.tab.shape[0] != 3 or qkv_plan.n >= 8:
         raise ValueError("plan_qkv takes the q, k, v products of fewer than 8 rows")
-    if scratches is None:
-        scratches = {}
-    key = (qkv_plan.n, qkv_plan.k, qkv_plan.kind)
-    if key not in scratches:
-        scratches[key] = make_scratch(*key)
-    own = scratches[key]
+    own = _scratch_of(qkv_plan, {} if scratches is None else scratches)
     tab = np.zeros((7, T_COLS), np.int64)
     tab[_Q:] = qkv_plan.tab
     sc = np.zeros((4, 6), np.int64)
     sc[3] = own.addrs
-    meta = np.zeros(META_LEN, np.int64)
-    meta[M_ROWS:M_FFN] = (_O, _O + 1, _GATE, _UP + 1, _DOWN, _DOWN + 1, _Q, _V + 1)
+    meta = _new_meta()
     meta[M_KIND_QKV], meta[M_QKV] = qkv_plan.kind, 1
-    tab1 = tab.copy()
-    tab1[_Q:, T_GROUP] = np.maximum(tab[_Q:, T_ROWS], 1)
-    tab1[_Q:, T_TASK0] = (0, 1, 2)
-    return FfnPlan(tab, tab1, sc, meta, np.zeros((4, d), np.float32), qkv_plan.par, True,
-                   (qkv_plan, own))
+    return FfnPlan(tab, _one_task_each(tab), sc, meta, np.zeros((4, d), np.float32),
+                   qkv_plan.par, True, (qkv_plan, own))
 
 
 def run_ffn(plan: FfnPlan, eps: float, x: np.ndarray, xa: np.ndarray, o: np.ndarray,
