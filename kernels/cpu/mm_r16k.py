@@ -55,6 +55,7 @@ from __future__ import annotations
 from numba import carray, njit
 
 from localllm.formats.qtypes import Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES
+from localllm.kernels.cpu.cpu_features import FEATURES
 from localllm.kernels.cpu.mm_common import (
     _K4_DMIN,
     _K4_QS,
@@ -87,11 +88,13 @@ from localllm.kernels.cpu.simd import (
     mul16,
     or32x16,
     prefetch,
+    prefetch_l1,
     shl16x32,
     shl32x16,
     splat32x16,
     splatf16,
     sra16x32,
+    sra32x16,
     srl32x16,
     sub32x16,
     zero32x16,
@@ -102,6 +105,7 @@ from localllm.kernels.cpu.simd import (
 R16K_BYTES = {Q4_K: Q4_K_BYTES * 16, Q5_K: Q5_K_BYTES * 16, Q6_K: Q6_K_BYTES * 16}
 
 _M0F = 0x0F0F0F0F
+_MF0 = 0xF0F0F0F0
 _M3F = 0x3F3F3F3F
 _M30 = 0x30303030
 _M03 = 0x03030303
@@ -172,6 +176,33 @@ def _k45_row(qt, i, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb, sl, sh):
 
 
 @njit
+def _k4_quarter16(w, q, j, t):
+    """Q4_K's _k45_quarter at N = 1, the high nibbles left in place (16 x the quant): an AND
+    each, where moving them down is a shift and an AND; _k4_row16 shifts the sum instead."""
+    a = q + 512 * j + 256 * t
+    m = splat32x16(_M0F)
+    mh = splat32x16(_MF0)
+    v0 = ld_i32x16(w, a)
+    v1 = ld_i32x16(w, a + 64)
+    v2 = ld_i32x16(w, a + 128)
+    v3 = ld_i32x16(w, a + 192)
+    return (and32x16(v0, m), and32x16(v1, m), and32x16(v2, m), and32x16(v3, m),
+            and32x16(v0, mh), and32x16(v1, mh), and32x16(v2, mh), and32x16(v3, mh))
+
+
+@njit
+def _k4_row16(i, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb, sl, sh):
+    """_k45_row of Q4_K with the high nibbles x 16 (_k4_quarter16): their 16-position dot is
+    exactly 16 x the quants' (|16 * 30480| fits an i32), so an arithmetic shift by 4 gives the
+    very integer _k45_dot scales: one shift a sub-block instead of one a vector."""
+    i = _k45_dot(Q4_K, i, lo0, lo1, lo2, lo3, xq, xb, sl)
+    z = zero32x16()
+    t = dot_bcast32x16(dot_bcast32x16(z, hi0, xq, xb + 32), hi1, xq, xb + 36)
+    t = dot_bcast32x16(dot_bcast32x16(t, hi2, xq, xb + 40), hi3, xq, xb + 44)
+    return dot_wd16(i, sra32x16(t, 4), sh)
+
+
+@njit
 def _min_pairs(mn):
     """The mins bytes m0..m3 of each dword as (m0 | m1 << 16, m2 | m3 << 16): vpdpwssd
     operands against two adjacent per-32 activation sums."""
@@ -221,6 +252,12 @@ def _k45_j1(qt, w, q, h, j, xq, xb, ia, ib, sc):
     t = 0 into ia, t = 1 into ib (sc: the scale bytes holding 2j, 2j + 1)."""
     sl = _byte(sc, 2 * (j & 1))
     sh = _byte(sc, 2 * (j & 1) + 1)
+    if qt == Q4_K:
+        lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k4_quarter16(w, q, j, 0)
+        ia = _k4_row16(ia, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + 64 * j, sl, sh)
+        lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k4_quarter16(w, q, j, 1)
+        ib = _k4_row16(ib, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + 64 * j + 16, sl, sh)
+        return ia, ib
     lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k45_quarter(qt, w, q, h, j, 0)
     ia = _k45_row(qt, ia, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + 64 * j, sl, sh)
     lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k45_quarter(qt, w, q, h, j, 1)
@@ -235,6 +272,23 @@ def _k45_j1(qt, w, q, h, j, xq, xb, ia, ib, sc):
 # 10.9-11.5, none 10.6; two threads ~20-21 GB/s whichever. Q6_K is indifferent (~11 GB/s).
 # (1B Q4_K_M decode, one thread: 11.3-11.5 -> 12.5-12.7 tok/s.)
 _K_PF_BYTES = 12288
+# On Intel since Sapphire Rapids (where the far prefetch goes to L2, simd._PREFETCH_LOCALITY)
+# each record also prefetches the next one into L1: a random-record K-quant weight of 0.9-1.3
+# GB streamed from DRAM at one thread, Q4_K 12.1 -> 12.5-13.0 GB/s, Q6_K 12.1 -> 12.8; two
+# threads Q4_K 23.6 -> 24.9, Q6_K 24.6 -> 25.4 (`/tmp` harness, old and new alternating in
+# one process). Only the far prefetch into L1 (t0 12 KiB ahead) fell to 7.3; the near one
+# alone gave 12.6; it does nothing for Q4_0 (15.2 / 15.0), so the 32-weight kernels keep one.
+_K_NEAR = FEATURES.intel_since_spr
+
+
+@njit(inline="always")
+def _k_prefetch(w, p, rec):
+    """The prefetches of record p (rec bytes): the record _K_PF_BYTES ahead, and with _K_NEAR
+    the next record into L1."""
+    for po in range(0, rec, 64):
+        prefetch(w, p + _K_PF_BYTES + po)
+        if _K_NEAR:
+            prefetch_l1(w, p + rec + po)
 
 
 @njit
@@ -246,8 +300,7 @@ def _dot1_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf):
     for b in range(nb):
         p = (g * nb + b) * rec
         if pf:
-            for po in range(0, rec, 64):  # the record _K_PF_BYTES ahead
-                prefetch(w, p + _K_PF_BYTES + po)
+            _k_prefetch(w, p, rec)
         sca, scb, m01, m23, m45, m67 = _k45_head(w, p)
         q = p + (_K5_QS if qt == Q5_K else _K4_QS)
         h = p + _K5_QH
@@ -469,8 +522,7 @@ def _dot1_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1, pf):
     for b in range(nb):
         p = (g * nb + b) * rec
         if pf:
-            for po in range(0, rec, 64):  # the record _K_PF_BYTES ahead
-                prefetch(w, p + _K_PF_BYTES + po)
+            _k_prefetch(w, p, rec)
         r = _k6_block(w, p, xq, n * k + 256 * b, k, 1)
         ms = _k6_msum(w, p, xbs, (n * (k // 16) + 16 * b) * 2, 1, 0)[0]
         acc = _k6_fin(acc, add32x16(r[0], r[2]), add32x16(r[1], r[3]), ms,

@@ -1539,25 +1539,40 @@ __all__ += ["add32x16"]
 _PREFETCH_LOCALITY = 2 if FEATURES.intel_since_spr else 3
 
 
-@intrinsic
-def prefetch(typingctx, arr, off):
+def _prefetch(locality: int, name: str, doc: str):
+    """A prefetch intrinsic of one LLVM locality (3: prefetcht0, 2: prefetcht1)."""
+
+    def impl(typingctx, arr, off):
+        if not _is_byte_array(arr):
+            return None
+
+        def codegen(context, builder, sig, args):
+            p = _ptr(context, builder, sig.args[0], args[0], args[1], ir.IntType(8))
+            i32 = ir.IntType(32)
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [p.type, i32, i32, i32]),
+                "llvm.prefetch.p0i8")
+            builder.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, locality),
+                              ir.Constant(i32, 1)])
+            return context.get_dummy_value()
+
+        return types.void(arr, types.intp), codegen
+
+    impl.__name__ = impl.__qualname__ = name
+    impl.__doc__ = doc
+    return intrinsic(impl)
+
+
+prefetch = _prefetch(
+    _PREFETCH_LOCALITY, "prefetch",
     """Hint the cache line at byte offset `off` of a byte array into the cache (prefetcht0;
     prefetcht1 on Intel since Sapphire Rapids: _PREFETCH_LOCALITY); an address past the
-    array is harmless (a prefetch never faults)."""
-    if not _is_byte_array(arr):
-        return None
+    array is harmless (a prefetch never faults).""")
 
-    def codegen(context, builder, sig, args):
-        p = _ptr(context, builder, sig.args[0], args[0], args[1], ir.IntType(8))
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [p.type, i32, i32, i32]),
-            "llvm.prefetch.p0i8")
-        builder.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, _PREFETCH_LOCALITY),
-                          ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return types.void(arr, types.intp), codegen
+prefetch_l1 = _prefetch(
+    3, "prefetch_l1",
+    """prefetch into L1 (prefetcht0) on every CPU: the K-quant decode kernels' near prefetch
+    of the next record (mm_r16k), beside the far one.""")
 
 
 @intrinsic
