@@ -178,7 +178,7 @@ def _k45_row(qt, i, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb, sl, sh):
 @njit
 def _k4_quarter16(w, q, j, t):
     """Q4_K's _k45_quarter at N = 1, the high nibbles left in place (16 x the quant): an AND
-    each, where moving them down is a shift and an AND; _k4_row16 shifts the sum instead."""
+    each, where moving them down is a shift and an AND; _k4_hi16 shifts the sum instead."""
     a = q + 512 * j + 256 * t
     m = splat32x16(_M0F)
     mh = splat32x16(_MF0)
@@ -191,11 +191,11 @@ def _k4_quarter16(w, q, j, t):
 
 
 @njit
-def _k4_row16(i, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb, sl, sh):
-    """_k45_row of Q4_K with the high nibbles x 16 (_k4_quarter16): their 16-position dot is
-    exactly 16 x the quants' (|16 * 30480| fits an i32), so an arithmetic shift by 4 gives the
-    very integer _k45_dot scales: one shift a sub-block instead of one a vector."""
-    i = _k45_dot(Q4_K, i, lo0, lo1, lo2, lo3, xq, xb, sl)
+def _k4_hi16(i, hi0, hi1, hi2, hi3, xq, xb, sh):
+    """i + sh * the dot of one quarter's high nibbles x 16 (_k4_quarter16) with the 16
+    activation bytes at xb + 32: their dot is exactly 16 x the quants' (|16 * 30480| fits an
+    i32), so an arithmetic shift by 4 gives the very integer _k45_dot scales: one shift a
+    sub-block instead of one a vector."""
     z = zero32x16()
     t = dot_bcast32x16(dot_bcast32x16(z, hi0, xq, xb + 32), hi1, xq, xb + 36)
     t = dot_bcast32x16(dot_bcast32x16(t, hi2, xq, xb + 40), hi3, xq, xb + 44)
@@ -246,49 +246,70 @@ def _k45_fin(acc, isum, msum, d, dm, dx):
     return fma16(acc, cvtf16(msum), mul16(dm, splatf16(-dx)))  # = -(dmin * dx), bit for bit
 
 
-@njit
-def _k45_j1(qt, w, q, h, j, xq, xb, ia, ib, sc):
-    """Sub-blocks 2j, 2j + 1 for one activation row (activation byte xb: 256b): quarter
-    t = 0 into ia, t = 1 into ib (sc: the scale bytes holding 2j, 2j + 1)."""
-    sl = _byte(sc, 2 * (j & 1))
-    sh = _byte(sc, 2 * (j & 1) + 1)
-    if qt == Q4_K:
-        lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k4_quarter16(w, q, j, 0)
-        ia = _k4_row16(ia, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + 64 * j, sl, sh)
-        lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k4_quarter16(w, q, j, 1)
-        ib = _k4_row16(ib, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + 64 * j + 16, sl, sh)
-        return ia, ib
-    lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k45_quarter(qt, w, q, h, j, 0)
-    ia = _k45_row(qt, ia, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + 64 * j, sl, sh)
-    lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k45_quarter(qt, w, q, h, j, 1)
-    ib = _k45_row(qt, ib, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb + 64 * j + 16, sl, sh)
-    return ia, ib
-
-
-# N = 1 prefetches each record whole, _K_PF_BYTES ahead (5.3 Q4_K records, 3.7 of Q6_K).
+# N = 1 prefetches each record _K_PF_BYTES ahead (5.3 Q4_K records, 3.7 of Q6_K).
 # PREFETCH_BYTES (8 KiB), the 32-weight records' distance, was unstable for the 2304-byte
 # Q4_K records on Emerald Rapids: one thread streamed a weight from DRAM at 8.0-9.0 GB/s in
 # four runs of seven and 11.3 in the others; 12 KiB gave 11.1-12.4 in every run, 16 KiB
 # 10.9-11.5, none 10.6; two threads ~20-21 GB/s whichever. Q6_K is indifferent (~11 GB/s).
 # (1B Q4_K_M decode, one thread: 11.3-11.5 -> 12.5-12.7 tok/s.)
 _K_PF_BYTES = 12288
-# On Intel since Sapphire Rapids (where the far prefetch goes to L2, simd._PREFETCH_LOCALITY)
-# each record also prefetches the next one into L1: a random-record K-quant weight of 0.9-1.3
-# GB streamed from DRAM at one thread, Q4_K 12.1 -> 12.5-13.0 GB/s, Q6_K 12.1 -> 12.8; two
-# threads Q4_K 23.6 -> 24.9, Q6_K 24.6 -> 25.4 (`/tmp` harness, old and new alternating in
-# one process). Only the far prefetch into L1 (t0 12 KiB ahead) fell to 7.3; the near one
-# alone gave 12.6; it does nothing for Q4_0 (15.2 / 15.0), so the 32-weight kernels keep one.
+# On Intel since Sapphire Rapids (where that far prefetch goes to L2, simd._PREFETCH_LOCALITY)
+# each record also prefetches the next one into L1 (only the far one into L1 fell to 7.3
+# GB/s; the near one alone gave 12.6).
 _K_NEAR = FEATURES.intel_since_spr
+# A record's prefetches are spread over its work in parts of 2-4 lines, one before each
+# dot chain (Q4_K / Q5_K: _K45_PF_PARTS) or lane position (Q6_K: _K6_PF_PARTS), where they
+# were one burst of 36-53 lines at the record's start: a burst holds the loads behind it
+# (the same burst in the Q4_0 kernel, its 8 records' prefetches at once, took it from 14.7
+# to 11.7 GB/s). A random-record weight of 0.9-1.3 GB streamed from DRAM (`/tmp` harness,
+# old and new alternating in one process), GB/s at one / two threads: Q4_K 12.1 / 23.6 ->
+# 13.7 / 29.0 with the near prefetch and the high nibbles of _k4_quarter16 (9 parts 13.4 /
+# 25.9, the near prefetch in one burst 12.5-13.0 / 24.9); Q6_K 11.3 / 24.4 -> 13.4 / 26.1
+# (9 parts 12.3 / 24.9).
+_K45_PF_PARTS = 18
+_K6_PF_PARTS = 17
 
 
 @njit(inline="always")
-def _k_prefetch(w, p, rec):
-    """The prefetches of record p (rec bytes): the record _K_PF_BYTES ahead, and with _K_NEAR
-    the next record into L1."""
-    for po in range(0, rec, 64):
-        prefetch(w, p + _K_PF_BYTES + po)
+def _k_prefetch(w, p, rec, i, parts):
+    """Part i of `parts` of the prefetches of record p (rec bytes): its lines the record
+    _K_PF_BYTES ahead and, with _K_NEAR, of the next record into L1."""
+    per = -(-rec // (64 * parts))  # lines a part (the last may reach past the record)
+    for li in range(i * per, i * per + per):
+        prefetch(w, p + _K_PF_BYTES + 64 * li)
         if _K_NEAR:
-            prefetch_l1(w, p + rec + po)
+            prefetch_l1(w, p + rec + 64 * li)
+
+
+@njit
+def _k45_q(qt, w, q, h, j, t, xq, xb, i, sl, sh, p, pf):
+    """i + quarter t of sub-blocks 2j, 2j + 1 for one activation row (activation byte xb:
+    256b + 64j + 16t); with pf, parts 2 + 4j + 2t and 3 + 4j + 2t of record p's prefetches
+    before its two dot chains."""
+    rec = _k45_rec_bytes(qt)
+    if pf:
+        _k_prefetch(w, p, rec, 2 + 4 * j + 2 * t, _K45_PF_PARTS)
+    if qt == Q4_K:
+        lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k4_quarter16(w, q, j, t)
+        i = _k45_dot(qt, i, lo0, lo1, lo2, lo3, xq, xb, sl)
+        if pf:
+            _k_prefetch(w, p, rec, 3 + 4 * j + 2 * t, _K45_PF_PARTS)
+        return _k4_hi16(i, hi0, hi1, hi2, hi3, xq, xb, sh)
+    lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3 = _k45_quarter(qt, w, q, h, j, t)
+    if pf:
+        _k_prefetch(w, p, rec, 3 + 4 * j + 2 * t, _K45_PF_PARTS)
+    return _k45_row(qt, i, lo0, lo1, lo2, lo3, hi0, hi1, hi2, hi3, xq, xb, sl, sh)
+
+
+@njit
+def _k45_j1(qt, w, q, h, j, xq, xb, ia, ib, sc, p, pf):
+    """Sub-blocks 2j, 2j + 1 for one activation row (activation byte xb: 256b): quarter
+    t = 0 into ia, t = 1 into ib (sc: the scale bytes holding 2j, 2j + 1)."""
+    sl = _byte(sc, 2 * (j & 1))
+    sh = _byte(sc, 2 * (j & 1) + 1)
+    ia = _k45_q(qt, w, q, h, j, 0, xq, xb + 64 * j, ia, sl, sh, p, pf)
+    ib = _k45_q(qt, w, q, h, j, 1, xq, xb + 64 * j + 16, ib, sl, sh, p, pf)
+    return ia, ib
 
 
 @njit
@@ -300,18 +321,20 @@ def _dot1_q4k_r16(qt, w, g, nb, xq, xd, xb2, out, n, n_act, r1, pf):
     for b in range(nb):
         p = (g * nb + b) * rec
         if pf:
-            _k_prefetch(w, p, rec)
+            _k_prefetch(w, p, rec, 0, _K45_PF_PARTS)
         sca, scb, m01, m23, m45, m67 = _k45_head(w, p)
+        if pf:
+            _k_prefetch(w, p, rec, 1, _K45_PF_PARTS)
         q = p + (_K5_QS if qt == Q5_K else _K4_QS)
         h = p + _K5_QH
         xb = n * k + 256 * b
         # two integer accumulators (the quarters of t = 0 and t = 1) halve the vpdpwssd chain;
         # j unrolled by hand (constant byte shifts, no loop)
         z = zero32x16()
-        ia, ib = _k45_j1(qt, w, q, h, 0, xq, xb, z, z, sca)
-        ia, ib = _k45_j1(qt, w, q, h, 1, xq, xb, ia, ib, sca)
-        ia, ib = _k45_j1(qt, w, q, h, 2, xq, xb, ia, ib, scb)
-        ia, ib = _k45_j1(qt, w, q, h, 3, xq, xb, ia, ib, scb)
+        ia, ib = _k45_j1(qt, w, q, h, 0, xq, xb, z, z, sca, p, pf)
+        ia, ib = _k45_j1(qt, w, q, h, 1, xq, xb, ia, ib, sca, p, pf)
+        ia, ib = _k45_j1(qt, w, q, h, 2, xq, xb, ia, ib, scb, p, pf)
+        ia, ib = _k45_j1(qt, w, q, h, 3, xq, xb, ia, ib, scb, p, pf)
         ms = _k45_msum(m01, m23, m45, m67, xb2, (n * (k // 32) + 8 * b) * 2)
         acc = _k45_fin(acc, add32x16(ia, ib), ms, ld_f16x16(w, p), ld_f16x16(w, p + _K4_DMIN),
                        xd[n, b])
@@ -470,15 +493,18 @@ def _k6_pos(w, p, hf, pos, xq, xb, k, nr, i0, j0, i1, j1, i2, j2, i3, j3, u0, u1
 
 @njit(inline="always")
 def _k6_half(w, p, hf, xq, x0, k, nr, i0, j0, i1, j1, i2, j2, i3, j3, s0, s1, s2, s3, t0, t1,
-             t2, t3):
+             t2, t3, rec, pf):
     """Half hf of a block for nr (1 or 4) activation rows at activation byte x0 + 128 hf
     (rows k bytes apart; (i, j): each row's two accumulators, and for nr = 1 the row's odd
     positions go to (i1, j1): four chains, the latency of one is what N = 1 waits on): chunk
     c at lane position l has scale 8hf + 2c + (l >= 4), the words s0..s3 (chunks 0..3) for
     l < 4, t0..t3 for l >= 4. Inlined (a call passing 16 vectors spilled them), positions
-    two at a time so that nothing selects accumulators or scales at run time."""
+    two at a time so that nothing selects accumulators or scales at run time. With pf each
+    position after its part of record p's prefetches (part 1 + 8hf + pos)."""
     xb = x0 + 128 * hf
     for pos in range(0, 8, 2):
+        if pf:
+            _k_prefetch(w, p, rec, 1 + 8 * hf + pos, _K6_PF_PARTS)
         if pos < 4:
             u0, u1, u2, u3 = s0, s1, s2, s3
         else:
@@ -486,6 +512,8 @@ def _k6_half(w, p, hf, xq, x0, k, nr, i0, j0, i1, j1, i2, j2, i3, j3, s0, s1, s2
         i0, j0, i1, j1, i2, j2, i3, j3 = _k6_pos(w, p, hf, pos, xq, xb + 4 * pos, k, nr,
                                                  i0, j0, i1, j1, i2, j2, i3, j3,
                                                  u0, u1, u2, u3)
+        if pf:
+            _k_prefetch(w, p, rec, 2 + 8 * hf + pos, _K6_PF_PARTS)
         if nr == 1:  # the odd position into the second pair
             i1, j1, i0, j0, _, _, _, _ = _k6_pos(w, p, hf, pos + 1, xq, xb + 4 * pos + 4, k, nr,
                                                  i1, j1, i0, j0, i2, j2, i3, j3,
@@ -498,7 +526,7 @@ def _k6_half(w, p, hf, xq, x0, k, nr, i0, j0, i1, j1, i2, j2, i3, j3, s0, s1, s2
 
 
 @njit(inline="always")
-def _k6_block(w, p, xq, x0, k, nr):
+def _k6_block(w, p, xq, x0, k, nr, rec, pf):
     """The integer dots (two accumulators per row; one row: four) of one Q6_K record for nr
     (1 or 4) activation rows starting at activation byte x0; each half's scale words built
     just before it (all 16 live at once spilled)."""
@@ -506,12 +534,13 @@ def _k6_block(w, p, xq, x0, k, nr):
     # half 0: scales 0..7 (vectors 0, 1): chunk c at l < 4 has scale 2c, at l >= 4 2c + 1
     a0, a1, a2, a3 = _k6_words(ld_i32x16(w, p + _K6_SC))
     b0, b1, b2, b3 = _k6_words(ld_i32x16(w, p + _K6_SC + 64))
-    r = _k6_half(w, p, 0, xq, x0, k, nr, z, z, z, z, z, z, z, z, a0, a2, b0, b2, a1, a3, b1, b3)
+    r = _k6_half(w, p, 0, xq, x0, k, nr, z, z, z, z, z, z, z, z, a0, a2, b0, b2, a1, a3, b1, b3,
+                 rec, pf)
     # half 1: scales 8..15 (vectors 2, 3)
     a0, a1, a2, a3 = _k6_words(ld_i32x16(w, p + _K6_SC + 128))
     b0, b1, b2, b3 = _k6_words(ld_i32x16(w, p + _K6_SC + 192))
     return _k6_half(w, p, 1, xq, x0, k, nr, r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7],
-                    a0, a2, b0, b2, a1, a3, b1, b3)
+                    a0, a2, b0, b2, a1, a3, b1, b3, rec, pf)
 
 
 @njit
@@ -522,8 +551,8 @@ def _dot1_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1, pf):
     for b in range(nb):
         p = (g * nb + b) * rec
         if pf:
-            _k_prefetch(w, p, rec)
-        r = _k6_block(w, p, xq, n * k + 256 * b, k, 1)
+            _k_prefetch(w, p, rec, 0, _K6_PF_PARTS)
+        r = _k6_block(w, p, xq, n * k + 256 * b, k, 1, rec, pf)
         ms = _k6_msum(w, p, xbs, (n * (k // 16) + 16 * b) * 2, 1, 0)[0]
         acc = _k6_fin(acc, add32x16(r[0], r[2]), add32x16(r[1], r[3]), ms,
                       mul16(ld_f16x16(w, p), splatf16(xd[n, b])))
@@ -538,7 +567,7 @@ def _dot4_q6k_r16(w, g, nb, xq, xd, xbs, out, n, n_act, r1):
     a0 = a1 = a2 = a3 = zerof16()
     for b in range(nb):
         p = (g * nb + b) * rec
-        r = _k6_block(w, p, xq, n * k + 256 * b, k, 4)
+        r = _k6_block(w, p, xq, n * k + 256 * b, k, 4, rec, False)
         m0, m1, m2, m3 = _k6_msum(w, p, xbs, (n * (k // 16) + 16 * b) * 2, 4, (k // 16) * 2)
         d = ld_f16x16(w, p)
         a0 = _k6_fin(a0, r[0], r[1], m0, mul16(d, splatf16(xd[n, b])))
