@@ -41,7 +41,9 @@ at repack would cost 4 bytes a row per block (+2.8% bytes read) to save ~12 vect
 
 Per 256 weights x 16 rows and activation row, Q4_K: 64 vpdpbusd, 16 vpdpwssd (scales) + 4
 (mins), 2 conversions and 2 FMAs; the 32 loads and ~64 nibble ops of the weights and the
-scale unpacking are shared by the activation rows that use them. N > 1 takes the activation
+scale unpacking are shared by the activation rows that use them (at N = 1, Q4_K's high
+nibbles stay in place, 16 x the quant, and each sub-block's dot is shifted down once:
+_k4_quarter16; 32 vector shifts a record fewer). N > 1 takes the activation
 rows four at a time (4 integer + 4 float accumulators, 8 decoded quant vectors live) over a
 group's records, which stay in L1/L2 (a group of a 2048-wide Q4_K weight is 18 KiB); Q6_K
 the same with 4 positions per vpdpwssd, two integer accumulators per row (four at N = 1:
