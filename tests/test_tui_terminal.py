@@ -88,8 +88,11 @@ def test_chat_in_a_real_terminal(smollm2_path: Path, tmp_path: Path) -> None:
         name = smollm2_path.name.removesuffix(".gguf")
         term.wait_for(lambda s: f"{name} ready" in s, "the model", limit=600)
         term.send("What is the capital of France?", "Enter")
-        # "pp": the final figures (while it streams the status bar shows live ones)
-        screen = term.wait_for(lambda s: "pp " in status_line(s), "the reply's stats")
+        # "pp": the final figures (while it streams the status bar shows live ones); the
+        # reply's own stats line is another widget, drawn in the same or a later frame (a
+        # loaded machine showed the status bar's figures first)
+        screen = term.wait_for(lambda s: "pp " in status_line(s) and " evaluated + " in s,
+                               "the reply's stats")
         assert "What is the capital of France?" in screen
         reply = screen.split("France?", 1)[1].split("tokens", 1)[0]
         assert len(reply.split()) > 3  # a streamed reply (sampled: its words vary)
