@@ -263,11 +263,11 @@ _K_NEAR = FEATURES.intel_since_spr
 # dot chain (Q4_K / Q5_K: _K45_PF_PARTS) or lane position (Q6_K: _K6_PF_PARTS), where they
 # were one burst of 36-53 lines at the record's start: a burst holds the loads behind it
 # (the same burst in the Q4_0 kernel, its 8 records' prefetches at once, took it from 14.7
-# to 11.7 GB/s). A random-record weight of 0.9-1.3 GB streamed from DRAM (`/tmp` harness,
-# old and new alternating in one process), GB/s at one / two threads: Q4_K 12.1 / 23.6 ->
-# 13.7 / 29.0 with the near prefetch and the high nibbles of _k4_quarter16 (9 parts 13.4 /
-# 25.9, the near prefetch in one burst 12.5-13.0 / 24.9); Q6_K 11.3 / 24.4 -> 13.4 / 26.1
-# (9 parts 12.3 / 24.9).
+# to 11.7 GB/s). Random records of 0.9-1.3 GB streamed from DRAM, GB/s at one / two
+# threads, with the near prefetch and (Q4_K) _k4_quarter16 (`bench/kquant_stream.py
+# --against` the old file, alternating in one process): Q4_K 11.0 / 21.5 -> 13.8 / 27.1,
+# Q6_K 11.3 / 21.1 -> 12.6 / 24.5, Q5_K 9.8 -> 11.0; half as many parts gave about half
+# the gain (BENCHMARKS.md has the steps).
 _K45_PF_PARTS = 18
 _K6_PF_PARTS = 17
 
