@@ -266,8 +266,8 @@ _K_NEAR = FEATURES.intel_since_spr
 # to 11.7 GB/s). Random records of 0.9-1.3 GB streamed from DRAM, GB/s at one / two
 # threads, with the near prefetch and (Q4_K) _k4_quarter16 (`bench/kquant_stream.py
 # --against` the old file, alternating in one process): Q4_K 11.0 / 21.5 -> 13.8 / 27.1,
-# Q6_K 11.3 / 21.1 -> 12.6 / 24.5, Q5_K 9.8 -> 11.0; half as many parts gave about half
-# the gain (BENCHMARKS.md has the steps).
+# Q6_K 11.3 / 21.1 -> 12.6 / 24.5, Q5_K 9.8 -> 11.0. In steps, one thread: nine parts a
+# record gave Q4_K 13.4 and Q6_K 12.3, eighteen / seventeen 13.7 / 13.4.
 _K45_PF_PARTS = 18
 _K6_PF_PARTS = 17
 
